@@ -1,0 +1,1 @@
+"""transformers_jax: four transformer families from one shared block."""
