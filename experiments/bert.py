@@ -1,0 +1,33 @@
+"""BERT (Devlin et al., 2019): encoder-only, learned positions + 2 token types, embedding LayerNorm,
+post-LN, exact GELU, 30,522-token WordPiece vocabulary, 512 positions.
+
+`base` (12 x 768, 12 heads) and `large` (24 x 1024, 16 heads) are `BertModel`: embeddings, encoder
+and pooler — no MLM head and no classifier. Their published counts are those of the widely used
+reference implementation (Hugging Face `BertModel`, bert-base-uncased / bert-large-uncased):
+109,482,240 and 335,141,888. Set `--config.model.head=mlm` for `BertForMaskedLM` (no pooler; MLM
+transform, norm and vocabulary bias; decoder tied to the word embedding) or `head=classifier`
+with `num_classes` for `BertForSequenceClassification`.
+
+`tiny` (2 x 64, byte vocabulary with [PAD]/[BOS]/[EOS]/[MASK], MLM head) is for tests and CPU runs.
+"""
+
+from transformers_jax.config import experiment_config, select_preset
+
+BERT = dict(family="encoder", vocab_size=30522, max_len=512, type_vocab_size=2,
+            positions="learned", norm_placement="post", norm="layernorm", norm_eps=1e-12,
+            embed_norm=True, activation="gelu", tie_embeddings=True, use_bias=True,
+            dropout=0.1, attention_dropout=0.1, head="pooler")
+SOURCE = "Hugging Face BertModel (embeddings + encoder + pooler)"
+
+PRESETS = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, vocab_size=260, max_len=128,
+                 dropout=0.0, attention_dropout=0.0, head="mlm"),
+    "base": dict(num_layers=12, d_model=768, num_heads=12, published_params=109_482_240),
+    "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
+}
+
+
+def get_config(arg: str | None = None):
+  preset = dict(select_preset(PRESETS, arg, "bert.py"))
+  published = preset.pop("published_params", 0)
+  return experiment_config(published, SOURCE if published else "", **{**BERT, **preset})

@@ -1,0 +1,31 @@
+"""GPT-2 (Radford et al., 2019): decoder-only, learned positions, pre-LN, GELU (tanh), tied unembedding.
+
+Presets are the four released models — small 12 x 768, medium 24 x 1024, large 36 x 1280, XL 48 x 1600,
+64-dim heads, 50,257-token BPE vocabulary, 1,024 positions — plus `tiny` (2 x 64, byte vocabulary)
+for tests and CPU training. Published counts are those of the released checkpoints (the unembedding
+is the token embedding, so it is counted once); they equal the lesson's formula
+V*d + 1024*d + L*(12d^2 + 13d) + 2d.
+
+    python -m transformers_jax.params --config experiments/gpt2.py:small
+"""
+
+from transformers_jax.config import experiment_config, select_preset
+
+GPT2 = dict(family="decoder", vocab_size=50257, max_len=1024, positions="learned",
+            norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
+            tie_embeddings=True, use_bias=True, dropout=0.1)
+SOURCE = "released GPT-2 checkpoints (Radford et al. 2019)"
+
+PRESETS = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, vocab_size=256, max_len=128, dropout=0.0),
+    "small": dict(num_layers=12, d_model=768, num_heads=12, published_params=124_439_808),
+    "medium": dict(num_layers=24, d_model=1024, num_heads=16, published_params=354_823_168),
+    "large": dict(num_layers=36, d_model=1280, num_heads=20, published_params=774_030_080),
+    "xl": dict(num_layers=48, d_model=1600, num_heads=25, published_params=1_557_611_200),
+}
+
+
+def get_config(arg: str | None = None):
+  preset = dict(select_preset(PRESETS, arg, "gpt2.py"))
+  published = preset.pop("published_params", 0)
+  return experiment_config(published, SOURCE if published else "", **{**GPT2, **preset})

@@ -1,0 +1,38 @@
+"""The 2017 Transformer (Vaswani et al., "Attention Is All You Need"), Table 3.
+
+Encoder-decoder, sinusoidal positions, post-LN, ReLU, one 37,000-token vocabulary shared by
+source and target embeddings and tied to the pre-softmax projection, embeddings scaled by
+sqrt(d_model), dropout 0.1.
+
+| preset | layers (enc+dec) | d_model | d_ff | heads | paper  |
+|--------|------------------|---------|------|-------|--------|
+| base   | 6 + 6            | 512     | 2048 | 8     | 65M    |
+| big    | 6 + 6            | 1024    | 4096 | 16    | 213M   |
+
+This architecture has 63.1M and 214.2M parameters; the paper does not say how it counted (a
+37k shared vocabulary leaves base 3% under 65M). `tiny` (2 + 2 x 64, byte vocabulary with
+specials) is for tests and CPU runs.
+"""
+
+from transformers_jax.config import experiment_config, select_preset
+
+TRANSFORMER = dict(family="encoder_decoder", vocab_size=37000, max_len=512,
+                   positions="sinusoidal", norm_placement="post", norm="layernorm",
+                   norm_eps=1e-6, activation="relu", embed_scale=True, tie_embeddings=True,
+                   share_embeddings=True, use_bias=True, dropout=0.1)
+SOURCE = "Vaswani et al. 2017, Table 3"
+
+PRESETS = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, vocab_size=260, max_len=64,
+                 dropout=0.0),
+    "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048,
+                 published_params=65_000_000),
+    "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3,
+                published_params=213_000_000),
+}
+
+
+def get_config(arg: str | None = None):
+  preset = dict(select_preset(PRESETS, arg, "transformer.py"))
+  published = preset.pop("published_params", 0)
+  return experiment_config(published, SOURCE if published else "", **{**TRANSFORMER, **preset})

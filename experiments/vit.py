@@ -1,0 +1,43 @@
+"""Vision Transformer (Dosovitskiy et al., 2021; Ti and S sizes from Touvron et al., 2021).
+
+224 x 224 RGB images, 1,000 classes, class token, learned positions, pre-LN, exact GELU, final
+LayerNorm, linear classifier on the class token.
+
+| preset | patch | layers | d_model | d_ff | heads |
+|--------|-------|--------|---------|------|-------|
+| ti16   | 16    | 12     | 192     | 768  | 3     |
+| s16    | 16    | 12     | 384     | 1536 | 6     |
+| b16    | 16    | 12     | 768     | 3072 | 12    |
+| l16    | 16    | 24     | 1024    | 4096 | 16    |
+| h14    | 14    | 32     | 1280    | 5120 | 16    |
+
+Counts include the patch embedding (with bias), class token, position table, blocks, final norm
+and the 1,000-way classifier, and no pre-logits layer: the widely used reference
+implementations (timm `vit_*_patch*_224`, Hugging Face `ViTForImageClassification` with 1,000
+labels) have exactly these parameters. `tiny` classifies the bundled 8 x 8 digits (1 channel,
+2 x 2 patches, 10 classes).
+"""
+
+from transformers_jax.config import experiment_config, select_preset
+
+VIT = dict(family="vit", image_size=224, patch_size=16, num_channels=3, num_classes=1000,
+           positions="learned", pool="cls", norm_placement="pre", norm="layernorm",
+           norm_eps=1e-6, activation="gelu", use_bias=True, head="classifier")
+SOURCE = "timm / Hugging Face ViTForImageClassification, 1,000 classes"
+
+PRESETS = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, image_size=8, patch_size=2,
+                 num_channels=1, num_classes=10),
+    "ti16": dict(num_layers=12, d_model=192, num_heads=3, published_params=5_717_416),
+    "s16": dict(num_layers=12, d_model=384, num_heads=6, published_params=22_050_664),
+    "b16": dict(num_layers=12, d_model=768, num_heads=12, published_params=86_567_656),
+    "l16": dict(num_layers=24, d_model=1024, num_heads=16, published_params=304_326_632),
+    "h14": dict(num_layers=32, d_model=1280, num_heads=16, patch_size=14,
+                published_params=632_045_800),
+}
+
+
+def get_config(arg: str | None = None):
+  preset = dict(select_preset(PRESETS, arg, "vit.py"))
+  published = preset.pop("published_params", 0)
+  return experiment_config(published, SOURCE if published else "", **{**VIT, **preset})

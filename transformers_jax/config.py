@@ -1,0 +1,270 @@
+"""The model configuration: one validated dataclass shared by every family.
+
+Config files under experiments/ build an `ml_collections.ConfigDict` whose `model` field holds
+these names; `ModelConfig.from_dict(config.model)` validates it before anything is traced. Every
+field has a default and a line saying what it does; `None` means "derived" (see `resolved`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import ml_collections
+
+FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
+POSITIONS = ("sinusoidal", "learned", "rope", "none")
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "none")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+FEED_FORWARDS = ("dense", "moe")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+DTYPES = ("float32", "bfloat16", "float16")
+HEADS = {
+    "decoder": ("lm",),
+    "encoder_decoder": ("lm",),
+    "encoder": ("pooler", "mlm", "classifier"),
+    "vit": ("classifier", "none"),
+}
+POOLS = ("cls", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture of one model. Field comments are the documentation."""
+
+  family: str = "decoder"  # decoder | encoder | encoder_decoder | vit
+  num_layers: int = 2  # blocks per stack (both stacks of an encoder_decoder unless set below)
+  num_encoder_layers: int | None = None  # encoder_decoder only; None = num_layers
+  num_decoder_layers: int | None = None  # encoder_decoder only; None = num_layers
+  d_model: int = 64  # width of the residual stream (D)
+  num_heads: int = 4  # query heads (H)
+  num_kv_heads: int | None = None  # key/value heads (G); None = num_heads (MHA); 1 = MQA
+  head_dim: int | None = None  # per-head width (K); None = d_model // num_heads
+  d_ff: int | None = None  # feed-forward hidden width (F); None = 4 * d_model
+  vocab_size: int = 256  # token vocabulary (V); unused by vit
+  max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
+  type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
+  positions: str = "learned"  # sinusoidal | learned | rope | none
+  rope_theta: float = 10000.0  # RoPE base wavelength
+  norm_placement: str = "pre"  # pre | post | sandwich | none
+  norm: str = "layernorm"  # layernorm | rmsnorm
+  norm_eps: float = 1e-5  # epsilon inside the norm's square root
+  norm_scale: bool = True  # learned scale (gamma) in every norm
+  norm_bias: bool | None = None  # learned shift (beta); None = True for layernorm, False for rmsnorm
+  final_norm: bool | None = None  # norm after the last block; None = True for pre/sandwich
+  embed_norm: bool = False  # norm right after the embeddings (BERT)
+  embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
+  activation: str = "gelu"  # relu | gelu (exact) | gelu_tanh | swiglu | geglu
+  use_bias: bool = True  # biases in attention and feed-forward projections
+  residual: bool = True  # residual connections around each sublayer
+  dropout: float = 0.0  # dropout on residual branches and embeddings
+  attention_dropout: float = 0.0  # dropout on attention weights
+  feed_forward: str = "dense"  # dense | moe
+  num_experts: int = 8  # moe: experts per layer (E)
+  top_k: int = 2  # moe: experts each token is routed to
+  capacity_factor: float = 1.25  # moe: expert capacity = ceil(cf * tokens * top_k / E)
+  moe_every: int = 1  # moe: every n-th block uses MoE (1 = all); others stay dense
+  tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
+  share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
+  head: str = ""  # output head; "" = family default (lm | pooler | classifier)
+  num_classes: int = 0  # classifier heads (encoder classifier, vit)
+  image_size: int = 224  # vit: square image side in pixels
+  patch_size: int = 16  # vit: square patch side in pixels
+  num_channels: int = 3  # vit: image channels
+  pool: str = "cls"  # vit: cls token or mean of patch tokens
+  init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
+  scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
+  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
+  dtype: str = "float32"  # compute dtype (bfloat16 on accelerators)
+  param_dtype: str = "float32"  # parameter storage dtype
+
+  # ------------------------------------------------------------------ derived values
+  @property
+  def kv_heads(self) -> int:
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+  @property
+  def head_width(self) -> int:
+    return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+  @property
+  def ff_width(self) -> int:
+    return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+  @property
+  def encoder_layers(self) -> int:
+    return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
+
+  @property
+  def decoder_layers(self) -> int:
+    return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+  @property
+  def has_norm_bias(self) -> bool:
+    return (self.norm == "layernorm") if self.norm_bias is None else self.norm_bias
+
+  @property
+  def has_final_norm(self) -> bool:
+    if self.final_norm is None:
+      return self.norm_placement in ("pre", "sandwich")
+    return self.final_norm
+
+  @property
+  def head_kind(self) -> str:
+    return self.head or HEADS[self.family][0]
+
+  @property
+  def gated(self) -> bool:
+    return self.activation in ("swiglu", "geglu")
+
+  @property
+  def num_patches(self) -> int:
+    return (self.image_size // self.patch_size) ** 2
+
+  @property
+  def seq_len_max(self) -> int:
+    """Longest token sequence the position table must cover."""
+    if self.family == "vit":
+      return self.num_patches + (1 if self.pool == "cls" else 0)
+    return self.max_len
+
+  def is_moe_layer(self, index: int) -> bool:
+    return self.feed_forward == "moe" and (index + 1) % self.moe_every == 0
+
+  # ------------------------------------------------------------------ construction
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any] | ml_collections.ConfigDict) -> "ModelConfig":
+    if isinstance(d, ml_collections.ConfigDict):
+      d = d.to_dict()
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(
+          f"model.{unknown[0]}: unknown field; valid fields are {', '.join(sorted(names))}")
+    return cls(**dict(d))
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def __post_init__(self):
+    validate(self)
+
+
+def _fail(field: str, problem: str, fix: str):
+  raise ValueError(f"model.{field}={problem}: {fix}")
+
+
+def _choice(cfg, field, options):
+  value = getattr(cfg, field)
+  if value not in options:
+    _fail(field, repr(value), f"choose one of {', '.join(options)}")
+
+
+def validate(c: ModelConfig) -> None:
+  """Raise ValueError naming the field and the fix; called on construction, before tracing."""
+  _choice(c, "family", FAMILIES)
+  _choice(c, "positions", POSITIONS)
+  _choice(c, "norm_placement", NORM_PLACEMENTS)
+  _choice(c, "norm", NORMS)
+  _choice(c, "activation", ACTIVATIONS)
+  _choice(c, "feed_forward", FEED_FORWARDS)
+  _choice(c, "remat", REMAT_POLICIES)
+  _choice(c, "dtype", DTYPES)
+  _choice(c, "param_dtype", DTYPES)
+  _choice(c, "pool", POOLS)
+  if c.head and c.head not in HEADS[c.family]:
+    _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
+  for field in ("num_layers", "d_model", "num_heads", "max_len"):
+    if getattr(c, field) < 1:
+      _fail(field, str(getattr(c, field)), "must be a positive integer")
+  for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):
+    value = getattr(c, field)
+    if value is not None and value < 1:
+      _fail(field, str(value), "must be a positive integer or None (derived)")
+  if c.head_dim is None and c.d_model % c.num_heads:
+    _fail("num_heads", str(c.num_heads),
+          f"must divide d_model={c.d_model} (or set model.head_dim explicitly)")
+  if c.num_heads % c.kv_heads:
+    _fail("num_kv_heads", str(c.kv_heads), f"must divide num_heads={c.num_heads}")
+  if c.positions == "rope" and c.head_width % 2:
+    _fail("head_dim", str(c.head_width), "RoPE rotates pairs of features: use an even head_dim")
+  if c.positions == "sinusoidal" and c.d_model % 2:
+    _fail("d_model", str(c.d_model), "sinusoidal positions need an even d_model")
+  if c.family != "vit" and c.vocab_size < 1:
+    _fail("vocab_size", str(c.vocab_size), "must be a positive integer")
+  if c.type_vocab_size < 0:
+    _fail("type_vocab_size", str(c.type_vocab_size), "must be >= 0")
+  for field in ("dropout", "attention_dropout"):
+    if not 0.0 <= getattr(c, field) < 1.0:
+      _fail(field, str(getattr(c, field)), "must be in [0, 1)")
+  if c.norm_eps <= 0:
+    _fail("norm_eps", str(c.norm_eps), "must be positive")
+  if c.feed_forward == "moe":
+    if c.num_experts < 1:
+      _fail("num_experts", str(c.num_experts), "must be a positive integer")
+    if not 1 <= c.top_k <= c.num_experts:
+      _fail("top_k", str(c.top_k), f"must be in [1, num_experts={c.num_experts}]")
+    if c.capacity_factor <= 0:
+      _fail("capacity_factor", str(c.capacity_factor), "must be positive")
+    if c.moe_every < 1:
+      _fail("moe_every", str(c.moe_every), "must be a positive integer")
+  if c.head_kind == "classifier" and c.num_classes < 1:
+    _fail("num_classes", str(c.num_classes), "a classifier head needs num_classes >= 1")
+  if c.family == "vit":
+    if c.patch_size < 1 or c.image_size < 1:
+      _fail("patch_size", str(c.patch_size), "image_size and patch_size must be positive")
+    if c.image_size % c.patch_size:
+      _fail("image_size", str(c.image_size),
+            f"must be divisible by patch_size={c.patch_size}")
+    if c.num_channels < 1:
+      _fail("num_channels", str(c.num_channels), "must be a positive integer")
+  if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
+    _fail("moe_every", str(c.moe_every),
+          "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False")
+
+
+def model_config_dict(**overrides) -> ml_collections.ConfigDict:
+  """A ConfigDict holding every ModelConfig field at its default, then `overrides`.
+
+  Fields whose default is None are given a placeholder type so that command-line overrides such
+  as `--config.model.num_kv_heads=2` type-check.
+  """
+  base = ModelConfig().to_dict()
+  ints = {"num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"}
+  d = ml_collections.ConfigDict()
+  for name, value in base.items():
+    if value is None:
+      kind = int if name in ints else bool
+      setattr(d, name, ml_collections.config_dict.placeholder(kind))
+    else:
+      setattr(d, name, value)
+  for name, value in overrides.items():
+    if name not in base:
+      raise ValueError(f"model.{name}: unknown field")
+    setattr(d, name, value)
+  return d
+
+
+def experiment_config(published_params: int = 0, published_source: str = "",
+                      **model) -> ml_collections.ConfigDict:
+  """The full experiment config every file in experiments/ returns from `get_config(arg)`.
+
+  `model` holds ModelConfig fields; `published` the figure a preset is checked against (0 = none).
+  """
+  config = ml_collections.ConfigDict()
+  config.model = model_config_dict(**model)
+  config.published = ml_collections.ConfigDict(
+      {"params": published_params, "source": published_source})
+  return config
+
+
+def select_preset(presets: dict, arg: str | None, file: str) -> dict:
+  """Look up `arg` in a config file's preset table, with an error listing the choices."""
+  name = arg or "tiny"
+  if name not in presets:
+    raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
+  return presets[name]

@@ -1,0 +1,198 @@
+"""Parameter and FLOP accounting: eval_shape counts, the analytic formula, per-component shares.
+
+The analytic formula generalises the lesson's GPT-2 count
+    V*d + ctx*d + L * (12 d^2 + 13 d) + 2 d
+to every option of ModelConfig (GQA, separate head_dim, gated FFNs, MoE, biases, norm kinds and
+placements, every family and head). Tests hold it equal to the eval_shape count, component by
+component.
+
+FLOPs convention (PaLM, Chowdhery et al. 2022, appendix B): training FLOPs per token
+    6 * N + 12 * sum over attention layers of (H * K * keys attended)
+where N counts the weights multiplied per token — the active parameters of every block plus the
+output projection (unembedding, tied or not, and heads) — and excludes embedding *lookups*
+(token, position, token-type tables), which cost no matmul. For MoE only the router and top_k
+experts count. The attention term is 6 * 2 * H*K*S per layer (q.k and weights.v, forward and
+backward); causal masking is not discounted, as in the paper.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import jax
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.models import as_model_config, param_shapes
+
+COMPONENTS = ("token_embedding", "position_embedding", "type_embedding", "patch_embedding",
+              "attention", "feed_forward", "norms", "head")
+HEAD_MODULES = ("lm_head", "pooler", "classifier", "mlm_transform", "mlm_norm", "mlm_bias",
+                "mlm_decoder")
+STACKS = ("decoder", "encoder")
+
+
+def component_of(path: tuple[str, ...]) -> str:
+  """Which component a parameter (given its path of module names) belongs to."""
+  if path[0] in HEAD_MODULES:
+    return "head"
+  if any("norm" in p for p in path):
+    return "norms"
+  if any("attn" in p for p in path):
+    return "attention"
+  if "ffn" in path:
+    return "feed_forward"
+  for name, component in (("token_embed", "token_embedding"), ("pos_embed", "position_embedding"),
+                          ("type_embed", "type_embedding"), ("patch_embed", "patch_embedding"),
+                          ("cls_token", "patch_embedding")):
+    if name in path:
+      return component
+  raise ValueError(f"parameter {'/'.join(path)} belongs to no known component")
+
+
+def _paths(tree):
+  for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    yield tuple(str(getattr(k, "key", k)) for k in keypath), leaf
+
+
+def tree_breakdown(tree) -> dict[str, int]:
+  """Parameter counts per component of a (shape) tree; also `blocks`, everything in the stacks."""
+  counts = collections.Counter()
+  for path, leaf in _paths(tree):
+    n = math.prod(leaf.shape)
+    counts[component_of(path)] += n
+    if path[0] in STACKS:
+      counts["blocks"] += n
+  return dict(counts)
+
+
+# ----------------------------------------------------------------------------- analytic formula
+def _norm(c: ModelConfig) -> int:
+  return c.d_model * (int(c.norm_scale) + int(c.has_norm_bias))
+
+
+def _attention(c: ModelConfig) -> int:
+  D, H, G, K, b = c.d_model, c.num_heads, c.kv_heads, c.head_width, int(c.use_bias)
+  return (D * H * K + b * H * K) + 2 * (D * G * K + b * G * K) + (H * K * D + b * D)
+
+
+def _ffn_dense(c: ModelConfig) -> int:
+  D, F, b = c.d_model, c.ff_width, int(c.use_bias)
+  n_in = 2 if c.gated else 1
+  return n_in * (D * F + b * F) + F * D + b * D
+
+
+def _ffn(c: ModelConfig, moe: bool, active: bool = False) -> int:
+  if not moe:
+    return _ffn_dense(c)
+  experts = c.top_k if active else c.num_experts
+  return c.d_model * c.num_experts + experts * _ffn_dense(c)
+
+
+def _sublayer_norms(c: ModelConfig) -> int:
+  per = {"pre": 1, "post": 1, "sandwich": 2, "none": 0}[c.norm_placement]
+  return per * _norm(c)
+
+
+def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
+  sub = 3 if cross else 2
+  return {
+      "attention": layers * _attention(c) * (2 if cross else 1),
+      "feed_forward": sum(_ffn(c, c.is_moe_layer(i), active) for i in range(layers)),
+      "norms": layers * sub * _sublayer_norms(c),
+  }
+
+
+def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
+  """Per-component counts from the formula (`active`: MoE counts top_k experts, not all)."""
+  c = as_model_config(cfg)
+  D, V, b = c.d_model, c.vocab_size, int(c.use_bias)
+  out = collections.Counter()
+  embedders = 2 if (c.family == "encoder_decoder" and not c.share_embeddings) else 1
+  if c.family == "vit":
+    out["patch_embedding"] = c.patch_size ** 2 * c.num_channels * D + b * D
+    out["patch_embedding"] += D if c.pool == "cls" else 0
+  else:
+    out["token_embedding"] = embedders * V * D
+  if c.positions == "learned":
+    out["position_embedding"] = embedders * c.seq_len_max * D
+  out["type_embedding"] = embedders * c.type_vocab_size * D
+  out["norms"] = embedders * _norm(c) * int(c.embed_norm)
+  if c.family == "encoder_decoder":
+    stacks = [_stack(c, c.encoder_layers, False, active), _stack(c, c.decoder_layers, True, active)]
+    out["norms"] += 2 * _norm(c) * int(c.has_final_norm)
+  else:
+    stacks = [_stack(c, c.num_layers, False, active)]
+    out["norms"] += _norm(c) * int(c.has_final_norm)
+  for s in stacks:
+    for k, v in s.items():
+      out[k] += v
+      out["blocks"] += v
+  head = c.head_kind
+  unembed = 0 if c.tie_embeddings else V * D
+  if head == "lm":
+    out["head"] = unembed
+  elif head in ("pooler", "classifier") and c.family == "encoder":
+    out["head"] = D * D + b * D
+  if head == "classifier":
+    out["head"] += D * c.num_classes + b * c.num_classes
+  if head == "mlm":
+    out["head"] = D * D + b * D + _norm(c) + unembed + V
+  return {k: v for k, v in out.items() if v}
+
+
+def analytic_count(cfg, active: bool = False) -> int:
+  return sum(v for k, v in analytic_breakdown(cfg, active).items() if k != "blocks")
+
+
+def count(cfg) -> int:
+  """Total parameters by `jax.eval_shape` of the model's init: nothing is allocated."""
+  return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(param_shapes(cfg)))
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def matmul_params_per_token(cfg) -> int:
+  """N of the 6N rule: active weights used in a matmul per token (lookups excluded)."""
+  c = as_model_config(cfg)
+  parts = analytic_breakdown(c, active=True)
+  n = parts.get("attention", 0) + parts.get("feed_forward", 0) + parts.get("patch_embedding", 0)
+  n += parts.get("head", 0)
+  if c.head_kind in ("lm", "mlm") and c.tie_embeddings:
+    n += c.vocab_size * c.d_model  # the tied unembedding is still a matmul
+  return n
+
+
+def flops_per_token(cfg, seq_len: int | None = None) -> int:
+  """Training FLOPs per token (forward + backward): 6N + 12 * sum(H K S) over attention layers."""
+  c = as_model_config(cfg)
+  T = seq_len or c.seq_len_max
+  HK = c.num_heads * c.head_width
+  if c.family == "encoder_decoder":
+    attn = HK * T * (c.encoder_layers + 2 * c.decoder_layers)  # self + cross (source length T)
+  else:
+    attn = HK * T * c.num_layers
+  return 6 * matmul_params_per_token(c) + 12 * attn
+
+
+def summary(config) -> dict:
+  """Everything `python -m transformers_jax.params` prints, for a full experiment config."""
+  c = as_model_config(config.model)
+  shapes = param_shapes(c)
+  parts = tree_breakdown(shapes)
+  total = sum(v for k, v in parts.items() if k != "blocks")
+  published = config.get("published", {})
+  seq = config.get("seq_len", 0) or c.seq_len_max
+  ffn_share = parts.get("feed_forward", 0) / parts["blocks"] if parts.get("blocks") else 0.0
+  return {
+      "total": total,
+      "analytic": analytic_count(c),
+      "published": int(published.get("params", 0)) or None,
+      "published_source": published.get("source", "") or None,
+      "breakdown": {k: parts[k] for k in COMPONENTS if parts.get(k)},
+      "blocks": parts.get("blocks", 0),
+      "blocks_share": parts.get("blocks", 0) / total,
+      "feed_forward_share_of_blocks": ffn_share,
+      "active_per_token": analytic_count(c, active=True),
+      "flops_per_token": flops_per_token(c, seq),
+      "flops_seq_len": seq,
+  }

@@ -1,0 +1,34 @@
+"""Decoder-only (GPT-2 / GPT-3): embeddings -> causal Blocks -> final norm -> (tied) unembedding."""
+
+from __future__ import annotations
+
+from flax import linen as nn
+
+from transformers_jax.models.base import check_length, default_positions, lm_logits, padding_mask
+from transformers_jax.modules.block import Stack
+from transformers_jax.modules.embed import Embedder
+from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.positions import DecodeCounter
+
+
+class DecoderOnly(nn.Module):
+  cfg: "ModelConfig"  # noqa: F821
+  deterministic: bool = True
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, tokens, attention_mask=None, positions=None):
+    """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32}."""
+    c = self.cfg
+    B, T = tokens.shape
+    check_length(c, T)
+    if positions is None:
+      positions = (DecodeCounter(name="position")(B, T) if self.decode
+                   else default_positions(B, T))
+    embedder = Embedder(c, self.deterministic, name="embed")
+    x = embedder(tokens, positions)
+    x = Stack(c, c.num_layers, causal=True, deterministic=self.deterministic, decode=self.decode,
+              name="decoder")(x, padding_mask(attention_mask), positions)
+    if c.has_final_norm:
+      x = Norm(c, name="final_norm")(x)
+    return {"hidden": x, "logits": lm_logits(c, embedder, x)}

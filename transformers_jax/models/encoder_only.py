@@ -1,0 +1,54 @@
+"""Encoder-only (BERT): embeddings (+ token types, embedding norm) -> bidirectional Blocks -> head.
+
+Heads (`model.head`): `pooler` (BertModel: tanh(W h_[CLS])), `mlm` (BertForMaskedLM: dense, act,
+norm, then the decoder tied to the token embedding plus a vocabulary bias), `classifier`
+(BertForSequenceClassification: pooler, dropout, dense to num_classes).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformers_jax.models.base import check_length, default_positions, lm_logits, padding_mask
+from transformers_jax.modules.block import Stack
+from transformers_jax.modules.common import activation, dense, dtype_of, zeros
+from transformers_jax.modules.embed import Embedder
+from transformers_jax.modules.norms import Norm
+
+
+class EncoderOnly(nn.Module):
+  cfg: "ModelConfig"  # noqa: F821
+  deterministic: bool = True
+  decode: bool = False  # unused: an encoder has nothing to cache
+
+  @nn.compact
+  def __call__(self, tokens, attention_mask=None, token_types=None, positions=None):
+    """tokens [B, S] -> {'hidden', and 'pooled' / 'logits' as the head gives}."""
+    c = self.cfg
+    B, S = tokens.shape
+    check_length(c, S)
+    if positions is None:
+      positions = default_positions(B, S)
+    embedder = Embedder(c, self.deterministic, name="embed")
+    x = embedder(tokens, positions, token_types)
+    x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(
+        x, padding_mask(attention_mask), positions)
+    if c.has_final_norm:
+      x = Norm(c, name="final_norm")(x)
+    out = {"hidden": x}
+    head = c.head_kind
+    if head in ("pooler", "classifier"):
+      out["pooled"] = jnp.tanh(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(
+          x[:, 0]))
+    if head == "classifier":
+      pooled = nn.Dropout(c.dropout)(out["pooled"], deterministic=self.deterministic)
+      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",),
+                            "classifier")(pooled).astype(jnp.float32)
+    if head == "mlm":
+      act = activation("gelu" if c.gated else c.activation)
+      h = act(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "mlm_transform")(x))
+      h = Norm(c, name="mlm_norm")(h)
+      bias = self.param("mlm_bias", zeros(("vocab",)), (c.vocab_size,), dtype_of(c.param_dtype))
+      out["logits"] = lm_logits(c, embedder, h, name="mlm_decoder") + bias
+    return out

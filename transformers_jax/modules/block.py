@@ -1,0 +1,143 @@
+"""The one Block every family is built from, and the Stack that repeats it (looped or scanned)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformers_jax.modules.attention import Attention
+from transformers_jax.modules.feed_forward import FeedForward, MoE
+from transformers_jax.modules.norms import Norm
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Block(nn.Module):
+  """Self-attention, optional cross-attention, feed-forward; each a residual sublayer.
+
+  Norm placement per sublayer f (norm names in parentheses):
+    pre:      x + f(norm(x))                 (`<sublayer>_norm`)
+    post:     norm(x + f(x))                 (`<sublayer>_norm`)
+    sandwich: x + norm_out(f(norm_in(x)))    (`<sublayer>_norm_in`, `<sublayer>_norm_out`)
+    none:     x + f(x)
+  With `residual=False` the `x +` is dropped everywhere. Sublayers: self_attn, cross_attn, ffn.
+  Sows `intermediates/residual_rms`, the RMS of the residual stream leaving the block.
+  """
+
+  cfg: "ModelConfig"  # noqa: F821
+  causal: bool = False
+  cross: bool = False
+  moe: bool = False
+  deterministic: bool = True
+  decode: bool = False
+  scanned: bool = False  # return (x, None) as nn.scan's body
+
+  def _sublayer(self, x, name, fn):
+    c = self.cfg
+    placement = c.norm_placement
+    h = x
+    if placement == "pre":
+      h = Norm(c, name=f"{name}_norm")(x)
+    elif placement == "sandwich":
+      h = Norm(c, name=f"{name}_norm_in")(x)
+    y = fn(h)
+    if placement == "sandwich":
+      y = Norm(c, name=f"{name}_norm_out")(y)
+    y = nn.Dropout(c.dropout, deterministic=self.deterministic)(y)
+    x = x + y if c.residual else y
+    if placement == "post":
+      x = Norm(c, name=f"{name}_norm")(x)
+    return x
+
+  @nn.compact
+  def __call__(self, x, mask=None, positions=None, context=None, context_mask=None):
+    c = self.cfg
+    kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
+    x = self._sublayer(
+        x, "self_attn",
+        lambda h: Attention(causal=self.causal, name="self_attn", **kw)(
+            h, mask=mask, positions=positions))
+    if self.cross:
+      x = self._sublayer(
+          x, "cross_attn",
+          lambda h: Attention(name="cross_attn", **kw)(h, context=context, mask=context_mask))
+    ffn = MoE(c, name="ffn") if self.moe else FeedForward(c, name="ffn")
+    x = self._sublayer(x, "ffn", ffn)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    self.sow("intermediates", "residual_rms",
+             jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
+    return (x, None) if self.scanned else x
+
+
+class Stack(nn.Module):
+  """`num_layers` Blocks: a Python loop (`layer_0` … `layer_{L-1}`) or one nn.scan (`layers`,
+  every parameter with a leading `layers` axis), with the config's remat policy."""
+
+  cfg: "ModelConfig"  # noqa: F821
+  num_layers: int
+  causal: bool = False
+  cross: bool = False
+  deterministic: bool = True
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, mask=None, positions=None, context=None, context_mask=None):
+    c = self.cfg
+    block = Block
+    if c.remat != "none":
+      block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+    kw = dict(cfg=c, causal=self.causal, cross=self.cross, deterministic=self.deterministic,
+              decode=self.decode)
+    args = (mask, positions, context, context_mask)
+    if c.scan_layers:
+      body = nn.scan(
+          block,
+          variable_axes={"params": 0, "intermediates": 0, "losses": 0, "cache": 0},
+          split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast,) * len(args),
+          length=self.num_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x, _ = body(moe=c.is_moe_layer(0), scanned=True, name="layers", **kw)(x, *args)
+      return x
+    for i in range(self.num_layers):
+      x = block(moe=c.is_moe_layer(i), name=f"layer_{i}", **kw)(x, *args)
+    return x
+
+
+def scan_to_loop(tree):
+  """Convert a parameter (or any variable) tree from the scanned layout to the looped one.
+
+  Every `layers` subtree, whose leaves carry a leading layer axis, becomes `layer_0` … `layer_{L-1}`.
+  Works on plain arrays; call `nn.unbox` first on boxed (partitioned) trees.
+  """
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if key == "layers" and isinstance(value, dict):
+      n = jax.tree_util.tree_leaves(value)[0].shape[0]
+      for i in range(n):
+        out[f"layer_{i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], value)
+    else:
+      out[key] = scan_to_loop(value)
+  return out
+
+
+def loop_to_scan(tree):
+  """Inverse of `scan_to_loop`: stack `layer_0` … `layer_{L-1}` into one `layers` subtree."""
+  if not isinstance(tree, dict):
+    return tree
+  layer_keys = sorted((k for k in tree if k.startswith("layer_") and k[6:].isdigit()),
+                      key=lambda k: int(k[6:]))
+  out = {k: loop_to_scan(v) for k, v in tree.items() if k not in layer_keys}
+  if layer_keys:
+    if [int(k[6:]) for k in layer_keys] != list(range(len(layer_keys))):
+      raise ValueError(f"layers are not numbered 0..{len(layer_keys) - 1}: {layer_keys}")
+    out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *(tree[k] for k in layer_keys))
+  return out

@@ -1,0 +1,60 @@
+"""Token, position and token-type embeddings, with the tied unembedding."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from transformers_jax.modules.common import dtype_of, normal
+from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.positions import sinusoidal_table
+
+
+class Embedder(nn.Module):
+  """tokens [B, T] (or already-embedded vectors, e.g. ViT patches) -> residual stream [B, T, D].
+
+  Adds learned or sinusoidal positions (RoPE and `none` add nothing here), token types, then the
+  optional embedding norm (BERT) and dropout. `attend` is the tied unembedding x E^T.
+  """
+
+  cfg: "ModelConfig"  # noqa: F821
+  deterministic: bool = True
+
+  def setup(self):
+    c = self.cfg
+    dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
+    self.token_embed = nn.Embed(
+        c.vocab_size, c.d_model, dtype=dt, param_dtype=pdt,
+        embedding_init=normal(c.init_std, ("vocab", "embed")))
+    if c.positions == "learned":
+      self.pos_embed = nn.Embed(
+          c.seq_len_max, c.d_model, dtype=dt, param_dtype=pdt,
+          embedding_init=normal(c.init_std, ("position", "embed")))
+    if c.type_vocab_size:
+      self.type_embed = nn.Embed(
+          c.type_vocab_size, c.d_model, dtype=dt, param_dtype=pdt,
+          embedding_init=normal(c.init_std, ("type_vocab", "embed")))
+    if c.embed_norm:
+      self.embed_norm = Norm(c)
+    self.dropout = nn.Dropout(c.dropout)
+
+  def __call__(self, tokens=None, positions=None, token_types=None, embedded=None):
+    c = self.cfg
+    x = self.token_embed(tokens) if embedded is None else embedded
+    if c.embed_scale:
+      x = x * jnp.asarray(np.sqrt(c.d_model), x.dtype)
+    if c.positions == "learned":
+      x = x + self.pos_embed(positions)
+    elif c.positions == "sinusoidal":
+      table = jnp.asarray(sinusoidal_table(c.seq_len_max, c.d_model), x.dtype)
+      x = x + table[positions]
+    if c.type_vocab_size:
+      x = x + self.type_embed(jnp.zeros_like(positions) if token_types is None else token_types)
+    if c.embed_norm:
+      x = self.embed_norm(x)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    return self.dropout(x, deterministic=self.deterministic)
+
+  def attend(self, x):
+    return self.token_embed.attend(x)

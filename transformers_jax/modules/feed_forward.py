@@ -1,0 +1,97 @@
+"""Position-wise feed-forward: dense (plain or gated) and a top-k mixture of experts."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformers_jax.modules.common import activation, dense, dtype_of, normal, zeros
+
+
+class FeedForward(nn.Module):
+  """D -> F -> D. Gated variants (swiglu, geglu) multiply act(x W0) by x W1 before narrowing."""
+
+  cfg: "ModelConfig"  # noqa: F821
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    act = activation(c.activation)
+    if c.gated:
+      h = act(dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi_0")(x))
+      h = h * dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi_1")(x)
+    else:
+      h = act(dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi")(x))
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
+
+
+def route(router_probs, top_k: int, capacity: int):
+  """Top-k routing with a per-expert capacity (GShard/Switch style), per sequence.
+
+  router_probs [B, T, E] -> (combine [B, T, E, C] weights, dispatch [B, T, E, C] 0/1).
+  Slots are filled first by every token's first choice, then second choices, and so on, in
+  token order; a choice that finds its expert full is dropped (the residual carries the token).
+  The k chosen weights are renormalised to sum to one.
+  """
+  B, T, E = router_probs.shape
+  top_p, top_i = jax.lax.top_k(router_probs, top_k)  # [B, T, k]
+  top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+  choice = jax.nn.one_hot(top_i, E, dtype=jnp.int32)  # [B, T, k, E]
+  ranked = choice.transpose(0, 2, 1, 3).reshape(B, top_k * T, E)  # choice-rank major
+  slot = (jnp.cumsum(ranked, axis=1) - 1).reshape(B, top_k, T, E).transpose(0, 2, 1, 3)
+  kept = choice * (slot < capacity)  # [B, T, k, E]
+  slot_onehot = jax.nn.one_hot(jnp.where(kept > 0, slot, capacity), capacity)  # [B,T,k,E,C]
+  dispatch = jnp.einsum("btke,btkec->btec", kept.astype(jnp.float32), slot_onehot)
+  combine = jnp.einsum("btk,btke,btkec->btec", top_p, kept.astype(jnp.float32), slot_onehot)
+  return combine, dispatch, choice
+
+
+class MoE(nn.Module):
+  """Mixture of experts replacing the FFN: a router picks top_k of num_experts per token.
+
+  Sows `losses/moe_aux_loss` — the Switch Transformer load-balancing loss
+  E * sum_e f_e * P_e (f_e: fraction of routing choices sent to e; P_e: mean router probability),
+  which is 1 when routing is uniform. The trainer adds it times its weight to the loss.
+  """
+
+  cfg: "ModelConfig"  # noqa: F821
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    B, T, D = x.shape
+    E, F = c.num_experts, c.ff_width
+    capacity = max(1, math.ceil(c.capacity_factor * T * c.top_k / E))
+    logits = dense(c, E, -1, ("embed", "experts"), ("experts",), "router", use_bias=False)(x)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    combine, dispatch, choice = route(probs, c.top_k, capacity)
+    fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
+    self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
+    self.sow("intermediates", "moe_dropped_fraction",
+             1.0 - jnp.sum(dispatch) / (B * T * c.top_k))
+
+    dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
+
+    def weight(name, shape, names):
+      return self.param(name, normal(c.init_std, names), shape, pdt).astype(dt)
+
+    def bias(name, shape, names):
+      return self.param(name, zeros(names), shape, pdt).astype(dt) if c.use_bias else 0.0
+
+    xe = jnp.einsum("btd,btec->becd", x.astype(dt), dispatch.astype(dt))  # [B, E, C, D]
+    act = activation(c.activation)
+    h = jnp.einsum("becd,edf->becf", xe, weight("wi", (E, D, F), ("experts", "embed", "mlp")))
+    h = h + bias("bi", (E, 1, F), ("experts", None, "mlp"))[None]
+    if c.gated:
+      h1 = jnp.einsum("becd,edf->becf", xe,
+                      weight("wi_1", (E, D, F), ("experts", "embed", "mlp")))
+      h = act(h) * (h1 + bias("bi_1", (E, 1, F), ("experts", None, "mlp"))[None])
+    else:
+      h = act(h)
+    out = jnp.einsum("becf,efd->becd", h, weight("wo", (E, F, D), ("experts", "mlp", "embed")))
+    out = out + bias("bo", (E, 1, D), ("experts", None, "embed"))[None]
+    return jnp.einsum("becd,btec->btd", out, combine.astype(dt))
