@@ -1,0 +1,50 @@
+"""Data for the four model families: text (LM / MLM), seq2seq pairs and images.
+
+Everything is numpy, deterministic in (seed, step), and bundled: nothing is
+downloaded. Bad input raises :class:`DataError` with a one-line fix.
+"""
+
+from transformers_jax.data.corpus import Corpus, build_corpus, corpus_text
+from transformers_jax.data.errors import DataError
+from transformers_jax.data.images import ImageBatches, digits_dataset, load_npz
+from transformers_jax.data.seq2seq import (
+    NumberPairs,
+    PairBatches,
+    encode_pairs,
+    load_tsv_pairs,
+    number_to_words,
+)
+from transformers_jax.data.text import LMBatches, mask_tokens, prepare_tokens, read_text_path
+from transformers_jax.data.tokenizers import (
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    make_tokenizer,
+    train_bpe,
+)
+
+__all__ = [
+    "BPETokenizer",
+    "ByteTokenizer",
+    "Corpus",
+    "DataError",
+    "ImageBatches",
+    "LMBatches",
+    "NumberPairs",
+    "PairBatches",
+    "Tokenizer",
+    "build_corpus",
+    "corpus_text",
+    "digits_dataset",
+    "encode_pairs",
+    "load_npz",
+    "load_tokenizer",
+    "load_tsv_pairs",
+    "make_tokenizer",
+    "mask_tokens",
+    "number_to_words",
+    "prepare_tokens",
+    "read_text_path",
+    "train_bpe",
+]
