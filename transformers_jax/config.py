@@ -268,3 +268,17 @@ def select_preset(presets: dict, arg: str | None, file: str) -> dict:
   if name not in presets:
     raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
   return presets[name]
+
+
+def load_config_module(path: str):
+  """Import an experiments/*.py config file by path (as absl's config_flags does)."""
+  import importlib.util
+  import pathlib
+
+  p = pathlib.Path(path)
+  if not p.is_file():
+    raise FileNotFoundError(f"config file {path} does not exist")
+  spec = importlib.util.spec_from_file_location(p.stem, p)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

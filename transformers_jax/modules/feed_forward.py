@@ -79,19 +79,21 @@ class MoE(nn.Module):
     def weight(name, shape, names):
       return self.param(name, normal(c.init_std, names), shape, pdt).astype(dt)
 
-    def bias(name, shape, names):
-      return self.param(name, zeros(names), shape, pdt).astype(dt) if c.use_bias else 0.0
+    def bias(name, shape, names):  # [E, 1, width] broadcast over batch and capacity slots
+      if not c.use_bias:
+        return 0.0
+      return self.param(name, zeros(names), shape, pdt).astype(dt)[None]
 
     xe = jnp.einsum("btd,btec->becd", x.astype(dt), dispatch.astype(dt))  # [B, E, C, D]
     act = activation(c.activation)
     h = jnp.einsum("becd,edf->becf", xe, weight("wi", (E, D, F), ("experts", "embed", "mlp")))
-    h = h + bias("bi", (E, 1, F), ("experts", None, "mlp"))[None]
+    h = h + bias("bi", (E, 1, F), ("experts", None, "mlp"))
     if c.gated:
       h1 = jnp.einsum("becd,edf->becf", xe,
                       weight("wi_1", (E, D, F), ("experts", "embed", "mlp")))
-      h = act(h) * (h1 + bias("bi_1", (E, 1, F), ("experts", None, "mlp"))[None])
+      h = act(h) * (h1 + bias("bi_1", (E, 1, F), ("experts", None, "mlp")))
     else:
       h = act(h)
     out = jnp.einsum("becf,efd->becd", h, weight("wo", (E, F, D), ("experts", "mlp", "embed")))
-    out = out + bias("bo", (E, 1, D), ("experts", None, "embed"))[None]
+    out = out + bias("bo", (E, 1, D), ("experts", None, "embed"))
     return jnp.einsum("becd,btec->btd", out, combine.astype(dt))

@@ -1,0 +1,64 @@
+"""Print a model's parameter count, the analytic formula's count, the published figure, a
+per-component breakdown and training FLOPs per token.
+
+    python -m transformers_jax.params --config experiments/gpt2.py:small [--json]
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import flags
+
+from transformers_jax import cli, counting
+
+flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
+cli.define_config_flag()
+FLAGS = flags.FLAGS
+
+LABELS = {
+    "token_embedding": "token embedding",
+    "position_embedding": "position embedding",
+    "type_embedding": "token-type embedding",
+    "patch_embedding": "patch embedding (+ class token)",
+    "attention": "attention",
+    "feed_forward": "feed-forward",
+    "norms": "norms",
+    "head": "head / pooler / unembedding",
+}
+
+
+def render(s: dict, name: str) -> str:
+  total = s["total"]
+  lines = [f"{name}", f"  parameters (eval_shape): {total:>17,}",
+           f"  analytic formula:        {s['analytic']:>17,}"]
+  if s["published"]:
+    diff = (total - s["published"]) / s["published"] * 100
+    lines.append(f"  published:               {s['published']:>17,}  ({diff:+.2f}%; "
+                 f"{s['published_source']})")
+  if s["active_per_token"] != total:
+    lines.append(f"  active per token (MoE):  {s['active_per_token']:>17,}")
+  lines.append("  breakdown:")
+  for key, n in s["breakdown"].items():
+    lines.append(f"    {LABELS[key]:<32} {n:>17,}  {n / total:6.1%}")
+  lines.append(f"  in the blocks: {s['blocks_share']:.1%} of all parameters; feed-forward is "
+               f"{s['feed_forward_share_of_blocks']:.1%} of the blocks")
+  lines.append(f"  training FLOPs per token: {s['flops_per_token']:.4g} "
+               f"(6N + 12*L*H*K*T, PaLM appendix B, T = {s['flops_seq_len']})")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+  if FLAGS.config is None:
+    raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:small")
+  s = counting.summary(FLAGS.config)
+  if FLAGS.json:
+    print(json.dumps(s))
+  else:
+    print(render(s, flags.FLAGS["config"].config_filename))
+
+
+if __name__ == "__main__":
+  cli.run(main)
