@@ -77,10 +77,10 @@ class Attention(nn.Module):
     """
     B, T, G, K = k.shape
     L = self.cfg.max_len
-    initialised = self.has_variable("cache", "key")
-    ck = self.variable("cache", "key", jnp.zeros, (B, L, G, K), k.dtype)
-    cv = self.variable("cache", "value", jnp.zeros, (B, L, G, K), v.dtype)
-    ci = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    initialised = self.has_variable("cache", "cached_key")
+    ck = self.variable("cache", "cached_key", jnp.zeros, (B, L, G, K), k.dtype)
+    cv = self.variable("cache", "cached_value", jnp.zeros, (B, L, G, K), v.dtype)
+    ci = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
     if not initialised:  # init only shapes the cache
       return k, v, mask
     start = ci.value
