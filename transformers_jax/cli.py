@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -28,9 +28,11 @@ def user_errors(main):
 
   @functools.wraps(main)
   def wrapped(argv):
+    if not FLAGS["verbosity"].present:  # orbax logs every save at INFO; keep the console for us
+      logging.set_verbosity(logging.WARNING)
     try:
       return main(argv)
-    except (UserError, ValueError, FileNotFoundError) as e:
+    except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
 

@@ -24,7 +24,7 @@ HEADS = {
     "decoder": ("lm",),
     "encoder_decoder": ("lm",),
     "encoder": ("pooler", "mlm", "classifier"),
-    "vit": ("classifier", "none"),
+    "vit": ("classifier", "pooler", "none"),
 }
 POOLS = ("cls", "mean")
 
@@ -67,7 +67,7 @@ class ModelConfig:
   moe_every: int = 1  # moe: every n-th block uses MoE (1 = all); others stay dense
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
-  head: str = ""  # output head; "" = family default (lm | pooler | classifier)
+  head: str = ""  # output head, one of HEADS[family]; "" = family default (lm | pooler | classifier)
   num_classes: int = 0  # classifier heads (encoder classifier, vit)
   image_size: int = 224  # vit: square image side in pixels
   patch_size: int = 16  # vit: square patch side in pixels
@@ -253,9 +253,12 @@ def experiment_config(published_params: int = 0, published_source: str = "",
                       **model) -> ml_collections.ConfigDict:
   """The full experiment config every file in experiments/ returns from `get_config(arg)`.
 
-  `model` holds ModelConfig fields; `published` the figure a preset is checked against (0 = none).
+  Training fields (see train/defaults.py) at the top level, `model` holds ModelConfig fields,
+  `published` the figure a preset is checked against (0 = none).
   """
-  config = ml_collections.ConfigDict()
+  from transformers_jax.train.defaults import training_fields
+
+  config = training_fields()
   config.model = model_config_dict(**model)
   config.published = ml_collections.ConfigDict(
       {"params": published_params, "source": published_source})

@@ -56,7 +56,7 @@ class Attention(nn.Module):
         source)
     v = dense(c, (G, K), -1, ("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"),
               "value")(source)
-    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+    q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
     if c.positions == "rope" and not is_cross:
       q = apply_rope(q, positions, c.rope_theta)
       k = apply_rope(k, positions, c.rope_theta)

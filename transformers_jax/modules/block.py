@@ -68,7 +68,7 @@ class Block(nn.Module):
           lambda h: Attention(name="cross_attn", **kw)(h, context=context, mask=context_mask))
     ffn = MoE(c, name="ffn") if self.moe else FeedForward(c, name="ffn")
     x = self._sublayer(x, "ffn", ffn)
-    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
     self.sow("intermediates", "residual_rms",
              jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
     return (x, None) if self.scanned else x

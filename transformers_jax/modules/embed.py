@@ -53,7 +53,7 @@ class Embedder(nn.Module):
       x = x + self.type_embed(jnp.zeros_like(positions) if token_types is None else token_types)
     if c.embed_norm:
       x = self.embed_norm(x)
-    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
     return self.dropout(x, deterministic=self.deterministic)
 
   def attend(self, x):

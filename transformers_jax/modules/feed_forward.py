@@ -25,7 +25,7 @@ class FeedForward(nn.Module):
       h = h * dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi_1")(x)
     else:
       h = act(dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi")(x))
-    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
 
 

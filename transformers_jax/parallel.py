@@ -1,0 +1,108 @@
+"""Meshes and logical-axis rules: how parameters and activations map onto devices.
+
+Parameters carry logical names (`embed`, `heads`, `mlp`, …; activations `act_*`); one rules table
+maps each name to a mesh axis (or None: replicated). The mesh has four named axes:
+  data    — pure data parallelism (parameters replicated)
+  fsdp    — data parallelism with parameters and optimizer state sharded (ZeRO-3 style)
+  tensor  — Megatron-style split of attention heads and the feed-forward hidden dimension
+  expert  — mixture-of-experts experts
+The batch is split over data × fsdp.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+BATCH_AXES = ("data", "fsdp")
+
+# logical name -> mesh axis (None = replicated)
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("experts", "expert"),
+    ("classes", None),
+    ("layers", None),
+    ("position", None),
+    ("type_vocab", None),
+    ("patch", None),
+    ("act_batch", BATCH_AXES),
+    ("act_length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_mlp", "tensor"),
+)
+
+
+def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
+  """Resolve `-1` ("the rest") and check the product equals the device count."""
+  sizes = {a: int(axes.get(a, 1)) for a in MESH_AXES}
+  unknown = sorted(set(axes) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f"mesh.{unknown[0]}: unknown mesh axis; axes are {', '.join(MESH_AXES)}")
+  rest = [a for a, n in sizes.items() if n == -1]
+  if len(rest) > 1:
+    raise ValueError(f"mesh: only one axis may be -1, got {', '.join(rest)}")
+  for a, n in sizes.items():
+    if n == 0 or n < -1:
+      raise ValueError(f"mesh.{a}={n}: axis sizes are positive, or -1 for the rest")
+  known = math.prod(n for n in sizes.values() if n != -1)
+  if rest:
+    if num_devices % known:
+      raise ValueError(f"mesh: the fixed axes multiply to {known}, which does not divide the "
+                       f"{num_devices} devices: change the mesh sizes")
+    sizes[rest[0]] = num_devices // known
+  if math.prod(sizes.values()) != num_devices:
+    raise ValueError(f"mesh {sizes} needs {math.prod(sizes.values())} devices but there are "
+                     f"{num_devices}: make the axis sizes multiply to {num_devices} (or use -1)")
+  return sizes
+
+
+def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  sizes = mesh_shape(axes, len(devices))
+  array = np.asarray(devices).reshape(tuple(sizes[a] for a in MESH_AXES))
+  return Mesh(array, MESH_AXES)
+
+
+def rules(overrides: Mapping[str, object] | None = None):
+  """The rules table with config overrides (logical name -> mesh axis, '' or None = replicate)."""
+  table = dict(DEFAULT_RULES)
+  for name, axis in (overrides or {}).items():
+    table[name] = None if axis in ("", None) else (tuple(axis) if isinstance(axis, (list, tuple))
+                                                   else axis)
+  return tuple(table.items())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def logical_shardings(abstract_boxed, mesh: Mesh, rule_table):
+  """NamedShardings for a tree whose leaves may be boxed with logical names."""
+  specs = nn.get_partition_spec(abstract_boxed)
+  return nn.logical_to_mesh_sharding(specs, mesh, rule_table)
+
+
+def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh):
+  """This process's slice of a global batch -> global jax Arrays split over data × fsdp.
+
+  With one process the slice is the whole batch; with many, each process passes its own rows.
+  """
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in batch.items()}

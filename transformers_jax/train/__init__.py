@@ -1,0 +1,1 @@
+"""Training: objectives per family, optimiser, the sharded jit step, checkpoints, the CLI."""

@@ -1,0 +1,49 @@
+"""Top-level training fields of an experiment config: every one has a default and a meaning."""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def training_fields() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.steps = 1000  # optimizer updates
+  c.batch_size = 32  # global batch (examples per update, over all devices and micro-batches)
+  c.seq_len = 128  # tokens per example (LM, MLM, classification; seq2seq source and target)
+  c.learning_rate = 1e-3  # peak learning rate (reached at the end of warmup)
+  c.lr_schedule = "cosine"  # cosine | linear | constant | rsqrt (the 2017 paper's inverse sqrt)
+  c.min_lr_ratio = 0.1  # cosine: final learning rate as a fraction of the peak
+  c.warmup_steps = 100  # linear warmup from 0 to the peak
+  c.weight_decay = 0.1  # AdamW decoupled weight decay
+  c.decay_embeddings = False  # also decay embedding tables (biases and norms never are)
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.95
+  c.adam_eps = 1e-8
+  c.grad_clip = 1.0  # global-norm clipping; 0 = off
+  c.grad_accum_steps = 1  # micro-batches per update (batch_size must divide evenly)
+  c.label_smoothing = 0.0  # label smoothing of the cross-entropy (the 2017 paper used 0.1)
+  c.moe_aux_weight = 0.01  # weight of the MoE load-balancing loss
+  c.seed = 0  # parameters, dropout and the batch stream all derive from it
+  c.log_every = 50  # steps between metrics lines
+  c.eval_every = 500  # steps between held-out evaluations (and at the end); 0 = only at the end
+  c.eval_batches = 8  # held-out batches per evaluation
+  c.checkpoint_every = 500  # steps between checkpoints (and at the end); 0 = only at the end
+  c.keep_checkpoints = 2  # how many recent checkpoints to keep
+  c.init_from = ""  # workdir (or checkpoint dir) whose parameters initialise matching ones
+  c.data = ml_collections.ConfigDict()
+  c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
+  c.data.path = ""  # user data: .txt file/folder (LM, MLM), .tsv (seq2seq, classification), .npz
+  c.data.tokenizer = "byte"  # byte | bpe (trained locally on the training text)
+  c.data.cache_dir = ""  # where token files go; "" = WORKDIR/data
+  c.data.max_bytes = 4_000_000  # size cap of the bundled corpus's training split
+  c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
+  c.data.max_number = 99_999  # numbers task: largest number translated
+  c.data.direction = "digits_to_words"  # numbers task: digits_to_words | words_to_digits
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "expert": 1})
+  c.rules = ml_collections.ConfigDict()  # logical-axis rule overrides, e.g. {"embed": ""}
+  c.sample = ml_collections.ConfigDict()
+  c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
+  c.sample.max_new_tokens = 120
+  c.sample.temperature = 0.8  # 0 = greedy
+  c.sample.top_k = 40
+  return c

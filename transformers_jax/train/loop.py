@@ -1,0 +1,309 @@
+"""The training loop: data, sharded state, jit step, evaluation, checkpoints, metrics, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import signal
+import sys
+import time
+
+import jax
+import numpy as np
+from flax import linen as nn
+
+from transformers_jax import counting, parallel
+from transformers_jax.cli import UserError
+from transformers_jax.config import ModelConfig
+from transformers_jax.train import checkpoint as ckpt_lib
+from transformers_jax.train import metrics as metrics_lib
+from transformers_jax.train.optim import make_optimizer, schedule
+from transformers_jax.train.step import (abstract_state, create_state, make_eval_step,
+                                         make_train_step, residual_rms)
+from transformers_jax.train.tasks import build_task
+
+
+def validate(config, model_cfg: ModelConfig, num_data_shards: int) -> None:
+  """Training-config checks, before any data is read or anything compiled."""
+  for field in ("steps", "batch_size", "seq_len", "grad_accum_steps", "log_every",
+                "eval_batches", "keep_checkpoints"):
+    if config[field] < 1:
+      raise UserError(f"{field}={config[field]}: must be a positive integer")
+  if model_cfg.family != "vit" and config.seq_len > model_cfg.max_len:
+    raise UserError(f"seq_len={config.seq_len} is longer than model.max_len="
+                    f"{model_cfg.max_len}: lower --config.seq_len or raise --config.model.max_len")
+  if config.batch_size % config.grad_accum_steps:
+    raise UserError(f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
+                    f"{config.grad_accum_steps}")
+  micro = config.batch_size // config.grad_accum_steps
+  if micro % num_data_shards:
+    raise UserError(f"the micro-batch of {micro} examples does not split over the "
+                    f"{num_data_shards} data-parallel shards: make batch_size / grad_accum_steps "
+                    f"a multiple of {num_data_shards}")
+  if not 0 <= config.label_smoothing < 1:
+    raise UserError(f"label_smoothing={config.label_smoothing}: must be in [0, 1)")
+
+
+def _check_resume_config(workdir: pathlib.Path, config) -> None:
+  saved = ckpt_lib.read_saved_config(workdir)
+  if saved is None:
+    return
+  diffs = ckpt_lib.config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
+  if diffs:
+    raise UserError(f"{workdir} holds a run of a different model ({'; '.join(diffs)}): "
+                    "use a new --workdir or the saved model config")
+
+
+def _load_init_from(path: str, params):
+  """Copy parameters whose path and shape match from another run's latest checkpoint."""
+  source = pathlib.Path(path)
+  ckpt_dir = source / "checkpoints" if (source / "checkpoints").is_dir() else source
+  manager = ckpt_lib.Checkpoints(ckpt_dir, async_save=False)
+  step = manager.latest_step()
+  if step is None:
+    raise UserError(f"init_from={path}: no checkpoint found there")
+  restored = manager.restore(step, None)["params"]
+  manager.close()
+  flat_src = {k: v for k, v in _flatten(restored)}
+  loaded, fresh = [], []
+
+  def take(keypath, leaf):
+    name = "/".join(str(getattr(k, "key", k)) for k in keypath)
+    src = flat_src.get(name)
+    if src is not None and tuple(src.shape) == tuple(leaf.shape):
+      loaded.append(name)
+      return jax.device_put(np.asarray(src, dtype=leaf.dtype), leaf.sharding)
+    fresh.append(name)
+    return leaf
+
+  params = jax.tree_util.tree_map_with_path(take, params)
+  return params, loaded, fresh, step
+
+
+def _flatten(tree):
+  for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    yield "/".join(str(getattr(k, "key", k)) for k in keypath), leaf
+
+
+class _Interrupt:
+  """Ctrl-C sets a flag; the loop saves a checkpoint at the next step boundary and exits."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGINT, self._handle)
+
+  def _handle(self, *_):
+    if self.requested:  # a second Ctrl-C aborts at once
+      signal.signal(signal.SIGINT, self._previous)
+      raise KeyboardInterrupt
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGINT, self._previous)
+
+
+def _finite(metrics) -> bool:
+  return math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def _eval_metrics(task, eval_step, params, mesh) -> dict:
+  totals, rms = None, None
+  for batch in task.eval_batches:
+    sums, inter = eval_step(params, parallel.put_batch(_local(batch), mesh))
+    sums = jax.device_get(sums)
+    totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+    if rms is None:
+      rms = residual_rms(inter)
+  w = max(float(totals["weight"]), 1.0)
+  out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
+  if task.name in ("lm", "mlm", "seq2seq"):
+    out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
+  out["residual_rms"] = rms
+  return out
+
+
+def _local(batch: dict) -> dict:
+  """This process's rows of a global batch."""
+  n, i = jax.process_count(), jax.process_index()
+  if n == 1:
+    return batch
+  return {k: np.array_split(v, n)[i] for k, v in batch.items()}
+
+
+def _sample_text(task, model_cfg, params, config) -> str | None:
+  from transformers_jax import decode
+  tok = task.tokenizer
+  if task.name == "lm":
+    prompt = tok.encode(config.sample.prompt)
+    ids = decode.generate(model_cfg, params, prompt, config.sample.max_new_tokens,
+                          config.sample.temperature, config.sample.top_k, config.seed)
+    return config.sample.prompt + tok.decode(ids)
+  if task.name == "seq2seq":
+    batch = task.eval_batches[0]
+    n = min(3, len(batch["src"]))
+    out = decode.translate(model_cfg, params, batch["src"][:n], batch["src_mask"][:n],
+                           tok.bos_id, tok.eos_id, config.seq_len)
+    lines = []
+    for i in range(n):
+      ids = [int(t) for t in np.asarray(out[i])]
+      ids = ids[:ids.index(tok.eos_id)] if tok.eos_id in ids else ids
+      src = tok.decode([int(t) for t in batch["src"][i] if t != tok.pad_id])
+      lines.append(f"{src} -> {tok.decode(ids)}")
+    return "\n".join(lines)
+  return None
+
+
+def train(config, workdir: str) -> dict:
+  """Train (or resume) the run in `workdir`; returns the final metrics."""
+  workdir = pathlib.Path(workdir)
+  model_cfg = ModelConfig.from_dict(config.model)
+  mesh = parallel.make_mesh(config.mesh.to_dict())
+  rule_table = parallel.rules(config.rules.to_dict())
+  validate(config, model_cfg, mesh.shape["data"] * mesh.shape["fsdp"])
+  is_main = jax.process_index() == 0
+  workdir.mkdir(parents=True, exist_ok=True)
+  _check_resume_config(workdir, config)
+
+  task = build_task(config, model_cfg, workdir)
+  if is_main:
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
+  tx = make_optimizer(config)
+  state, shardings = create_state(model_cfg, tx, mesh, rule_table, config.seed)
+  checkpoints = ckpt_lib.Checkpoints(workdir / "checkpoints", config.keep_checkpoints)
+  start = checkpoints.latest_step()
+  if start is not None:
+    state = checkpoints.restore(start, abstract_state(state, shardings))
+    note = f"resumed from step {start}"
+  elif config.init_from:
+    params, loaded, fresh, src_step = _load_init_from(config.init_from, state.params)
+    state = state.replace(params=params)
+    note = (f"initialised {len(loaded)} tensors from {config.init_from} (step {src_step}); "
+            f"{len(fresh)} new: {', '.join(sorted({f.split('/')[0] for f in fresh})) or '-'}")
+    start = 0
+  else:
+    note, start = "fresh start", 0
+
+  train_step = make_train_step(task.name, model_cfg, config, tx, schedule(config), mesh,
+                               rule_table, shardings)
+  eval_step = make_eval_step(task.name, model_cfg, mesh, rule_table, shardings)
+  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
+  peak, peak_source = metrics_lib.device_peak()
+  tokens_per_step = config.batch_size * task.tokens_per_example
+  flops_per_step = counting.flops_per_token(model_cfg, task.tokens_per_example) * tokens_per_step
+  params_count = counting.count(model_cfg)
+  if is_main:
+    print(f"{model_cfg.family} model, {params_count:,} parameters; {task.summary}")
+    print(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
+          f"devices; {note}; MFU peak: {peak_source}", flush=True)
+
+  interrupt = _Interrupt()
+  progress = _Progress(start, config.steps, enabled=is_main)
+  last_saved = start
+  pending, t_last, step_last = None, time.perf_counter(), start
+  result: dict = {}
+  try:
+    for step in range(start, config.steps):
+      batch = parallel.put_batch(_local(task.train_batch(step)), mesh)
+      state, metrics = train_step(state, batch)
+      # check the previous step while this one runs: a non-finite loss stops the run
+      if pending is not None:
+        _stop_if_not_finite(pending, checkpoints, last_saved)
+      done = step + 1
+      pending = (done, metrics)
+      log_now = done % config.log_every == 0 or done == config.steps
+      eval_now = (config.eval_every and done % config.eval_every == 0) or done == config.steps
+      save_now = ((config.checkpoint_every and done % config.checkpoint_every == 0)
+                  or done == config.steps or interrupt.requested)
+      if log_now or eval_now or save_now:
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        _stop_if_not_finite(pending, checkpoints, last_saved, values)
+        pending = None
+      if log_now:
+        now = time.perf_counter()
+        rate = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
+        values["tokens_per_s"] = rate
+        values["mfu"] = rate / tokens_per_step * flops_per_step / peak if peak else None
+        if task.name in ("lm", "mlm", "seq2seq"):
+          values["perplexity"] = math.exp(min(values["nll"], 50.0))
+        writer.write(done, values)
+        progress.update(done, values)
+        t_last, step_last = now, done
+        result.update(values)
+      if eval_now:
+        ev = _eval_metrics(task, eval_step, state.params, mesh)
+        writer.write(done, ev)
+        progress.note(done, ev)
+        result.update(ev)
+        t_last = time.perf_counter()  # evaluation time is not training throughput
+      if save_now:
+        checkpoints.save(done, state)
+        last_saved = done
+      if interrupt.requested:
+        checkpoints.close()
+        raise UserError(f"interrupted: saved step {done} in {checkpoints.directory}; run the "
+                        "same command again to resume")
+  finally:
+    interrupt.restore()
+    progress.close()
+    writer.close()
+  checkpoints.close()
+  result["step"] = config.steps
+  if is_main:
+    sample = _sample_text(task, model_cfg, state.params, config) if config.sample.max_new_tokens \
+        else None
+    if sample is not None:
+      (workdir / "sample.txt").write_text(sample)
+      print("\n--- sample ---\n" + sample + "\n--------------")
+    print(f"run files: {workdir} (config.json, metrics.jsonl, tb/, checkpoints/"
+          f"{', sample.txt' if sample is not None else ''})")
+    result["sample"] = sample
+  return result
+
+
+def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):
+  step, metrics = pending
+  values = values or {k: float(v) for k, v in jax.device_get(metrics).items()}
+  if not _finite(values):
+    checkpoints.wait()
+    where = (f"the last good checkpoint is step {last_saved} in {checkpoints.directory}"
+             if last_saved else "no checkpoint was written")
+    raise UserError(f"loss became {values['loss']} (grad norm {values['grad_norm']}) at step "
+                    f"{step}: {where}; lower --config.learning_rate or raise warmup_steps")
+
+
+class _Progress:
+  """A tqdm bar on a terminal; plain log lines otherwise."""
+
+  def __init__(self, start, total, enabled=True):
+    self.enabled = enabled
+    self.bar = None
+    if enabled and sys.stderr.isatty():
+      from tqdm import tqdm
+      self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+    self.last = start
+
+  def update(self, step, v):
+    if not self.enabled:
+      return
+    text = f"loss {v['loss']:.4f} acc {v['accuracy']:.3f} {v['tokens_per_s']:,.0f} tok/s"
+    if v.get("mfu") is not None:
+      text += f" mfu {v['mfu']:.1%}"
+    if self.bar is not None:
+      self.bar.update(step - self.last)
+      self.bar.set_postfix_str(text)
+    else:
+      print(f"step {step}: {text}", flush=True)
+    self.last = step
+
+  def note(self, step, ev):
+    if not self.enabled:
+      return
+    text = f"step {step}: eval loss {ev['eval_loss']:.4f} acc {ev['eval_accuracy']:.3f}"
+    if "eval_perplexity" in ev:
+      text += f" ppl {ev['eval_perplexity']:.2f}"
+    (self.bar.write if self.bar is not None else print)(text)
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()

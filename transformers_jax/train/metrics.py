@@ -1,0 +1,80 @@
+"""Metrics output (JSONL, TensorBoard) and model FLOPs utilisation against a device's peak."""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+
+# Dense bf16 peak TFLOP/s per chip, from the vendors' data sheets (no sparsity).
+KNOWN_PEAKS = (
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("V100", 125e12),
+    ("TPU v6", 918e12),  # Trillium (v6e)
+    ("TPU v5p", 459e12),
+    ("TPU v5 lite", 197e12),  # v5e
+    ("TPU v5e", 197e12),
+    ("TPU v4", 275e12),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def measured_cpu_peak(n: int = 1024, repeats: int = 5) -> float:
+  """FLOP/s of a large float32 matmul on this CPU (all its cores), best of `repeats`."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n ** 3 / best
+
+
+def device_peak() -> tuple[float | None, str]:
+  """(peak FLOP/s of all local devices, where the figure comes from)."""
+  devices = jax.local_devices()
+  kind = devices[0].device_kind
+  if devices[0].platform == "cpu":
+    return measured_cpu_peak(), "measured float32 1024x1024 matmul on this CPU"
+  for name, peak in KNOWN_PEAKS:
+    if name.lower() in kind.lower():
+      return peak * len(devices), f"{name} bf16 dense data-sheet peak x {len(devices)}"
+  return None, f"unknown peak for {kind!r}: MFU not reported"
+
+
+class MetricsWriter:
+  """WORKDIR/metrics.jsonl (one JSON object per line) and TensorBoard events in WORKDIR/tb."""
+
+  def __init__(self, workdir, enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:
+      return
+    workdir = pathlib.Path(workdir)
+    self.file = open(workdir / "metrics.jsonl", "a", buffering=1)
+    from tensorboardX import SummaryWriter
+    self.tb = SummaryWriter(str(workdir / "tb"))
+
+  def write(self, step: int, values: dict) -> None:
+    if not self.enabled:
+      return
+    self.file.write(json.dumps({"step": step, **values}) + "\n")
+    for key, value in values.items():
+      if isinstance(value, (int, float)):
+        self.tb.add_scalar(key, value, step)
+      elif isinstance(value, dict):  # residual RMS per layer, per stack
+        for stack, layers in value.items():
+          for i, v in enumerate(layers):
+            self.tb.add_scalar(f"{key}/{stack}/layer_{i}", v, step)
+
+  def close(self) -> None:
+    if self.enabled:
+      self.file.close()
+      self.tb.close()
