@@ -84,7 +84,7 @@ def random_config(rng: random.Random) -> ModelConfig:
   if family == "encoder":
     head = rng.choice(["pooler", "mlm", "classifier"])
   if family == "vit":
-    head = rng.choice(["classifier", "none"])
+    head = rng.choice(["classifier", "pooler", "none"])
   ff = rng.choice(["dense", "moe"])
   scan = rng.random() < 0.3
   return ModelConfig(

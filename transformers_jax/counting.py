@@ -132,8 +132,8 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   unembed = 0 if c.tie_embeddings else V * D
   if head == "lm":
     out["head"] = unembed
-  elif head in ("pooler", "classifier") and c.family == "encoder":
-    out["head"] = D * D + b * D
+  elif head == "pooler" or (head == "classifier" and c.family == "encoder"):
+    out["head"] = D * D + b * D  # tanh(W h) pooler (encoder classifiers pool first; ViT does not)
   if head == "classifier":
     out["head"] += D * c.num_classes + b * c.num_classes
   if head == "mlm":

@@ -1,4 +1,9 @@
-"""Vision Transformer: image -> patch tokens (+ class token) -> bidirectional Blocks -> head."""
+"""Vision Transformer: image -> patch tokens (+ class token) -> bidirectional Blocks -> head.
+
+Heads (`model.head`): `classifier` (ViTForImageClassification: dense on the pooled token),
+`pooler` (ViTModel: `pooled` is tanh(W h_pool), as in the encoder family), `none` (`pooled` is the
+class token or the mean of the patch tokens, after the final norm).
+"""
 
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ class ViT(nn.Module):
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     pooled = x[:, 0] if c.pool == "cls" else jnp.mean(x, axis=1)
+    if c.head_kind == "pooler":
+      pooled = jnp.tanh(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(pooled))
     out = {"hidden": x, "pooled": pooled}
     if c.head_kind == "classifier":
       out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",),

@@ -1,0 +1,162 @@
+"""Build the golden Hugging Face fixtures in tests/fixtures/hf/ (the only file importing torch).
+
+Each fixture is a small randomly initialised `transformers` model saved with `save_pretrained`
+(safetensors) plus `reference.npz`: fixed inputs, the model's outputs on them and its parameter
+count. tests/test_interop.py loads the checkpoints with `transformers_jax.interop` (no torch) and
+holds our outputs to these references.
+
+    pip install torch==2.13.0 transformers
+    python scripts/make_hf_fixtures.py            # writes the fixtures, then checks save_hf
+
+Every parameter is perturbed after initialisation so biases and norm parameters are not the
+zeros and ones HF initialises them to (a mapping that mixed them up would otherwise pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "fixtures" / "hf"
+SEED = 0
+
+GPT2 = dict(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+            bos_token_id=None, eos_token_id=None, initializer_range=0.1)
+BERT = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=32, type_vocab_size=2,
+            initializer_range=0.1)
+VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+           image_size=12, patch_size=4, num_channels=3, initializer_range=0.1)
+VIT_LABELS = 5
+
+
+def perturb(model, seed: int) -> None:
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def build(name: str):
+  torch.manual_seed(SEED)
+  if name == "gpt2":
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
+  elif name in ("bert", "bert_mlm"):
+    config = transformers.BertConfig(**BERT)
+    cls = transformers.BertModel if name == "bert" else transformers.BertForMaskedLM
+    model = cls(config)
+  elif name in ("vit", "vit_classifier"):
+    config = transformers.ViTConfig(**VIT)
+    if name == "vit":
+      model = transformers.ViTModel(config)
+    else:
+      config.id2label = {i: f"class_{i}" for i in range(VIT_LABELS)}
+      config.label2id = {v: k for k, v in config.id2label.items()}
+      model = transformers.ViTForImageClassification(config)
+  else:
+    raise ValueError(name)
+  perturb(model, SEED + 1)
+  return model.eval()
+
+
+def inputs(name: str) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(SEED)
+  if name == "gpt2":
+    return {"tokens": rng.integers(0, GPT2["vocab_size"], (2, 10)).astype(np.int32),
+            "prompt": rng.integers(0, GPT2["vocab_size"], (1, 5)).astype(np.int32)}
+  if name.startswith("bert"):
+    tokens = rng.integers(1, BERT["vocab_size"], (2, 10)).astype(np.int32)
+    mask = np.ones((2, 10), np.int32)
+    mask[1, 6:] = 0  # the second row is padded after 6 tokens
+    tokens[1, 6:] = 0
+    types = np.zeros((2, 10), np.int32)
+    types[0, 5:] = 1
+    types[1, 3:6] = 1
+    return {"tokens": tokens, "attention_mask": mask, "token_types": types}
+  size, channels = VIT["image_size"], VIT["num_channels"]
+  return {"images": rng.standard_normal((2, size, size, channels)).astype(np.float32)}  # NHWC
+
+
+def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  t = {k: torch.from_numpy(v.astype(np.int64) if v.dtype == np.int32 else v) for k, v in x.items()}
+  out = {}
+  with torch.no_grad():
+    if name == "gpt2":
+      out["logits"] = model(t["tokens"]).logits
+      generated = model.generate(t["prompt"], max_new_tokens=8, do_sample=False,
+                                 attention_mask=torch.ones_like(t["prompt"]), pad_token_id=0)
+      out["greedy"] = generated[:, x["prompt"].shape[1]:]
+    elif name.startswith("bert"):
+      o = model(input_ids=t["tokens"], attention_mask=t["attention_mask"],
+                token_type_ids=t["token_types"], output_hidden_states=True)
+      out["hidden"] = o.hidden_states[-1]
+      if name == "bert":
+        out["pooled"] = o.pooler_output
+      else:
+        out["logits"] = o.logits
+    else:
+      o = model(pixel_values=t["images"].permute(0, 3, 1, 2), output_hidden_states=True)
+      if name == "vit":
+        out["hidden"] = o.last_hidden_state
+        out["pooled"] = o.pooler_output
+      else:
+        out["logits"] = o.logits
+  return {k: v.numpy() for k, v in out.items()}
+
+
+def write(name: str) -> pathlib.Path:
+  model = build(name)
+  directory = OUT / name
+  shutil.rmtree(directory, ignore_errors=True)
+  shard = {"bert_mlm": "20KB"}.get(name)  # one fixture is sharded, to cover the index format
+  kwargs = {"max_shard_size": shard} if shard else {}
+  model.save_pretrained(directory, safe_serialization=True, **kwargs)
+  x = inputs(name)
+  y = run(name, model, x)
+  count = sum(p.numel() for p in model.parameters())
+  np.savez(directory / "reference.npz", **x, **y, hf_param_count=np.int64(count))
+  size = sum(f.stat().st_size for f in directory.iterdir())
+  print(f"{name:15s} {count:7d} parameters, {size / 1024:6.1f} KiB: "
+        f"{', '.join(sorted(p.name for p in directory.iterdir()))}")
+  return directory
+
+
+def check_export(name: str, directory: pathlib.Path) -> None:
+  """load_hf -> save_hf -> transformers.from_pretrained reproduces the reference outputs."""
+  sys.path.insert(0, str(ROOT))
+  from transformers_jax.interop import load_hf, save_hf
+
+  fields, params = load_hf(directory)
+  with tempfile.TemporaryDirectory() as tmp:
+    save_hf(tmp, fields, params)
+    cls = getattr(transformers, build(name).__class__.__name__)
+    model = cls.from_pretrained(tmp).eval()
+  ref = np.load(directory / "reference.npz", allow_pickle=False)
+  got = run(name, model, {k: ref[k] for k in inputs(name)})
+  for k, v in got.items():
+    err = np.max(np.abs(v - ref[k]))
+    assert err < 1e-5, (name, k, err)
+  print(f"{name:15s} save_hf -> from_pretrained matches the reference")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--no-check", action="store_true", help="skip the save_hf round trip")
+  args = parser.parse_args()
+  print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+  for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier"):
+    directory = write(name)
+    if not args.no_check:
+      check_export(name, directory)
+
+
+if __name__ == "__main__":
+  main()

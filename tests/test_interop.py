@@ -1,0 +1,356 @@
+"""Hugging Face interop: golden fixtures (scripts/make_hf_fixtures.py), round trips, clear errors.
+
+Needs neither torch nor transformers, except the one export test marked by importorskip.
+"""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from transformers_jax import counting
+from transformers_jax.config import ModelConfig
+from transformers_jax.interop import hf as interop
+from transformers_jax.interop import load_hf, save_hf
+from transformers_jax.models import build_model, param_shapes
+from transformers_jax.models.vit import patchify
+from transformers_jax.modules.block import loop_to_scan
+
+from conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+NAMES = ["gpt2", "bert", "bert_mlm", "vit", "vit_classifier"]
+HEADS = {"gpt2": "lm", "bert": "pooler", "bert_mlm": "mlm", "vit": "pooler",
+         "vit_classifier": "classifier"}
+TOL = 1e-4
+
+
+def reference(name):
+  with np.load(FIXTURES / name / "reference.npz", allow_pickle=False) as f:
+    return dict(f)
+
+
+def forward(fields, params, ref):
+  model = build_model(fields)
+  if "images" in ref:
+    return model.apply({"params": params}, ref["images"])
+  if "token_types" in ref:
+    return model.apply({"params": params}, ref["tokens"], ref["attention_mask"], ref["token_types"])
+  return model.apply({"params": params}, ref["tokens"])
+
+
+def leaves(tree):
+  return {jax.tree_util.keystr(k): np.asarray(v)
+          for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def copy_fixture(name, tmp_path):
+  return shutil.copytree(FIXTURES / name, tmp_path / name)
+
+
+# ------------------------------------------------------------------ golden outputs and counts
+@pytest.mark.parametrize("name", NAMES)
+def test_outputs_match_hugging_face(name):
+  fields, params = load_hf(FIXTURES / name)
+  assert fields["head"] == HEADS[name]
+  ref = reference(name)
+  out = forward(fields, params, ref)
+  compared = [k for k in ("hidden", "pooled", "logits") if k in ref]
+  assert compared
+  for key in compared:  # BERT: padded rows included; they match too (padding masks keys only)
+    np.testing.assert_allclose(np.asarray(out[key]), ref[key], atol=TOL, rtol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parameter_count_equals_hugging_face(name):
+  fields, params = load_hf(FIXTURES / name)
+  hf_count = int(reference(name)["hf_param_count"])
+  assert sum(a.size for a in jax.tree_util.tree_leaves(params)) == hf_count
+  assert counting.count(fields) == hf_count
+  assert counting.analytic_count(fields) == hf_count
+
+
+def test_gpt2_greedy_continuation_matches_generate():
+  """8 greedy tokens, each from a full causal forward over a fixed-length buffer (one compile)."""
+  fields, params = load_hf(FIXTURES / "gpt2")
+  ref = reference("gpt2")
+  prompt, want = ref["prompt"], ref["greedy"]
+  n = prompt.shape[1]
+  model = build_model(fields)
+  apply = jax.jit(lambda p, x: model.apply({"params": p}, x)["logits"])
+  buffer = np.zeros((1, n + want.shape[1]), np.int32)
+  buffer[:, :n] = prompt
+  for t in range(n, buffer.shape[1]):
+    buffer[:, t] = np.argmax(np.asarray(apply(params, jnp.asarray(buffer)))[:, t - 1], axis=-1)
+  np.testing.assert_array_equal(buffer[:, n:], want)
+
+
+# ------------------------------------------------------------------ round trips
+@pytest.mark.parametrize("name", NAMES)
+def test_import_export_import_is_identity(name, tmp_path):
+  fields, params = load_hf(FIXTURES / name)
+  architecture = save_hf(tmp_path, fields, params)
+  assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [architecture]
+  fields2, params2 = load_hf(tmp_path)
+  assert fields2 == fields
+  a, b = leaves(params), leaves(params2)
+  assert a.keys() == b.keys()
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_export_reproduces_the_hugging_face_tensors(name, tmp_path):
+  """save_hf writes the same tensor names, shapes and values as transformers' save_pretrained."""
+  original = {}
+  for path in sorted((FIXTURES / name).glob("*.safetensors")):
+    original.update(load_file(path))
+  fields, params = load_hf(FIXTURES / name)
+  save_hf(tmp_path, fields, loop_to_scan(params))  # the scanned layout exports the same
+  written = load_file(tmp_path / "model.safetensors")
+  assert written.keys() == original.keys()
+  for key in original:
+    assert written[key].dtype == original[key].dtype
+    np.testing.assert_array_equal(written[key], original[key], err_msg=key)
+
+
+def test_vit_patch_kernel_is_the_convolution():
+  """Our patch_embed on patchified pixels equals HF's stride-P convolution, written out in numpy."""
+  fields, params = load_hf(FIXTURES / "vit")
+  conv = load_file(FIXTURES / "vit" / "model.safetensors")
+  w = conv["embeddings.patch_embeddings.projection.weight"]  # [D, C, P, P]
+  images = reference("vit")["images"]  # [B, H, W, C]
+  P = fields["patch_size"]
+  B, H, W, C = images.shape
+  blocks = images.reshape(B, H // P, P, W // P, P, C)
+  want = np.einsum("birjsc,dcrs->bijd", blocks, w).reshape(B, -1, w.shape[0])
+  got = np.asarray(patchify(jnp.asarray(images), P)) @ params["patch_embed"]["kernel"]
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_vit_model_without_pooler_loads_with_head_none(tmp_path):
+  d = copy_fixture("vit", tmp_path)
+  tensors = load_file(d / "model.safetensors")
+  save_file({k: v for k, v in tensors.items() if not k.startswith("pooler.")},
+            d / "model.safetensors", metadata={"format": "pt"})
+  fields, params = load_hf(d)
+  assert fields["head"] == "none" and "pooler" not in params
+  out = forward(fields, params, reference("vit"))
+  np.testing.assert_allclose(np.asarray(out["hidden"]), reference("vit")["hidden"], atol=TOL)
+
+
+def test_untied_gpt2_and_original_checkpoint_names(tmp_path):
+  """tie_word_embeddings=false reads lm_head.weight; GPT2Model-style names (no `transformer.`),
+  old causal-mask buffers and `gamma`/`beta` norms are accepted."""
+  d = copy_fixture("gpt2", tmp_path)
+  tensors = load_file(d / "model.safetensors")
+  tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+  head = np.random.default_rng(0).standard_normal(tensors["wte.weight"].shape).astype(np.float32)
+  tensors["lm_head.weight"] = head
+  tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 32, 32), np.float32))
+  save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+  config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+  fields, params = load_hf(d)
+  assert fields["tie_embeddings"] is False
+  np.testing.assert_array_equal(params["lm_head"]["kernel"], head.T)
+  out = forward(fields, params, reference("gpt2"))
+  np.testing.assert_allclose(np.asarray(out["logits"]), np.asarray(out["hidden"]) @ head.T,
+                             atol=1e-4)
+
+
+def test_old_bert_names_and_pretraining_extras(tmp_path):
+  """LayerNorm gamma/beta, a position_ids buffer, the NSP head and a pooler beside the MLM head
+  (a BertForPreTraining checkpoint read as BertForMaskedLM) are accepted and ignored."""
+  d = copy_fixture("bert_mlm", tmp_path)
+  tensors = {}
+  for path in d.glob("model-*.safetensors"):
+    tensors.update(load_file(path))
+    path.unlink()
+  (d / "model.safetensors.index.json").unlink()
+  tensors = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                      "LayerNorm.beta"): v
+             for k, v in tensors.items()}
+  tensors["bert.embeddings.position_ids"] = np.arange(32, dtype=np.int64)[None]
+  tensors["cls.seq_relationship.weight"] = np.zeros((2, 32), np.float32)
+  tensors["bert.pooler.dense.weight"] = np.zeros((32, 32), np.float32)
+  save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+  fields, params = load_hf(d)
+  ref = reference("bert_mlm")
+  np.testing.assert_allclose(np.asarray(forward(fields, params, ref)["logits"]), ref["logits"],
+                             atol=TOL)
+
+
+def test_load_as_bfloat16():
+  fields, params = load_hf(FIXTURES / "vit", dtype="bfloat16")
+  assert fields["param_dtype"] == "bfloat16"
+  assert {a.dtype for a in jax.tree_util.tree_leaves(params)} == {np.dtype(jnp.bfloat16)}
+
+
+# ------------------------------------------------------------------ clear errors
+def assert_one_line(error, *words):
+  message = str(error.value)
+  assert "\n" not in message, message
+  for w in words:
+    assert w in message, (w, message)
+
+
+def test_error_unsupported_architecture(tmp_path):
+  d = copy_fixture("gpt2", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps(
+      {**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+  with pytest.raises(interop.UnsupportedArchitecture) as e:
+    load_hf(d)
+  assert isinstance(e.value, ValueError)
+  assert_one_line(e, "LlamaForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM", "ViTModel")
+
+
+def test_error_unsupported_option(tmp_path):
+  d = copy_fixture("bert", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps({**config, "hidden_act": "silu"}))
+  with pytest.raises(interop.UnsupportedArchitecture) as e:
+    load_hf(d)
+  assert_one_line(e, "hidden_act", "silu")
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors"])
+def test_error_missing_file(tmp_path, missing):
+  d = copy_fixture("vit", tmp_path)
+  (d / missing).unlink()
+  with pytest.raises(interop.MissingCheckpointFile) as e:
+    load_hf(d)
+  assert_one_line(e, missing)
+
+
+def test_error_missing_shard(tmp_path):
+  d = copy_fixture("bert_mlm", tmp_path)
+  (d / "model-00003-of-00005.safetensors").unlink()
+  with pytest.raises(interop.MissingCheckpointFile) as e:
+    load_hf(d)
+  assert_one_line(e, "model-00003-of-00005.safetensors")
+
+
+def test_error_not_a_directory(tmp_path):
+  with pytest.raises(interop.MissingCheckpointFile) as e:
+    load_hf(tmp_path / "nowhere")
+  assert_one_line(e, "nowhere", "config.json")
+
+
+def test_error_pickle_checkpoint_is_named_and_not_read(tmp_path):
+  d = copy_fixture("vit", tmp_path)
+  (d / "model.safetensors").rename(d / "pytorch_model.bin")
+  with pytest.raises(interop.MissingCheckpointFile) as e:
+    load_hf(d)
+  assert_one_line(e, "pytorch_model.bin", "safe_serialization=True")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.001])
+def test_error_truncated_file(tmp_path, keep):
+  d = copy_fixture("gpt2", tmp_path)
+  data = (d / "model.safetensors").read_bytes()
+  (d / "model.safetensors").write_bytes(data[:int(len(data) * keep)])
+  with pytest.raises(interop.CorruptCheckpoint) as e:
+    load_hf(d)
+  assert_one_line(e, "model.safetensors", "truncated or corrupt")
+
+
+def test_error_corrupt_config(tmp_path):
+  d = copy_fixture("gpt2", tmp_path)
+  (d / "config.json").write_text('{"model_type": "gpt2",')
+  with pytest.raises(interop.CorruptCheckpoint) as e:
+    load_hf(d)
+  assert_one_line(e, "config.json", "not valid JSON")
+
+
+def test_error_missing_tensor(tmp_path):
+  d = copy_fixture("vit_classifier", tmp_path)
+  tensors = load_file(d / "model.safetensors")
+  del tensors["vit.encoder.layer.1.output.dense.weight"]
+  save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+  with pytest.raises(interop.MissingTensor) as e:
+    load_hf(d)
+  assert_one_line(e, "vit.encoder.layer.1.output.dense.weight", "missing")
+
+
+def test_error_shape_mismatch(tmp_path):
+  d = copy_fixture("gpt2", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps({**config, "n_inner": 64}))
+  with pytest.raises(interop.TensorShapeMismatch) as e:
+    load_hf(d)
+  assert_one_line(e, "h.0.mlp.c_fc.weight", "(32, 128)", "(32, 64)", "n_inner=64")
+
+
+def test_error_unexpected_tensors(tmp_path):
+  """A config.json with fewer layers than the weights leaves tensors over: refused, not dropped."""
+  d = copy_fixture("bert", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+  with pytest.raises(interop.UnexpectedTensor) as e:
+    load_hf(d)
+  assert_one_line(e, "encoder.layer.1.", "num_hidden_layers=1")
+
+
+def test_error_export_unsupported_config(tmp_path):
+  c = ModelConfig(family="decoder", num_layers=1, d_model=16, num_heads=2, vocab_size=20,
+                  max_len=8)
+  params = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), param_shapes(c))
+  with pytest.raises(interop.UnsupportedConfig) as e:
+    save_hf(tmp_path, c.replace(norm="rmsnorm"), params)
+  assert_one_line(e, "model.norm='rmsnorm'", "GPT2LMHeadModel")
+  with pytest.raises(interop.UnsupportedConfig) as e:
+    save_hf(tmp_path, c.replace(family="encoder_decoder"), params)
+  assert_one_line(e, "encoder_decoder")
+  with pytest.raises(interop.TensorShapeMismatch) as e:
+    save_hf(tmp_path, c.replace(vocab_size=21), params)
+  assert_one_line(e, "token_embed", "(20, 16)", "(21, 16)")
+  with pytest.raises(interop.UnsupportedConfig) as e:
+    save_hf(tmp_path, c.replace(num_layers=2), params)
+  assert_one_line(e, "layer_1")
+  assert not (tmp_path / "model.safetensors").exists()
+
+
+# ------------------------------------------------------------------ transformers loads our export
+EXPORTS = {
+    "GPT2LMHeadModel": dict(family="decoder", activation="gelu_tanh", tie_embeddings=False,
+                            norm_eps=1e-5),
+    "BertForMaskedLM": dict(family="encoder", head="mlm", norm_placement="post", embed_norm=True,
+                            type_vocab_size=2, norm_eps=1e-12, d_ff=40),
+    "ViTForImageClassification": dict(family="vit", head="classifier", num_classes=3,
+                                      image_size=8, patch_size=2, num_channels=3, norm_eps=1e-6),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(EXPORTS))
+def test_transformers_loads_our_export(architecture, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  c = ModelConfig(num_layers=2, d_model=16, num_heads=2, vocab_size=40, max_len=12,
+                  init_std=0.3, **EXPORTS[architecture])
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map(  # every parameter random, biases and norms included
+      lambda s: (0.3 * rng.standard_normal(s.shape) + (s.ndim == 1)).astype(np.float32),
+      param_shapes(c))
+  assert save_hf(tmp_path, c, params) == architecture
+  model = getattr(transformers, architecture).from_pretrained(tmp_path).eval()
+  assert sum(p.numel() for p in model.parameters()) == counting.count(c)
+  with torch.no_grad():
+    if c.family == "vit":
+      images = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+      theirs = model(pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2)).logits.numpy()
+      ours = build_model(c).apply({"params": params}, images)["logits"]
+    else:
+      tokens = rng.integers(0, 40, (2, 9))
+      mask = np.ones_like(tokens)
+      mask[1, 5:] = 0
+      kw = dict(attention_mask=torch.from_numpy(mask)) if c.family == "encoder" else {}
+      theirs = model(torch.from_numpy(tokens), **kw).logits.numpy()
+      ours = build_model(c).apply({"params": params}, tokens,
+                                  mask if c.family == "encoder" else None)["logits"]
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=TOL, rtol=1e-5)

@@ -1,0 +1,20 @@
+"""Conversion to and from other libraries' checkpoints: `hf` reads and writes Hugging Face
+GPT-2, BERT and ViT models (config.json + safetensors) without torch or transformers."""
+
+from transformers_jax.interop.hf import (
+    SUPPORTED_ARCHITECTURES,
+    CorruptCheckpoint,
+    HFCheckpointError,
+    MissingCheckpointFile,
+    MissingTensor,
+    TensorShapeMismatch,
+    UnexpectedTensor,
+    UnsupportedArchitecture,
+    UnsupportedConfig,
+    load_hf,
+    save_hf,
+)
+
+__all__ = ["load_hf", "save_hf", "SUPPORTED_ARCHITECTURES", "HFCheckpointError",
+           "UnsupportedArchitecture", "MissingCheckpointFile", "CorruptCheckpoint",
+           "MissingTensor", "UnexpectedTensor", "TensorShapeMismatch", "UnsupportedConfig"]
