@@ -27,7 +27,13 @@ PRESETS = {
 }
 
 
+TRAINING = {
+    "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
+                 log_every=20, eval_every=100, checkpoint_every=100),
+}
+
 def get_config(arg: str | None = None):
   preset = dict(select_preset(PRESETS, arg, "bert.py"))
   published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", **{**BERT, **preset})
+  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
+                           **{**BERT, **preset})

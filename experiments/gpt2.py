@@ -2,7 +2,8 @@
 
 Presets are the four released models — small 12 x 768, medium 24 x 1024, large 36 x 1280, XL 48 x 1600,
 64-dim heads, 50,257-token BPE vocabulary, 1,024 positions — plus `tiny` (2 x 64, byte vocabulary)
-for tests and CPU training. Published counts are those of the released checkpoints (the unembedding
+for tests and `cpu` (4 x 128, byte vocabulary, 0.8M parameters) that trains on the bundled corpus
+in a few minutes on a 2-core CPU (the README's quick start). Published counts are those of the released checkpoints (the unembedding
 is the token embedding, so it is counted once); they equal the lesson's formula
 V*d + 1024*d + L*(12d^2 + 13d) + 2d.
 
@@ -18,6 +19,8 @@ SOURCE = "released GPT-2 checkpoints (Radford et al. 2019)"
 
 PRESETS = {
     "tiny": dict(num_layers=2, d_model=64, num_heads=4, vocab_size=256, max_len=128, dropout=0.0),
+    "cpu": dict(num_layers=4, d_model=128, num_heads=4, vocab_size=256, max_len=256,
+                dropout=0.0),
     "small": dict(num_layers=12, d_model=768, num_heads=12, published_params=124_439_808),
     "medium": dict(num_layers=24, d_model=1024, num_heads=16, published_params=354_823_168),
     "large": dict(num_layers=36, d_model=1280, num_heads=20, published_params=774_030_080),
@@ -25,7 +28,17 @@ PRESETS = {
 }
 
 
+# Training fields per preset (the rest default as in transformers_jax/train/defaults.py).
+TRAINING = {
+    "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
+                 log_every=20, eval_every=100, checkpoint_every=100),
+    # the README's quick start: a 4 x 128 byte-level GPT, a few minutes on a 2-core CPU
+    "cpu": dict(steps=500, batch_size=16, seq_len=128, learning_rate=2e-3, warmup_steps=50,
+                log_every=25, eval_every=250, checkpoint_every=250),
+}
+
 def get_config(arg: str | None = None):
   preset = dict(select_preset(PRESETS, arg, "gpt2.py"))
   published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", **{**GPT2, **preset})
+  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
+                           **{**GPT2, **preset})

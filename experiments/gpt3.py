@@ -39,7 +39,10 @@ PRESETS = {
 }
 
 
+TRAINING = {}
+
 def get_config(arg: str | None = None):
   preset = dict(select_preset(PRESETS, arg or "small", "gpt3.py"))
   published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE, **{**GPT3, **preset})
+  return experiment_config(published, SOURCE, TRAINING.get(arg or "small"),
+                           **{**GPT3, **preset})

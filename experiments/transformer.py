@@ -32,7 +32,18 @@ PRESETS = {
 }
 
 
+TRAINING = {
+    "tiny": dict(steps=400, batch_size=32, seq_len=64, learning_rate=2e-3, warmup_steps=40,
+                 log_every=40, eval_every=200, checkpoint_every=200,
+                 data=dict(max_number=99_999)),
+    "base": dict(lr_schedule="rsqrt", warmup_steps=4000, learning_rate=7e-4, adam_b2=0.98,
+                 adam_eps=1e-9, label_smoothing=0.1, weight_decay=0.0),
+    "big": dict(lr_schedule="rsqrt", warmup_steps=4000, learning_rate=7e-4, adam_b2=0.98,
+                adam_eps=1e-9, label_smoothing=0.1, weight_decay=0.0),
+}
+
 def get_config(arg: str | None = None):
   preset = dict(select_preset(PRESETS, arg, "transformer.py"))
   published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", **{**TRANSFORMER, **preset})
+  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
+                           **{**TRANSFORMER, **preset})

@@ -37,7 +37,13 @@ PRESETS = {
 }
 
 
+TRAINING = {
+    "tiny": dict(steps=300, batch_size=32, learning_rate=2e-3, warmup_steps=30, log_every=30,
+                 eval_every=150, checkpoint_every=150, eval_batches=12),
+}
+
 def get_config(arg: str | None = None):
   preset = dict(select_preset(PRESETS, arg, "vit.py"))
   published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", **{**VIT, **preset})
+  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
+                           **{**VIT, **preset})

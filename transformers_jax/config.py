@@ -250,6 +250,7 @@ def model_config_dict(**overrides) -> ml_collections.ConfigDict:
 
 
 def experiment_config(published_params: int = 0, published_source: str = "",
+                      training: Mapping[str, Any] | None = None,
                       **model) -> ml_collections.ConfigDict:
   """The full experiment config every file in experiments/ returns from `get_config(arg)`.
 
@@ -262,6 +263,11 @@ def experiment_config(published_params: int = 0, published_source: str = "",
   config.model = model_config_dict(**model)
   config.published = ml_collections.ConfigDict(
       {"params": published_params, "source": published_source})
+  for key, value in (training or {}).items():
+    if isinstance(value, Mapping):
+      config[key].update(value)
+    else:
+      config[key] = value
   return config
 
 

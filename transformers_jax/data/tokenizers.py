@@ -149,7 +149,7 @@ def make_tokenizer(kind: str, vocab_size: int, texts: Sequence[str] | None = Non
         if vocab_size < tok.vocab_size:
             raise DataError(
                 f"vocab_size {vocab_size} is smaller than the byte tokenizer's {tok.vocab_size}: "
-                f"set --config.vocab_size to at least {tok.vocab_size}"
+                f"set --config.model.vocab_size to at least {tok.vocab_size}"
             )
         return tok
     if kind == "bpe":

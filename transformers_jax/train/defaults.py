@@ -7,7 +7,8 @@ import ml_collections
 
 def training_fields() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.steps = 1000  # optimizer updates
+  c.steps = 1000  # optimizer updates (the schedule spans these)
+  c.stop_after = 0  # end this invocation after this many total steps, with a checkpoint; 0 = steps
   c.batch_size = 32  # global batch (examples per update, over all devices and micro-batches)
   c.seq_len = 128  # tokens per example (LM, MLM, classification; seq2seq source and target)
   c.learning_rate = 1e-3  # peak learning rate (reached at the end of warmup)

@@ -173,7 +173,13 @@ def train(config, workdir: str) -> dict:
   checkpoints = ckpt_lib.Checkpoints(workdir / "checkpoints", config.keep_checkpoints)
   start = checkpoints.latest_step()
   if start is not None:
-    state = checkpoints.restore(start, abstract_state(state, shardings))
+    try:
+      state = checkpoints.restore(start, abstract_state(state, shardings))
+    except (ValueError, KeyError) as e:
+      first = str(e).strip().splitlines()[0]
+      raise UserError(f"checkpoint step {start} in {checkpoints.directory} does not fit this "
+                      f"run's state ({first}): resume with the optimizer settings it was saved "
+                      "with (grad_clip, weight_decay …) or use a new --workdir") from None
     note = f"resumed from step {start}"
   elif config.init_from:
     params, loaded, fresh, src_step = _load_init_from(config.init_from, state.params)
@@ -203,18 +209,23 @@ def train(config, workdir: str) -> dict:
   pending, t_last, step_last = None, time.perf_counter(), start
   result: dict = {}
   try:
-    for step in range(start, config.steps):
+    end = min(config.stop_after or config.steps, config.steps)
+    for step in range(start, end):
       batch = parallel.put_batch(_local(task.train_batch(step)), mesh)
       state, metrics = train_step(state, batch)
       # check the previous step while this one runs: a non-finite loss stops the run
       if pending is not None:
         _stop_if_not_finite(pending, checkpoints, last_saved)
       done = step + 1
+      if step == start:  # throughput excludes compilation
+        jax.block_until_ready(metrics)
+        t_last, step_last = time.perf_counter(), done
       pending = (done, metrics)
-      log_now = done % config.log_every == 0 or done == config.steps
-      eval_now = (config.eval_every and done % config.eval_every == 0) or done == config.steps
+      last = done == end
+      log_now = done % config.log_every == 0 or last
+      eval_now = (config.eval_every and done % config.eval_every == 0) or last
       save_now = ((config.checkpoint_every and done % config.checkpoint_every == 0)
-                  or done == config.steps or interrupt.requested)
+                  or last or interrupt.requested)
       if log_now or eval_now or save_now:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         _stop_if_not_finite(pending, checkpoints, last_saved, values)
@@ -248,7 +259,7 @@ def train(config, workdir: str) -> dict:
     progress.close()
     writer.close()
   checkpoints.close()
-  result["step"] = config.steps
+  result["step"] = max(start, end)
   if is_main:
     sample = _sample_text(task, model_cfg, state.params, config) if config.sample.max_new_tokens \
         else None

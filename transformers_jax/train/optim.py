@@ -24,8 +24,8 @@ def schedule(config) -> optax.Schedule:
     w = max(warmup, 1)
 
     def rsqrt(step):
-      s = jnp.maximum(step, 1).astype(jnp.float32)
-      return peak * jnp.minimum(s / w, jnp.sqrt(w / s))
+      s = jnp.asarray(step, jnp.float32)
+      return peak * jnp.minimum(s / w, jnp.sqrt(w / jnp.maximum(s, 1.0)))
 
     return rsqrt
   decay_steps = max(steps - warmup, 1)

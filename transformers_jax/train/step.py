@@ -43,7 +43,7 @@ def create_state(model_cfg, tx, mesh, rule_table, seed: int):
     return model.init({"params": rng}, *inputs)["params"]
 
   key = jax.random.PRNGKey(seed)
-  with mesh, nn.logical_axis_rules(rule_table):
+  with nn.logical_axis_rules(rule_table):
     abstract_boxed = jax.eval_shape(boxed_params, key)
     param_shardings = parallel.logical_shardings(abstract_boxed, mesh, rule_table)
     abstract_params = nn.unbox(abstract_boxed)
@@ -118,7 +118,7 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": sums["loss"] / weight, "nll": sums["nll"] / weight,
-               "accuracy": sums["correct"] / weight, "grad_norm": optax.global_norm(grads),
+               "accuracy": sums["correct"] / weight, "grad_norm": optax.tree_utils.tree_norm(grads),
                "lr": schedule(state.step)}
     if "aux" in sums:
       metrics["moe_aux_loss"] = sums["aux"] / weight

@@ -108,8 +108,8 @@ def _tokenizer(config, model_cfg, workdir: pathlib.Path, texts, specials: bool):
     tok = D.load_tokenizer(path)
   else:
     kind = config.data.tokenizer
-    tok = D.make_tokenizer(kind, model_cfg.vocab_size if kind == "bpe" else 256,
-                           texts=texts if kind == "bpe" else None, specials=specials)
+    tok = D.make_tokenizer(kind, model_cfg.vocab_size, texts=texts if kind == "bpe" else None,
+                           specials=specials)
     tok.save(path)
   _vocab_check(tok, model_cfg)
   return tok

@@ -1,0 +1,240 @@
+"""Training: every family learns, resume is exact, accumulation is exact, bad input is refused."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformers_jax import parallel
+from transformers_jax.config import ModelConfig
+from transformers_jax.models import init_params
+from transformers_jax.train import optim
+from transformers_jax.train.checkpoint import Checkpoints
+from transformers_jax.train.loop import train
+from transformers_jax.train.step import create_state, make_train_step
+
+from conftest import ROOT
+
+SMALL_RUN = dict(log_every=10, eval_every=0, checkpoint_every=0, eval_batches=2,
+                 sample=dict(max_new_tokens=0))
+
+
+def configure(experiment, file, preset, **fields):
+  config = experiment(file, preset)
+  config.unlock()
+  for key, value in {**SMALL_RUN, **fields}.items():
+    if isinstance(value, dict):
+      config[key].update(value)
+    else:
+      config[key] = value
+  return config
+
+
+def losses(workdir):
+  lines = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return {x["step"]: x["loss"] for x in lines if "loss" in x}
+
+
+def unigram_entropy(tokens):
+  counts = np.bincount(np.asarray(tokens), minlength=256).astype(np.float64)
+  p = counts[counts > 0] / counts.sum()
+  return float(-(p * np.log(p)).sum())
+
+
+@pytest.mark.parametrize("file,steps", [("gpt2", 150), ("bert", 60), ("transformer", 60),
+                                        ("vit", 60)])
+def test_each_family_learns_its_bundled_data(experiment, tmp_path, file, steps):
+  config = configure(experiment, file, "tiny", steps=steps, log_every=1, eval_every=steps)
+  result = train(config, tmp_path)
+  logged = losses(tmp_path)
+  first, last = logged[1], np.mean([logged[s] for s in range(steps - 4, steps + 1)])
+  assert last < first - 0.3, (first, last)
+  assert math.isfinite(result["eval_loss"])
+  assert result["eval_loss"] < first
+  if file == "gpt2":
+    tokens = np.memmap(next((tmp_path / "data").glob("*-train.tokens")), dtype=np.uint16,
+                       mode="r")
+    assert result["eval_loss"] < unigram_entropy(tokens), "no better than unigram statistics"
+  rms = result["residual_rms"]
+  assert all(len(v) == 2 for v in rms.values()) and all(x > 0 for v in rms.values() for x in v)
+
+
+def test_resume_is_bit_identical(experiment, tmp_path):
+  """2k steps straight == k steps, then a fresh process for k more."""
+  k = 6
+  common = dict(steps=2 * k, log_every=1, checkpoint_every=k, dropout_check=None)
+  common.pop("dropout_check")
+  fields = dict(common, model=dict(dropout=0.1))
+  straight = tmp_path / "straight"
+  train(configure(experiment, "gpt2", "tiny", **fields), straight)
+  split = tmp_path / "split"
+  train(configure(experiment, "gpt2", "tiny", stop_after=k, **fields), split)
+  assert Checkpoints(split / "checkpoints").latest_step() == k
+  # an unfinished save (orbax's temporary directory) must not be taken for a checkpoint
+  (split / "checkpoints" / f"{2 * k}.orbax-checkpoint-tmp-1").mkdir()
+  cmd = [sys.executable, "-m", "transformers_jax.train", "--config",
+         str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir", str(split),
+         f"--config.steps={2 * k}", "--config.log_every=1", f"--config.checkpoint_every={k}",
+         "--config.eval_every=0", "--config.eval_batches=2", "--config.sample.max_new_tokens=0",
+         "--config.model.dropout=0.1"]
+  out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "resumed from step 6" in out.stdout
+  a, b = losses(straight), losses(split)
+  assert [a[s] for s in range(k + 1, 2 * k + 1)] == [b[s] for s in range(k + 1, 2 * k + 1)]
+  restored = [Checkpoints(d / "checkpoints").restore(2 * k, None)["params"]
+              for d in (straight, split)]
+  for x, y in zip(jax.tree_util.tree_leaves(restored[0]), jax.tree_util.tree_leaves(restored[1])):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_gradient_accumulation_equals_one_big_batch(experiment):
+  config = configure(experiment, "gpt2", "tiny", batch_size=8, seq_len=16)
+  model_cfg = ModelConfig.from_dict(config.model)
+  mesh = parallel.make_mesh({"data": 1}, jax.devices()[:1])
+  rules = parallel.rules()
+  batch = {"tokens": np.random.default_rng(0).integers(0, 256, (8, 17)).astype(np.int32)}
+  results = []
+  for accum in (1, 4):
+    config.grad_accum_steps = accum
+    tx = optim.make_optimizer(config)
+    state, shardings = create_state(model_cfg, tx, mesh, rules, seed=0)
+    step = make_train_step("lm", model_cfg, config, tx, optim.schedule(config), mesh, rules,
+                           shardings)
+    state, metrics = step(state, parallel.put_batch(batch, mesh))
+    results.append((jax.device_get(state.params), jax.device_get(metrics)))
+  (p1, m1), (p4, m4) = results
+  assert m1["loss"] == pytest.approx(m4["loss"], rel=1e-6)
+  assert m1["grad_norm"] == pytest.approx(m4["grad_norm"], rel=1e-5)
+  for x, y in zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p4)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_weight_decay_mask():
+  c = ModelConfig(family="encoder", head="mlm", type_vocab_size=2, embed_norm=True,
+                  num_layers=1, d_model=16, num_heads=2)
+  from flax import linen as nn
+  params = nn.unbox(init_params(c, jax.random.PRNGKey(0)))
+  for decay_embeddings in (False, True):
+    mask = optim.decay_mask(params, decay_embeddings)
+    flat = {"/".join(str(getattr(k, "key", k)) for k in path): v
+            for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+    for name, decayed in flat.items():
+      leaf = name.split("/")[-1]
+      if leaf == "kernel":
+        assert decayed, name
+      elif leaf == "embedding":
+        assert decayed == decay_embeddings, name
+      else:  # biases, norm scales, the MLM vocabulary bias
+        assert not decayed, name
+    assert any(k.endswith("self_attn/query/kernel") for k in flat)
+
+
+def schedule_values(**fields):
+  from ml_collections import ConfigDict
+  from transformers_jax.train.defaults import training_fields
+  c = training_fields()
+  c.update(fields)
+  s = optim.schedule(c)
+  return np.array([float(s(i)) for i in range(c.steps + 1)])
+
+
+def test_schedule_shapes():
+  peak = 1e-3
+  for kind in ("cosine", "linear", "constant", "rsqrt"):
+    v = schedule_values(lr_schedule=kind, learning_rate=peak, warmup_steps=10, steps=100)
+    np.testing.assert_allclose(v[:11], np.linspace(0, peak, 11), rtol=1e-5, atol=1e-9)
+    assert v.max() == pytest.approx(peak, rel=1e-5)
+    tail = v[10:]
+    if kind == "constant":
+      np.testing.assert_allclose(tail, peak, rtol=1e-6)
+    else:
+      assert np.all(np.diff(tail) <= 1e-12)  # never increases after warmup
+    if kind == "cosine":
+      assert v[100] == pytest.approx(0.1 * peak, rel=1e-4)
+      assert v[55] == pytest.approx(peak * (0.1 + 0.9 * 0.5), rel=1e-3)  # half way down
+    if kind == "linear":
+      assert v[100] == pytest.approx(0.0, abs=1e-9)
+    if kind == "rsqrt":
+      assert v[40] == pytest.approx(peak * math.sqrt(10 / 40), rel=1e-5)
+
+
+def test_classifier_fine_tunes_from_an_mlm_checkpoint(experiment, tmp_path):
+  pre = tmp_path / "pre"
+  train(configure(experiment, "bert", "tiny", steps=5), pre)
+  config = configure(experiment, "bert", "tiny", steps=40, init_from=str(pre),
+                     model=dict(head="classifier", num_classes=2), log_every=1, eval_every=40)
+  result = train(config, tmp_path / "fine")
+  logged = losses(tmp_path / "fine")
+  assert np.mean([logged[s] for s in range(36, 41)]) < logged[1]
+  assert 0.0 <= result["eval_accuracy"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- bad input
+def run_cli(*args):
+  cmd = [sys.executable, "-m", "transformers_jax.train", *args]
+  return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+
+
+def assert_one_line_error(out, *needles):
+  assert out.returncode != 0
+  err = out.stderr.strip()
+  assert "Traceback" not in err, err[-2000:]
+  line = err.splitlines()[-1]
+  assert line.startswith("error: "), err[-2000:]
+  for needle in needles:
+    assert needle in line, line
+
+
+def test_missing_data_file_is_one_line(tmp_path):
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
+                str(tmp_path / "w"), f"--config.data.path={tmp_path / 'nope.txt'}")
+  assert_one_line_error(out, "nope.txt", "data.path")
+
+
+def test_mismatched_resume_keeps_checkpoints(experiment, tmp_path):
+  work = tmp_path / "w"
+  train(configure(experiment, "gpt2", "tiny", steps=3, checkpoint_every=3), work)
+  before = sorted(p.name for p in (work / "checkpoints").iterdir())
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
+                str(work), "--config.model.num_layers=3")
+  assert_one_line_error(out, "model.num_layers (2 saved, 3 now)")
+  assert sorted(p.name for p in (work / "checkpoints").iterdir()) == before
+  # non-finite loss: stops naming the step, the last good checkpoint stays
+  config = configure(experiment, "gpt2", "tiny", steps=8, learning_rate=1e12, warmup_steps=0)
+  with pytest.raises(Exception, match=r"at step \d+: the last good checkpoint is step 3"):
+    train(config, work)
+  assert Checkpoints(work / "checkpoints").latest_step() == 3
+  # resuming with an optimizer of another shape is refused before anything is overwritten
+  with pytest.raises(Exception, match="does not fit this run's state"):
+    train(configure(experiment, "gpt2", "tiny", steps=8, grad_clip=0.0), work)
+  assert Checkpoints(work / "checkpoints").latest_step() == 3
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(seq_len=500), "seq_len=500 is longer than model.max_len=128"),
+    (dict(model=dict(vocab_size=100)), "model.vocab_size to at least 256"),
+    (dict(batch_size=10, grad_accum_steps=4), "grad_accum_steps"),
+])
+def test_bad_training_configs(experiment, tmp_path, fields, message):
+  with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+    train(configure(experiment, "gpt2", "tiny", steps=2, **fields), tmp_path)
+  assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_empty_corpus_and_out_of_range_tokens(experiment, tmp_path):
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  with pytest.raises(ValueError, match="empty"):
+    train(configure(experiment, "gpt2", "tiny", steps=2, data=dict(path=str(empty))),
+          tmp_path / "a")
+  from transformers_jax.data import ByteTokenizer, DataError, prepare_tokens
+  with pytest.raises(DataError, match="vocab"):
+    prepare_tokens(["é"], ByteTokenizer(), tmp_path / "t.tokens", vocab_size=128)
+  assert not (tmp_path / "t.tokens").exists()
