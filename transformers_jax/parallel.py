@@ -44,8 +44,29 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
+PRESETS = {
+    "data": {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1},  # pure data parallel
+    "fsdp": {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1},  # ZeRO-3 style
+    "fsdp_tensor": {"data": 1, "fsdp": -1, "tensor": 2, "expert": 1},  # + Megatron split
+}
+
+
+def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
+  """`mesh.preset` names a layout; axis sizes given beside it (other than 1) override it."""
+  axes = dict(axes)
+  preset = axes.pop("preset", "") or ""
+  if not preset:
+    return axes
+  if preset not in PRESETS:
+    raise ValueError(f"mesh.preset={preset!r}: choose one of {', '.join(PRESETS)} (or '')")
+  out = dict(PRESETS[preset])
+  out.update({a: n for a, n in axes.items() if n not in (1, -1) or a not in out})
+  return out
+
+
 def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
   """Resolve `-1` ("the rest") and check the product equals the device count."""
+  axes = resolve_preset(axes)
   sizes = {a: int(axes.get(a, 1)) for a in MESH_AXES}
   unknown = sorted(set(axes) - set(MESH_AXES))
   if unknown:
@@ -106,3 +127,45 @@ def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh):
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in batch.items()}
+
+
+def check_divisible(abstract_boxed, mesh: Mesh, rule_table) -> None:
+  """Every sharded dimension must divide evenly by its mesh axes: a clear error before compiling."""
+  table = dict(rule_table)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(
+      abstract_boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]:
+    if not isinstance(leaf, nn.LogicallyPartitioned):
+      continue
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    for dim, logical in zip(leaf.value.shape, leaf.names):
+      axes = table.get(logical)
+      if axes is None:
+        continue
+      axes = (axes,) if isinstance(axes, str) else tuple(axes)
+      size = math.prod(mesh.shape[a] for a in axes)
+      if dim % size:
+        raise ValueError(
+            f"parameter {name}: dimension '{logical}' of size {dim} does not divide over mesh "
+            f"axis {'×'.join(axes)} of size {size}: change the mesh or the model size, or map "
+            f"'{logical}' elsewhere with --config.rules.{logical}=''")
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """Start JAX's multi-process runtime.
+
+  With an address, the given process count and id are used (e.g. several processes on one
+  machine, or a hand-rolled launcher); without one, JAX detects a cluster (Cloud TPU, SLURM,
+  Open MPI …) and does nothing when there is none. CPU processes talk through gloo.
+  """
+  if coordinator_address:
+    if num_processes is None or process_id is None:
+      raise ValueError("--coordinator_address needs --num_processes and --process_id")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    return
+  try:
+    jax.distributed.initialize()
+  except (ValueError, RuntimeError):
+    pass  # no cluster detected: a single process

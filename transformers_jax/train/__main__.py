@@ -3,7 +3,8 @@
     python -m transformers_jax.train --config experiments/gpt2.py:cpu --workdir runs/x \
         [--config.steps=2000 --config.model.norm_placement=post ...]
 
-Running the same command again resumes from the latest checkpoint in --workdir.
+Running the same command again resumes from the latest checkpoint in --workdir. With
+--compile_only it only compiles the step and reports per-device memory and FLOPs.
 """
 
 from absl import flags
@@ -12,6 +13,12 @@ from transformers_jax import cli
 
 cli.define_config_flag()
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the run's config.")
+flags.DEFINE_bool("compile_only", False, "Lower and compile the train step for the configured "
+                  "mesh, print per-device memory and FLOPs, and exit without training.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for multi-process runs; "
+                    "without it JAX detects a cluster (TPU, SLURM …) or runs one process.")
+flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
 FLAGS = flags.FLAGS
 
 
@@ -20,6 +27,13 @@ def main(argv):
     raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if FLAGS.config is None:
     raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
+  from transformers_jax import parallel
+  parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                  FLAGS.process_id)
+  if FLAGS.compile_only:
+    from transformers_jax.train.compile import report
+    report(FLAGS.config)
+    return
   if not FLAGS.workdir:
     raise cli.UserError("--workdir is required: where the run's files go (e.g. runs/x)")
   from transformers_jax.train.loop import train

@@ -40,7 +40,9 @@ def training_fields() -> ml_collections.ConfigDict:
   c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
   c.data.max_number = 99_999  # numbers task: largest number translated
   c.data.direction = "digits_to_words"  # numbers task: digits_to_words | words_to_digits
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "expert": 1})
+  # device mesh: axis sizes (-1 = the rest) or a preset: data | fsdp | fsdp_tensor
+  c.mesh = ml_collections.ConfigDict(
+      {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1})
   c.rules = ml_collections.ConfigDict()  # logical-axis rule overrides, e.g. {"embed": ""}
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)

@@ -33,33 +33,46 @@ def _params_like(opt_abstract, params_abstract, param_shardings, fallback):
       treedef, [param_shardings if is_params(x) else fallback for x in leaves])
 
 
-def create_state(model_cfg, tx, mesh, rule_table, seed: int):
-  """(state, shardings): the state is initialised inside jit with its output shardings, so no
-  parameter ever exists unsharded on one device."""
+def _boxed_init(model_cfg):
   model = build_model(model_cfg)
   inputs = example_inputs(model_cfg)
+  return lambda rng: model.init({"params": rng}, *inputs)["params"]
 
-  def boxed_params(rng):
-    return model.init({"params": rng}, *inputs)["params"]
 
+def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
+  """(abstract state, its shardings), from shapes alone. Raises a ValueError, before anything
+  compiles, when a sharded dimension does not divide over its mesh axes."""
+  boxed_params = _boxed_init(model_cfg)
   key = jax.random.PRNGKey(seed)
   with nn.logical_axis_rules(rule_table):
     abstract_boxed = jax.eval_shape(boxed_params, key)
-    param_shardings = parallel.logical_shardings(abstract_boxed, mesh, rule_table)
-    abstract_params = nn.unbox(abstract_boxed)
-    opt_abstract = jax.eval_shape(tx.init, abstract_params)
-    repl = parallel.replicated(mesh)
-    shardings = TrainState(step=repl, params=param_shardings,
-                           opt_state=_params_like(opt_abstract, abstract_params,
-                                                  param_shardings, repl),
-                           rng=repl)
+  parallel.check_divisible(abstract_boxed, mesh, rule_table)
+  param_shardings = parallel.logical_shardings(abstract_boxed, mesh, rule_table)
+  abstract_params = nn.unbox(abstract_boxed)
+  opt_abstract = jax.eval_shape(tx.init, abstract_params)
+  repl = parallel.replicated(mesh)
+  shardings = TrainState(step=repl, params=param_shardings,
+                         opt_state=_params_like(opt_abstract, abstract_params, param_shardings,
+                                                repl),
+                         rng=repl)
+  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                        opt_state=opt_abstract, rng=jax.eval_shape(lambda: key))
+  return abstract, shardings
 
-    def init(rng):
+
+def create_state(model_cfg, tx, mesh, rule_table, seed: int):
+  """(state, shardings): the state is initialised inside jit with its output shardings, so no
+  parameter ever exists unsharded on one device."""
+  _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
+  boxed_params = _boxed_init(model_cfg)
+
+  def init(rng):
+    with nn.logical_axis_rules(rule_table):
       params = nn.unbox(boxed_params(jax.random.fold_in(rng, 0)))
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=tx.init(params), rng=jax.random.fold_in(rng, 1))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=jax.random.fold_in(rng, 1))
 
-    state = jax.jit(init, out_shardings=shardings)(key)
+  state = jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(seed))
   return state, shardings
 
 

@@ -104,6 +104,7 @@ def _vocab_check(tokenizer, model_cfg):
 
 def _tokenizer(config, model_cfg, workdir: pathlib.Path, texts, specials: bool):
   path = workdir / "tokenizer.json"
+  workdir.mkdir(parents=True, exist_ok=True)
   if path.exists():
     tok = D.load_tokenizer(path)
   else:
