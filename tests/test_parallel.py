@@ -143,7 +143,7 @@ def test_axis_that_does_not_divide_is_refused_before_compiling():
                                        r"mesh axis tensor of size 4"):
     parallel.check_divisible(boxed, fake, parallel.rules())
   fine = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 2, "expert": 1})
-  with pytest.raises(ValueError, match="vocab"):  # vocab 100 splits in 2 but not 8
+  with pytest.raises(ValueError, match="dimension 'embed' of size 48"):  # 48 % 5 != 0
     parallel.check_divisible(boxed, types.SimpleNamespace(
-        shape={"data": 1, "fsdp": 3, "tensor": 1, "expert": 1}), parallel.rules())
+        shape={"data": 1, "fsdp": 5, "tensor": 1, "expert": 1}), parallel.rules())
   parallel.check_divisible(boxed, fine, parallel.rules())
