@@ -291,3 +291,24 @@ def load_config_module(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def config_from_json(path) -> ml_collections.ConfigDict:
+  """An experiment config saved as JSON (a run's config.json) -> a ConfigDict again."""
+  import json
+  import pathlib
+
+  saved = json.loads(pathlib.Path(path).read_text())
+  config = experiment_config(**saved.pop("model"))
+  config.update_from_flattened_dict(_flatten(saved))
+  return config
+
+
+def _flatten(d: Mapping, prefix: str = "") -> dict:
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, Mapping):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

@@ -83,10 +83,11 @@ class BPETokenizer(Tokenizer):
     def __init__(self, hf_tokenizer):
         self.hf = hf_tokenizer
         self.vocab_size = hf_tokenizer.get_vocab_size()
-        ids = [hf_tokenizer.token_to_id(t) for t in BPE_SPECIALS]
-        if None in ids:
-            raise DataError(f"BPE tokenizer lacks a special token of {BPE_SPECIALS}: retrain it with train_bpe")
-        self.pad_id, self.bos_id, self.eos_id, self.mask_id = ids
+        # Our own BPE files carry [PAD]/[BOS]/[EOS]/[MASK]; a published tokenizer (e.g. GPT-2's)
+        # may have none of them, which is fine for language modelling.
+        self.pad_id, self.bos_id, self.eos_id, self.mask_id = (hf_tokenizer.token_to_id(t) for t in BPE_SPECIALS)
+        if self.eos_id is None:
+            self.eos_id = hf_tokenizer.token_to_id("<|endoftext|>")
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text).ids
@@ -109,7 +110,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     if vocab_size < 256 + len(BPE_SPECIALS):
         raise DataError(
             f"BPE vocab_size {vocab_size} is below {256 + len(BPE_SPECIALS)} (256 bytes + specials): "
-            "raise --config.vocab_size"
+            "raise --config.model.vocab_size"
         )
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -34,7 +34,7 @@ def training_fields() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
   c.data.path = ""  # user data: .txt file/folder (LM, MLM), .tsv (seq2seq, classification), .npz
-  c.data.tokenizer = "byte"  # byte | bpe (trained locally on the training text)
+  c.data.tokenizer = "byte"  # byte | bpe (trained locally on the training text) | a .json file
   c.data.cache_dir = ""  # where token files go; "" = WORKDIR/data
   c.data.max_bytes = 4_000_000  # size cap of the bundled corpus's training split
   c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction

@@ -107,6 +107,12 @@ def _tokenizer(config, model_cfg, workdir: pathlib.Path, texts, specials: bool):
   workdir.mkdir(parents=True, exist_ok=True)
   if path.exists():
     tok = D.load_tokenizer(path)
+  elif config.data.tokenizer not in ("byte", "bpe"):  # a saved tokenizer, e.g. a converted one
+    if not pathlib.Path(config.data.tokenizer).is_file():
+      raise D.DataError(f"data.tokenizer={config.data.tokenizer!r} is neither 'byte', 'bpe' nor "
+                        "a tokenizer file: pass one of those")
+    tok = D.load_tokenizer(config.data.tokenizer)
+    tok.save(path)
   else:
     kind = config.data.tokenizer
     tok = D.make_tokenizer(kind, model_cfg.vocab_size, texts=texts if kind == "bpe" else None,

@@ -1,0 +1,90 @@
+"""The same decoder written the way nanoGPT writes it, in eager PyTorch, timed for comparison
+with scripts/bench_train.py. Optional: needs `pip install torch==2.13.0` (CPU build).
+
+    python scripts/bench_torch_reference.py [--d_model 256 --layers 4 --heads 4 --seq_len 256
+                                             --batch_size 16 --vocab 256 --steps 20]
+
+Pre-LN blocks, fused qkv projection, scaled_dot_product_attention (causal), GELU (tanh) MLP,
+tied unembedding, AdamW with weight decay on matrices and gradient clipping — the same
+computation as experiments/gpt2.py with those sizes. Uses every core (torch's default threads).
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+  def __init__(self, d, heads):
+    super().__init__()
+    self.heads = heads
+    self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+    self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+    self.fc, self.fc_out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+  def forward(self, x):
+    B, T, D = x.shape
+    q, k, v = self.qkv(self.ln_1(x)).split(D, dim=2)
+    q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+    return x + self.fc_out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+  def __init__(self, vocab, seq_len, d, layers, heads):
+    super().__init__()
+    self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
+    self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+    self.ln_f = nn.LayerNorm(d)
+
+  def forward(self, idx, targets):
+    x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+    for block in self.blocks:
+      x = block(x)
+    logits = self.ln_f(x) @ self.wte.weight.T
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  for name, default in [("d_model", 256), ("layers", 4), ("heads", 4), ("seq_len", 256),
+                        ("batch_size", 16), ("vocab", 256), ("steps", 20)]:
+    p.add_argument(f"--{name}", type=int, default=default)
+  a = p.parse_args()
+  torch.manual_seed(0)
+  model = GPT(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)
+  decay = [q for q in model.parameters() if q.dim() >= 2]
+  no_decay = [q for q in model.parameters() if q.dim() < 2]
+  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                           {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.95))
+  x = torch.randint(0, a.vocab, (a.batch_size, a.seq_len + 1))
+
+  def step():
+    loss = model(x[:, :-1], x[:, 1:])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+  for _ in range(2):
+    step()
+  t = time.perf_counter()
+  for _ in range(a.steps):
+    step()
+  step_s = (time.perf_counter() - t) / a.steps
+  print(json.dumps({"framework": f"torch {torch.__version__} eager", "threads":
+                    torch.get_num_threads(), "step_s": step_s,
+                    "tokens_per_s": a.batch_size * a.seq_len / step_s,
+                    "params": sum(q.numel() for q in model.parameters())}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,55 @@
+"""python -m transformers_jax.convert: Hugging Face directory <-> a run other commands accept."""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from transformers_jax.config import ModelConfig, config_from_json, load_config_module
+from transformers_jax.convert import export_hf, import_hf
+from transformers_jax.interop import load_hf
+from transformers_jax.models import build_model
+from transformers_jax.modules.block import scan_to_loop
+from transformers_jax.train.checkpoint import Checkpoints
+
+from conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+
+
+def leaves_equal(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_import_writes_a_run_and_export_gives_the_same_weights(tmp_path):
+  fields, params = load_hf(FIXTURES / "gpt2")
+  import_hf(FIXTURES / "gpt2", tmp_path / "run", scan_layers=True)
+  config = load_config_module(str(tmp_path / "run" / "config.py")).get_config()
+  assert config.to_dict() == config_from_json(tmp_path / "run" / "config.json").to_dict()
+  model_cfg = ModelConfig.from_dict(config.model)
+  assert model_cfg.scan_layers and model_cfg.family == "decoder"
+  restored = Checkpoints(tmp_path / "run" / "checkpoints").restore(0, None)["params"]
+  leaves_equal(scan_to_loop(restored), params)
+  # the converted run computes what the Hugging Face model computed
+  ref = np.load(FIXTURES / "gpt2" / "reference.npz", allow_pickle=False)
+  tokens = ref["tokens"]
+  logits = build_model(model_cfg).apply({"params": restored}, tokens)["logits"]
+  np.testing.assert_allclose(np.asarray(logits), ref["logits"], atol=1e-4)
+  assert export_hf(tmp_path / "run", tmp_path / "back") == "GPT2LMHeadModel"
+  back_fields, back = load_hf(tmp_path / "back")
+  leaves_equal(back, params)
+  assert {k: v for k, v in back_fields.items() if k != "scan_layers"} == \
+      {k: v for k, v in fields.items() if k != "scan_layers"}
+
+
+def test_convert_cli_errors_are_one_line(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "transformers_jax.convert", "--from_hf",
+                        str(tmp_path), "--workdir", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1].startswith("error: ")
+  assert "config.json" in out.stderr

@@ -1,0 +1,110 @@
+"""Convert between Hugging Face checkpoints and this project's runs.
+
+    python -m transformers_jax.convert --from_hf DIR --workdir OUT [--dtype bfloat16] [--scan_layers]
+    python -m transformers_jax.convert --to_hf DIR --workdir RUN
+
+`--from_hf` reads a local GPT-2 / BERT / ViT directory (config.json + safetensors) and writes OUT
+with an orbax checkpoint of the parameters (OUT/checkpoints/0), the run config (OUT/config.json
+and OUT/config.py, usable as `--config OUT/config.py`) and the tokenizer if DIR has a
+tokenizer.json. `generate --workdir OUT` samples from it, `params --config OUT/config.py` counts
+it, and `train --config OUT/config.py --config.init_from=OUT` fine-tunes it. `--to_hf` writes
+RUN's latest parameters as a directory Hugging Face's `from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+from absl import flags
+
+from transformers_jax import cli
+from transformers_jax.config import ModelConfig, config_from_json, experiment_config
+from transformers_jax.interop import load_hf, save_hf
+from transformers_jax.modules.block import loop_to_scan, scan_to_loop
+from transformers_jax.train.checkpoint import Checkpoints
+
+flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
+flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")
+flags.DEFINE_string("workdir", None, "This project's run directory (written by --from_hf, read "
+                    "by --to_hf).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype on import.")
+flags.DEFINE_bool("scan_layers", False, "Store the imported blocks in the scanned layout.")
+FLAGS = flags.FLAGS
+
+CONFIG_PY = '''"""Config of a model converted from Hugging Face by transformers_jax.convert: the run
+config saved beside this file as config.json. Use it as --config OUT/config.py."""
+
+import pathlib
+
+from transformers_jax.config import config_from_json
+
+
+def get_config(arg=None):
+  return config_from_json(pathlib.Path(__file__).with_name("config.json"))
+'''
+
+
+def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False) -> dict:
+  fields, params = load_hf(source, dtype)
+  fields["scan_layers"] = scan_layers
+  if scan_layers:
+    params = loop_to_scan(params)
+  config = experiment_config(**fields)
+  model_cfg = ModelConfig.from_dict(config.model)
+  config.seq_len = min(config.seq_len, model_cfg.max_len)
+  out = pathlib.Path(workdir)
+  ckpt_dir = out / "checkpoints"
+  if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+    raise cli.UserError(f"{out} already holds checkpoints: convert into a new --workdir")
+  out.mkdir(parents=True, exist_ok=True)
+  checkpoints = Checkpoints(ckpt_dir, async_save=False)
+  checkpoints.save(0, {"params": params})
+  checkpoints.close()
+  (out / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
+  (out / "config.py").write_text(CONFIG_PY)
+  tokenizer = pathlib.Path(source) / "tokenizer.json"
+  if tokenizer.is_file():
+    shutil.copy(tokenizer, out / "tokenizer.json")
+  return fields
+
+
+def export_hf(workdir, target) -> str:
+  run = pathlib.Path(workdir)
+  if not (run / "config.json").is_file():
+    raise cli.UserError(f"{run} has no config.json: pass a run directory")
+  config = config_from_json(run / "config.json")
+  model_cfg = ModelConfig.from_dict(config.model)
+  checkpoints = Checkpoints(run / "checkpoints", async_save=False)
+  step = checkpoints.latest_step()
+  if step is None:
+    raise cli.UserError(f"{run} has no checkpoint to export")
+  params = jax.tree_util.tree_map(np.asarray, checkpoints.restore(step, None)["params"])
+  checkpoints.close()
+  if model_cfg.scan_layers:
+    params = scan_to_loop(params)
+  architecture = save_hf(target, model_cfg, params)
+  tokenizer = run / "tokenizer.json"
+  if tokenizer.is_file() and '"model"' in tokenizer.read_text()[:10_000]:  # an HF tokenizer file
+    shutil.copy(tokenizer, pathlib.Path(target) / "tokenizer.json")
+  return architecture
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+  if not FLAGS.workdir or bool(FLAGS.from_hf) == bool(FLAGS.to_hf):
+    raise cli.UserError("give --workdir and exactly one of --from_hf DIR or --to_hf DIR")
+  if FLAGS.from_hf:
+    fields = import_hf(FLAGS.from_hf, FLAGS.workdir, FLAGS.dtype, FLAGS.scan_layers)
+    print(f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
+          f"(checkpoint step 0, config.py, config.json)")
+  else:
+    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf)
+    print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")
+
+
+if __name__ == "__main__":
+  cli.run(main)
