@@ -11,7 +11,7 @@ with `num_classes` for `BertForSequenceClassification`.
 `tiny` (2 x 64, byte vocabulary with [PAD]/[BOS]/[EOS]/[MASK], MLM head) is for tests and CPU runs.
 """
 
-from transformers_jax.config import experiment_config, select_preset
+from transformers_jax.config import preset_config
 
 BERT = dict(family="encoder", vocab_size=30522, max_len=512, type_vocab_size=2,
             positions="learned", norm_placement="post", norm="layernorm", norm_eps=1e-12,
@@ -26,14 +26,12 @@ PRESETS = {
     "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
 }
 
-
+# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
 TRAINING = {
     "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
                  log_every=20, eval_every=100, checkpoint_every=100),
 }
 
+
 def get_config(arg: str | None = None):
-  preset = dict(select_preset(PRESETS, arg, "bert.py"))
-  published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
-                           **{**BERT, **preset})
+  return preset_config("bert.py", PRESETS, arg, BERT, SOURCE, TRAINING)

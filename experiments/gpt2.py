@@ -10,7 +10,7 @@ V*d + 1024*d + L*(12d^2 + 13d) + 2d.
     python -m transformers_jax.params --config experiments/gpt2.py:small
 """
 
-from transformers_jax.config import experiment_config, select_preset
+from transformers_jax.config import preset_config
 
 GPT2 = dict(family="decoder", vocab_size=50257, max_len=1024, positions="learned",
             norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
@@ -37,8 +37,6 @@ TRAINING = {
                 log_every=25, eval_every=250, checkpoint_every=250),
 }
 
+
 def get_config(arg: str | None = None):
-  preset = dict(select_preset(PRESETS, arg, "gpt2.py"))
-  published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
-                           **{**GPT2, **preset})
+  return preset_config("gpt2.py", PRESETS, arg, GPT2, SOURCE, TRAINING)

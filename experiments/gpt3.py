@@ -19,7 +19,7 @@ locally banded sparse attention is not modelled: every layer is dense. Layers ar
 that counting 175B with eval_shape takes seconds.
 """
 
-from transformers_jax.config import experiment_config, select_preset
+from transformers_jax.config import preset_config
 
 GPT3 = dict(family="decoder", vocab_size=50257, max_len=2048, positions="learned",
             norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
@@ -38,11 +38,9 @@ PRESETS = {
     "175b": dict(num_layers=96, d_model=12288, num_heads=96, published_params=175_000_000_000),
 }
 
-
+# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
 TRAINING = {}
 
+
 def get_config(arg: str | None = None):
-  preset = dict(select_preset(PRESETS, arg or "small", "gpt3.py"))
-  published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE, TRAINING.get(arg or "small"),
-                           **{**GPT3, **preset})
+  return preset_config("gpt3.py", PRESETS, arg, GPT3, SOURCE, TRAINING, default="small")

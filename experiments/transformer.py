@@ -14,7 +14,7 @@ This architecture has 63.1M and 214.2M parameters; the paper does not say how it
 specials) is for tests and CPU runs.
 """
 
-from transformers_jax.config import experiment_config, select_preset
+from transformers_jax.config import preset_config
 
 TRANSFORMER = dict(family="encoder_decoder", vocab_size=37000, max_len=512,
                    positions="sinusoidal", norm_placement="post", norm="layernorm",
@@ -31,7 +31,7 @@ PRESETS = {
                 published_params=213_000_000),
 }
 
-
+# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
 TRAINING = {
     "tiny": dict(steps=400, batch_size=32, seq_len=64, learning_rate=2e-3, warmup_steps=40,
                  log_every=40, eval_every=200, checkpoint_every=200,
@@ -42,8 +42,6 @@ TRAINING = {
                 adam_eps=1e-9, label_smoothing=0.1, weight_decay=0.0),
 }
 
+
 def get_config(arg: str | None = None):
-  preset = dict(select_preset(PRESETS, arg, "transformer.py"))
-  published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
-                           **{**TRANSFORMER, **preset})
+  return preset_config("transformer.py", PRESETS, arg, TRANSFORMER, SOURCE, TRAINING)

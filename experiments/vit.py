@@ -18,7 +18,7 @@ labels) have exactly these parameters. `tiny` classifies the bundled 8 x 8 digit
 2 x 2 patches, 10 classes).
 """
 
-from transformers_jax.config import experiment_config, select_preset
+from transformers_jax.config import preset_config
 
 VIT = dict(family="vit", image_size=224, patch_size=16, num_channels=3, num_classes=1000,
            positions="learned", pool="cls", norm_placement="pre", norm="layernorm",
@@ -36,14 +36,12 @@ PRESETS = {
                 published_params=632_045_800),
 }
 
-
+# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
 TRAINING = {
     "tiny": dict(steps=300, batch_size=32, learning_rate=2e-3, warmup_steps=30, log_every=30,
                  eval_every=150, checkpoint_every=150, eval_batches=12),
 }
 
+
 def get_config(arg: str | None = None):
-  preset = dict(select_preset(PRESETS, arg, "vit.py"))
-  published = preset.pop("published_params", 0)
-  return experiment_config(published, SOURCE if published else "", TRAINING.get(arg or "tiny"),
-                           **{**VIT, **preset})
+  return preset_config("vit.py", PRESETS, arg, VIT, SOURCE, TRAINING)

@@ -20,52 +20,41 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli, counting, parallel
-from transformers_jax.config import ModelConfig
-from transformers_jax.models import example_inputs
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train import optim
-from transformers_jax.train.step import create_state, make_train_step
-from transformers_jax.train.tasks import task_name
+from transformers_jax.train.compile import batch_shapes, build_step
+from transformers_jax.train.step import create_state
 
 cli.define_config_flag()
 flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step and one warm-up step).")
 FLAGS = flags.FLAGS
 
 
-def synthetic_batch(task: str, model_cfg: ModelConfig, config) -> dict:
+def synthetic_batch(task: str, model_cfg, config) -> dict:
+  """Random inputs of the shapes the train step takes (ids within the vocabulary, labels within
+  the classes, masks all ones)."""
   rng = np.random.default_rng(0)
-  B, T, V = config.batch_size, config.seq_len, model_cfg.vocab_size
-  if task == "lm":
-    return {"tokens": rng.integers(0, V, (B, T + 1), dtype=np.int32)}
-  if task == "mlm":
-    return {"inputs": rng.integers(0, V, (B, T), dtype=np.int32),
-            "labels": rng.integers(0, V, (B, T), dtype=np.int32),
-            "weights": (rng.random((B, T)) < 0.15).astype(np.float32)}
-  if task == "classify_text":
-    return {"tokens": rng.integers(0, V, (B, T), dtype=np.int32),
-            "attention_mask": np.ones((B, T), np.int32),
-            "labels": rng.integers(0, model_cfg.num_classes, B, dtype=np.int32),
-            "weights": np.ones(B, np.float32)}
-  if task == "seq2seq":
-    ids = lambda: rng.integers(0, V, (B, T), dtype=np.int32)  # noqa: E731
-    return {"src": ids(), "tgt_in": ids(), "tgt_out": ids(), "src_mask": np.ones((B, T), np.int32),
-            "tgt_mask": np.ones((B, T), np.int32)}
-  images = example_inputs(model_cfg, B)[0]
-  return {"images": rng.random(images.shape, dtype=np.float32),
-          "labels": rng.integers(0, model_cfg.num_classes, B, dtype=np.int32),
-          "weights": np.ones(B, np.float32)}
+  out = {}
+  for key, (shape, dtype) in batch_shapes(task, model_cfg, config).items():
+    if key in ("attention_mask", "src_mask", "tgt_mask"):
+      out[key] = np.ones(shape, dtype)
+    elif key == "weights":
+      out[key] = (rng.random(shape) < (0.15 if task == "mlm" else 1.0)).astype(dtype)
+    elif key == "labels" and task != "mlm":
+      out[key] = rng.integers(0, model_cfg.num_classes, shape).astype(dtype)
+    elif dtype == np.int32:
+      out[key] = rng.integers(0, model_cfg.vocab_size, shape).astype(dtype)
+    else:
+      out[key] = rng.random(shape).astype(dtype)
+  return out
 
 
 def main(argv):
   config = FLAGS.config
-  model_cfg = ModelConfig.from_dict(config.model)
-  task = task_name(model_cfg)
-  mesh = parallel.make_mesh(config.mesh.to_dict())
-  rules = parallel.rules(config.rules.to_dict())
+  step, _, shardings, model_cfg, mesh, task = build_step(config)
   tx = optim.make_optimizer(config)
-  state, shardings = create_state(model_cfg, tx, mesh, rules, config.seed)
-  step = make_train_step(task, model_cfg, config, tx, optim.schedule(config), mesh, rules,
-                         shardings)
+  state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()),
+                          config.seed)
   batch = parallel.put_batch(synthetic_batch(task, model_cfg, config), mesh)
   t = time.perf_counter()
   state, m = step(state, batch)

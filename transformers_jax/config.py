@@ -271,12 +271,19 @@ def experiment_config(published_params: int = 0, published_source: str = "",
   return config
 
 
-def select_preset(presets: dict, arg: str | None, file: str) -> dict:
-  """Look up `arg` in a config file's preset table, with an error listing the choices."""
-  name = arg or "tiny"
+def preset_config(file: str, presets: Mapping[str, dict], arg: str | None, base: dict,
+                  source: str, training: Mapping[str, dict] | None = None,
+                  default: str = "tiny") -> ml_collections.ConfigDict:
+  """What every experiments/*.py `get_config(arg)` does: look up the preset (an error lists the
+  choices), lay it over the family's `base` fields, attach its published count and its
+  training fields."""
+  name = arg or default
   if name not in presets:
     raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
-  return presets[name]
+  preset = dict(presets[name])
+  published = preset.pop("published_params", 0)
+  return experiment_config(published, source if published else "", (training or {}).get(name),
+                           **{**base, **preset})
 
 
 def load_config_module(path: str):

@@ -32,8 +32,9 @@ def batch_shapes(task: str, model_cfg: ModelConfig, config) -> dict:
           "weights": ((B,), np.float32)}
 
 
-def compile_train_step(config):
-  """(compiled step, model config, mesh) from shapes alone: no parameter is allocated."""
+def build_step(config):
+  """Everything a train step needs, from the config alone: (step fn, abstract state, shardings,
+  model config, mesh, task name). Nothing is allocated."""
   model_cfg = ModelConfig.from_dict(config.model)
   task = task_name(model_cfg)
   mesh = parallel.make_mesh(config.mesh.to_dict())
@@ -42,6 +43,12 @@ def compile_train_step(config):
   abstract, shardings = state_shardings(model_cfg, tx, mesh, rules, config.seed)
   step = make_train_step(task, model_cfg, config, tx, optim.schedule(config), mesh, rules,
                          shardings)
+  return step, abstract, shardings, model_cfg, mesh, task
+
+
+def compile_train_step(config):
+  """(compiled step, model config, mesh) from shapes alone: no parameter is allocated."""
+  step, abstract, shardings, model_cfg, mesh, task = build_step(config)
   data = parallel.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
            for k, (shape, dtype) in batch_shapes(task, model_cfg, config).items()}
