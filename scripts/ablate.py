@@ -1,0 +1,369 @@
+"""Run a sweep (one training run per point) and write its table, plots and raw runs.
+
+    python scripts/ablate.py --sweep experiments/norm_ablation.py \
+        --out experiments/results/norm_ablation [--scale] [--max-points N] [--report-only]
+
+Each point trains in this process with the project's `train()` in OUT/runs/<name> (checkpoints,
+metrics.jsonl, train.log), sharing one token cache (OUT/data). A point is finished when its line
+is in OUT/runs.jsonl: rerunning the command skips finished points, and a point that was
+interrupted resumes from its last checkpoint. After every invocation OUT holds
+
+  runs.jsonl        one line per finished point: its fields, losses, curves, residual RMS, time
+  table.md          one row per run
+  loss_curves.png   train loss against step; columns by depth, rows by warmup
+  residual_rms.png  RMS of the residual stream after each block at the end of training
+
+Definitions (stated in table.md too): "train loss" is the mean logged train loss over the last
+10% of steps; "val loss" the final held-out evaluation; a run "diverged" if its loss became
+non-finite (training stops there) or its final train loss is above its start, ln(vocab_size),
+the loss of the uniform prediction an initialised model makes; "steps to target" is the first
+logged step whose train loss is at or below the sweep's TARGET_LOSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green",
+                    "none": "tab:purple", "pre (no residual)": "tab:red"}
+NORM_STYLES = {"layernorm": "-", "rmsnorm": "--"}
+DIVERGED = re.compile(r"loss became (\S+) \(grad norm \S+\) at step (\d+)")
+
+
+# ----------------------------------------------------------------------------- the sweep
+def load_sweep(path) -> object:
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"--sweep {path}: no such file")
+  spec = importlib.util.spec_from_file_location(f"sweep_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for name in ("BASE", "TARGET_LOSS", "points"):
+    if not hasattr(module, name):
+      raise ValueError(f"--sweep {path}: a sweep file defines BASE, TARGET_LOSS and points(scale)")
+  module.path = path
+  return module
+
+
+def base_config(sweep):
+  """The sweep's BASE `<file>:<preset>`, the file found beside the sweep or in experiments/."""
+  from transformers_jax.config import load_config_module
+  file, _, preset = sweep.BASE.partition(":")
+  for folder in (sweep.path.parent, ROOT / "experiments"):
+    if (folder / file).is_file():
+      return load_config_module(str(folder / file)).get_config(preset or None)
+  raise FileNotFoundError(f"BASE={sweep.BASE!r}: {file} is neither beside the sweep nor in "
+                          "experiments/")
+
+
+def point_config(sweep, point: dict, out: pathlib.Path):
+  config = base_config(sweep)
+  config.unlock()
+  config.update_from_flattened_dict(point["overrides"])
+  config.data.cache_dir = str(out / "data")
+  return config
+
+
+def describe(config) -> dict:
+  """The fields the table and plots group by."""
+  m = config.model
+  placement = m.norm_placement if m.residual else f"{m.norm_placement} (no residual)"
+  return {"placement": placement, "norm": m.norm, "depth": m.num_layers,
+          "warmup": config.warmup_steps, "residual": m.residual}
+
+
+# ----------------------------------------------------------------------------- one run
+def read_metrics(workdir: pathlib.Path) -> list[dict]:
+  """metrics.jsonl lines; a resumed run may log a step twice, the later line wins."""
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  by_key = {}
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue  # a line cut short by a kill
+    by_key[(row["step"], "eval_loss" in row)] = row
+  return [by_key[k] for k in sorted(by_key)]
+
+
+def summarize(curve, eval_curve, steps: int, start_loss: float, target: float,
+              failure: tuple[float, int] | None) -> dict:
+  """Final losses, divergence and steps-to-target from the logged [step, loss] curves."""
+  tail = [loss for step, loss in curve if step > steps - max(1, steps // 10)]
+  final = sum(tail) / len(tail) if tail and failure is None else None
+  reached = next((step for step, loss in curve if loss <= target), None)
+  if failure is not None:
+    reason = f"loss {failure[0]} at step {failure[1]}"
+  elif final is None or not math.isfinite(final):
+    reason = "no finite train loss logged"
+  elif final > start_loss:
+    reason = f"final loss {final:.3f} above start {start_loss:.3f}"
+  else:
+    reason = ""
+  return {"train_loss": final,
+          "val_loss": eval_curve[-1][1] if eval_curve and failure is None else None,
+          "diverged": bool(reason), "diverged_reason": reason, "steps_to_target": reached}
+
+
+def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
+  from transformers_jax.cli import UserError
+  from transformers_jax.train.checkpoint import Checkpoints
+  from transformers_jax.train.loop import train
+
+  config = point_config(sweep, point, out)
+  workdir = out / "runs" / point["name"]
+  workdir.mkdir(parents=True, exist_ok=True)
+  ckpt_dir = workdir / "checkpoints"
+  resumed_from = Checkpoints(ckpt_dir).latest_step() if ckpt_dir.exists() else None
+  failure, result = None, {}
+  t = time.perf_counter()
+  with open(workdir / "train.log", "a") as log, contextlib.redirect_stdout(log), \
+       contextlib.redirect_stderr(log):
+    try:
+      result = train(config, str(workdir))
+    except UserError as e:
+      found = DIVERGED.search(str(e))
+      if not found:
+        raise
+      print(f"diverged: {e}")
+      failure = (float(found.group(1)), int(found.group(2)))
+  wall = time.perf_counter() - t
+  rows = read_metrics(workdir)
+  curve = [[r["step"], r["loss"]] for r in rows if "loss" in r]
+  eval_curve = [[r["step"], r["eval_loss"]] for r in rows if "eval_loss" in r]
+  rms = result.get("residual_rms") or next(
+      (r["residual_rms"] for r in reversed(rows) if "residual_rms" in r), {})
+  start = math.log(config.model.vocab_size)
+  record = {"name": point["name"], **describe(config), "steps": config.steps,
+            **summarize(curve, eval_curve, config.steps, start, sweep.TARGET_LOSS, failure),
+            "target_loss": sweep.TARGET_LOSS, "start_loss": start, "wall_s": round(wall, 2),
+            "resumed_from": resumed_from, "residual_rms": rms if failure is None else {},
+            "curve": [[s, round(v, 4)] for s, v in curve],
+            "eval_curve": [[s, round(v, 4)] for s, v in eval_curve],
+            "overrides": point["overrides"]}
+  if not keep_checkpoints:
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+  return record
+
+
+def read_runs(path: pathlib.Path) -> dict[str, dict]:
+  runs = {}
+  if path.exists():
+    for line in path.read_text().splitlines():
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue
+      runs[row["name"]] = row
+  return runs
+
+
+def append_run(path: pathlib.Path, record: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------- outputs
+def _fmt(x, spec=".3f"):
+  return "—" if x is None else format(x, spec)
+
+
+def _clock(seconds: float) -> str:
+  m, s = divmod(int(round(seconds)), 60)
+  return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def write_table(runs: list[dict], path: pathlib.Path, target: float) -> None:
+  lines = [
+      "| run | placement | norm | depth | warmup | train loss | val loss | diverged | "
+      f"steps to ≤ {target} | wall time |",
+      "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+  for r in runs:
+    div = f"yes: {r['diverged_reason']}" if r["diverged"] else "no"
+    reach = "not reached" if r["steps_to_target"] is None else str(r["steps_to_target"])
+    wall = _clock(r["wall_s"]) + ("*" if r.get("resumed_from") else "")
+    lines.append(f"| {r['name']} | {r['placement']} | {r['norm']} | {r['depth']} | "
+                 f"{r['warmup']} | {_fmt(r['train_loss'])} | {_fmt(r['val_loss'])} | {div} | "
+                 f"{reach} | {wall} |")
+  steps = sorted({r["steps"] for r in runs})
+  lines += [
+      "",
+      f"{len(runs)} runs of {', '.join(map(str, steps))} steps; total wall time "
+      f"{_clock(sum(r['wall_s'] for r in runs))}. train loss: mean logged train loss over the "
+      "last 10% of steps; val loss: final held-out evaluation (nats per token). diverged: "
+      "non-finite loss, or final train loss above ln(vocab), the untrained model's loss. "
+      f"steps to ≤ {target}: first logged step with train loss ≤ {target}. "
+      "Wall time includes compilation (* = resumed; time of the finishing invocation only)."]
+  path.write_text("\n".join(lines) + "\n")
+
+
+def _grid(runs):
+  depths = sorted({r["depth"] for r in runs})
+  warmups = sorted({r["warmup"] for r in runs})
+  return depths, warmups
+
+
+def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  depths, warmups = _grid(runs)
+  fig, axes = plt.subplots(len(warmups), len(depths), figsize=(4.2 * len(depths),
+                           3.2 * len(warmups)), sharex=True, sharey=True, squeeze=False)
+  finite = [v for r in runs for _, v in r["curve"] if math.isfinite(v)]
+  low = min(finite, default=0.0)
+  high = max((r["start_loss"] for r in runs), default=low + 1.0)
+  for i, w in enumerate(warmups):
+    for j, d in enumerate(depths):
+      ax = axes[i][j]
+      for r in runs:
+        if r["depth"] != d or r["warmup"] != w or not r["curve"]:
+          continue
+        steps, losses = zip(*r["curve"])
+        line, = ax.plot(steps, losses, NORM_STYLES.get(r["norm"], ":"), lw=1.2,
+                        color=PLACEMENT_COLORS.get(r["placement"], "black"),
+                        label=f"{r['placement']}, {r['norm']}")
+        if r["diverged"]:
+          ax.plot(steps[-1], losses[-1], "x", color=line.get_color(), ms=9, mew=2)
+      ax.axhline(target, color="grey", lw=0.6, ls=":")
+      ax.set_title(f"depth {d}, warmup {w}", fontsize=10)
+      ax.set_ylim(low - 0.05, high + 0.1)
+      ax.grid(alpha=0.3)
+      if i == len(warmups) - 1:
+        ax.set_xlabel("step")
+      if j == 0:
+        ax.set_ylabel("train loss")
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper right")
+  fig.suptitle(f"train loss by depth (dotted: target {target}; x: diverged)", fontsize=11)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
+def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib import cm
+  depths, warmups = _grid(runs)
+  placements = list(dict.fromkeys(r["placement"] for r in runs))
+  colors = {d: cm.viridis(k / max(1, len(depths) - 1) * 0.85) for k, d in enumerate(depths)}
+  fig, axes = plt.subplots(len(warmups), len(placements), figsize=(3.6 * len(placements),
+                           3.0 * len(warmups)), sharey=True, squeeze=False)
+  for i, w in enumerate(warmups):
+    for j, p in enumerate(placements):
+      ax = axes[i][j]
+      here = [r for r in runs if r["placement"] == p and r["warmup"] == w]
+      for r in here:
+        for stack, values in r["residual_rms"].items():
+          ax.plot(range(1, len(values) + 1), values, NORM_STYLES.get(r["norm"], ":"),
+                  marker=".", color=colors[r["depth"]], label=f"depth {r['depth']}, {r['norm']}")
+      ax.set_yscale("log")
+      ax.set_title(f"{p}, warmup {w}", fontsize=10)
+      ax.grid(alpha=0.3, which="both")
+      if i == len(warmups) - 1:
+        ax.set_xlabel("block")
+      if j == 0:
+        ax.set_ylabel("residual stream RMS")
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+      else:
+        ax.text(0.5, 0.5, "diverged: no RMS" if here else "not run", ha="center", va="center",
+                transform=ax.transAxes)
+  fig.suptitle("RMS of the residual stream after each block, end of training (held-out batch)",
+               fontsize=11)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
+def write_outputs(sweep, points: list[dict], out: pathlib.Path) -> list[dict]:
+  done = read_runs(out / "runs.jsonl")
+  runs = [done[p["name"]] for p in points if p["name"] in done]
+  if runs:
+    write_table(runs, out / "table.md", sweep.TARGET_LOSS)
+    plot_curves(runs, out / "loss_curves.png", sweep.TARGET_LOSS)
+    plot_rms(runs, out / "residual_rms.png")
+  return runs
+
+
+# ----------------------------------------------------------------------------- the command
+def _work(point) -> float:
+  """Relative cost of a point, for the time estimate: steps x (blocks + embedding/head)."""
+  o = point["overrides"]
+  return o.get("steps", 1) * (o.get("model.num_layers", 2) + 2)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sweep", required=True, help="sweep file, e.g. experiments/norm_ablation.py")
+  parser.add_argument("--out", required=True, help="output folder")
+  parser.add_argument("--scale", action="store_true", help="the larger sweep, for an accelerator")
+  parser.add_argument("--max-points", type=int, default=0,
+                      help="run at most this many unfinished points, then stop (0 = all)")
+  parser.add_argument("--report-only", action="store_true",
+                      help="rewrite the table and plots from runs.jsonl; train nothing")
+  parser.add_argument("--keep-checkpoints", action="store_true",
+                      help="keep finished points' checkpoints (deleted by default)")
+  args = parser.parse_args(argv)
+
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  sweep = load_sweep(args.sweep)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  points = sweep.points(args.scale)
+  names = [p["name"] for p in points]
+  if len(set(names)) != len(names):
+    raise ValueError(f"--sweep {args.sweep}: point names repeat")
+  done = read_runs(out / "runs.jsonl")
+  todo = [p for p in points if p["name"] not in done]
+  if args.max_points:
+    todo = todo[:args.max_points]
+  finished = sum(p["name"] in done for p in points)
+  print(f"{len(points)} points: {finished} finished, {0 if args.report_only else len(todo)} to "
+        f"run now; results in {out}", flush=True)
+  total_work = sum(_work(p) for p in todo)
+  work_done, t0 = 0.0, time.perf_counter()
+  try:
+    for k, p in enumerate([] if args.report_only else todo, start=1):
+      record = run_point(sweep, p, out, args.keep_checkpoints)
+      append_run(out / "runs.jsonl", record)
+      work_done += _work(p)
+      elapsed = time.perf_counter() - t0
+      left = elapsed / work_done * (total_work - work_done)
+      status = "DIVERGED " + record["diverged_reason"] if record["diverged"] else \
+          f"train {_fmt(record['train_loss'])} val {_fmt(record['val_loss'])}"
+      resumed = f", resumed from step {record['resumed_from']}" if record["resumed_from"] else ""
+      print(f"[{finished + k}/{len(points)}] {p['name']}: {status} in {_clock(record['wall_s'])}"
+            f"{resumed} | elapsed {_clock(elapsed)}, ~{_clock(left)} left", flush=True)
+  finally:
+    runs = write_outputs(sweep, points, out)
+  print(f"wrote {len(runs)} runs: table.md, loss_curves.png, residual_rms.png, runs.jsonl "
+        f"({_clock(time.perf_counter() - t0)})", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  from transformers_jax.cli import UserError
+  try:
+    sys.exit(main())
+  except (UserError, ValueError, FileNotFoundError) as e:  # interrupted, bad sweep, bad config
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

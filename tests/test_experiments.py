@@ -1,0 +1,181 @@
+"""Experiments: the sweep runner (outputs, skip, resume, divergence), the norm-ablation grid, and
+the lesson scripts' numbers against the lesson's formulas."""
+
+import importlib.util
+import contextlib
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+TOY_SWEEP = '''
+BASE = "gpt2.py:tiny"
+TARGET_LOSS = 5.4
+COMMON = {"steps": 6, "log_every": 2, "eval_every": 0, "eval_batches": 2, "checkpoint_every": 3,
+          "sample.max_new_tokens": 0, "batch_size": 4, "seq_len": 16, "warmup_steps": 0,
+          "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2}
+
+def points(scale=False):
+  return [{"name": "ok", "overrides": dict(COMMON)},
+          {"name": "blows-up", "overrides": dict(COMMON, learning_rate=1e12,
+                                                 **{"model.norm_placement": "post"})}]
+'''
+
+
+def script(name):
+  spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def run_main(module, *args):
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    module.main(list(args))
+  return out.getvalue()
+
+
+def jsonl(path):
+  return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
+  ablate = script("ablate")
+  from transformers_jax.train.loop import train
+  sweep_file = tmp_path / "toy.py"
+  sweep_file.write_text(TOY_SWEEP)
+  out = tmp_path / "out"
+  args = ("--sweep", str(sweep_file), "--out", str(out))
+  # a sweep killed half way through its first point: a checkpoint at step 3, nothing recorded
+  sweep = ablate.load_sweep(sweep_file)
+  ok = sweep.points()[0]
+  config = ablate.point_config(sweep, ok, out)
+  config.stop_after = 3
+  train(config, str(out / "runs" / "ok"))
+  first = run_main(ablate, *args, "--max-points", "1")
+  assert "2 points: 0 finished, 1 to run now" in first and "[1/2] ok" in first
+  assert [r["name"] for r in jsonl(out / "runs.jsonl")] == ["ok"]
+  second = run_main(ablate, *args)
+  assert "2 points: 1 finished, 1 to run now" in second and "[2/2] blows-up: DIVERGED" in second
+  runs = {r["name"]: r for r in jsonl(out / "runs.jsonl")}
+  assert set(runs) == {"ok", "blows-up"}
+  assert runs["ok"]["resumed_from"] == 3
+  # the killed invocation logged step 3 as its last; the resumed one carried on, no step twice
+  assert [s for s, _ in runs["ok"]["curve"]] == [2, 3, 4, 6]
+  assert not runs["ok"]["diverged"] and math.isfinite(runs["ok"]["val_loss"])
+  assert len(runs["ok"]["residual_rms"]["decoder"]) == 1
+  assert runs["blows-up"]["diverged"] and "at step" in runs["blows-up"]["diverged_reason"]
+  assert not (out / "runs" / "ok" / "checkpoints").exists()  # finished points drop checkpoints
+  table = (out / "table.md").read_text()
+  assert "| ok | pre | layernorm | 1 | 0 |" in table and "| blows-up | post |" in table
+  assert "yes: loss" in table
+  import matplotlib.image
+  for name in ("loss_curves.png", "residual_rms.png"):
+    data = (out / name).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(out / name).ndim == 3
+  before = (out / "runs.jsonl").read_text()
+  third = run_main(ablate, *args)
+  assert "2 points: 2 finished, 0 to run now" in third and "[" not in third.split("\n")[1]
+  assert (out / "runs.jsonl").read_text() == before
+  assert (out / "table.md").read_text() == table
+
+
+def test_summarize_definitions():
+  ablate = script("ablate")
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    steps = int(rng.integers(10, 100))
+    curve = [[s, float(rng.uniform(1, 7))] for s in [*range(5, steps, 5), steps]]  # as logged
+    target, start = float(rng.uniform(1, 7)), math.log(256)
+    failure = (math.nan, int(rng.integers(1, steps))) if rng.random() < 0.2 else None
+    got = ablate.summarize(curve, [[steps, 3.0]], steps, start, target, failure)
+    reached = [s for s, v in curve if v <= target]
+    assert got["steps_to_target"] == (reached[0] if reached else None)
+    if failure:
+      assert got["diverged"] and got["train_loss"] is None and got["val_loss"] is None
+    else:
+      tail = [v for s, v in curve if s > steps - max(1, steps // 10)]
+      assert got["train_loss"] == pytest.approx(np.mean(tail))
+      assert got["diverged"] == (np.mean(tail) > start)
+
+
+def test_norm_ablation_grid():
+  ablate = script("ablate")
+  sweep = ablate.load_sweep(ROOT / "experiments" / "norm_ablation.py")
+  points = sweep.points()
+  assert len(points) == 3 * 2 * 3 * 2 + 1 == len({p["name"] for p in points})
+  seen = {(p["overrides"]["model.norm_placement"], p["overrides"]["model.norm"],
+           p["overrides"]["model.num_layers"], p["overrides"]["warmup_steps"],
+           p["overrides"]["model.residual"]) for p in points}
+  assert {(pl, n, d, w, True) for pl in ("pre", "post", "sandwich")
+          for n in ("layernorm", "rmsnorm") for d in (2, 6, 12) for w in (0, 40)} < seen
+  assert [x for x in seen if not x[-1]] == [("pre", "layernorm", 12, 40, False)]
+  scaled = sweep.points(scale=True)
+  assert max(p["overrides"]["model.num_layers"] for p in scaled) > 12
+  config = ablate.point_config(sweep, points[-1], ROOT / "unused")  # every override applies
+  assert config.model.residual is False and config.model.num_layers == 12
+
+
+def lesson_positional_encoding(pos, d_model):
+  pe = []
+  for i in range(d_model // 2):
+    angle = pos / 10000 ** (2 * i / d_model)
+    pe += [math.sin(angle), math.cos(angle)]
+  return pe
+
+
+def lesson_printout():
+  """What the lesson's code prints, verbatim."""
+  lines = ["pos  " + " ".join(f"{'d' + str(i):>5}" for i in range(8))]
+  for pos in range(6):
+    lines.append(f"{pos:3}  " + " ".join(f"{v:5.2f}" for v in lesson_positional_encoding(pos, 8)))
+  lines.append("")
+  here = lesson_positional_encoding(10, 16)
+  for gap in [0, 1, 2, 4, 8, 16]:
+    there = lesson_positional_encoding(10 + gap, 16)
+    sim = sum(a * b for a, b in zip(here, there))
+    lines.append(f"position 10 against position {10 + gap:2}: dot product {sim:5.2f}")
+  return "\n".join(lines) + "\n"
+
+
+def test_positions_script_equals_the_formula():
+  positions = script("lesson_positions")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    positions.print_sinusoids()
+  assert out.getvalue() == lesson_printout()
+  rows = positions.sinusoid_rows(range(50), 16)
+  np.testing.assert_allclose(rows, [lesson_positional_encoding(p, 16) for p in range(50)],
+                             atol=1e-6)
+  here = lesson_positional_encoding(10, 16)
+  expected = [sum(a * b for a, b in zip(here, lesson_positional_encoding(10 + g, 16)))
+              for g in positions.GAPS]
+  np.testing.assert_allclose(positions.sinusoid_dots(), expected, atol=1e-5)
+  ones = np.ones(16)
+  for gap in positions.GAPS:
+    # RoPE with q = k = ones: 2 x the sinusoid dot product, wherever the pair sits
+    formula = 2 * sum(math.cos(gap * 10000 ** (-2 * i / 16)) for i in range(8))
+    assert positions.rope_formula(gap) == pytest.approx(formula)
+    assert positions.rope_formula(gap) == pytest.approx(2 * expected[positions.GAPS.index(gap)])
+    for start in (0, 37, 1000):
+      assert positions.rope_score(start + gap, start, ones, ones) == pytest.approx(
+          formula, abs=2e-3)
+
+
+def test_params_script_prints_the_lesson_counts():
+  params = script("lesson_params")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    params.main()
+  text = out.getvalue()
+  for line in ("GPT-2 small  12 blocks, d =  768:   124,439,808 parameters",
+               "GPT-2 XL     48 blocks, d = 1600: 1,557,611,200 parameters"):
+    assert line in text
+  assert "DIFFERS" not in text and "differs" not in text
+  assert text.count("174,604,259,328") == 2  # the formula and eval_shape of gpt3.py:175b
