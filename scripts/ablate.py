@@ -218,6 +218,16 @@ def _grid(runs):
   return depths, warmups
 
 
+def save_png(fig, path: pathlib.Path) -> None:
+  """A small PNG: 80 dpi, quantised to a 64-colour palette (line plots need no more)."""
+  import io
+  from PIL import Image
+  buf = io.BytesIO()
+  fig.savefig(buf, dpi=80, format="png")
+  buf.seek(0)
+  Image.open(buf).convert("RGB").quantize(64).save(path, optimize=True)
+
+
 def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
   import matplotlib
   matplotlib.use("Agg")
@@ -227,7 +237,7 @@ def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
                            3.2 * len(warmups)), sharex=True, sharey=True, squeeze=False)
   finite = [v for r in runs for _, v in r["curve"] if math.isfinite(v)]
   low = min(finite, default=0.0)
-  high = max((r["start_loss"] for r in runs), default=low + 1.0)
+  high = max(min(max(r["start_loss"] for r in runs), low + 2.0), target + 0.2)  # the tail matters
   for i, w in enumerate(warmups):
     for j, d in enumerate(depths):
       ax = axes[i][j]
@@ -250,9 +260,10 @@ def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
         ax.set_ylabel("train loss")
       if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper right")
-  fig.suptitle(f"train loss by depth (dotted: target {target}; x: diverged)", fontsize=11)
+  fig.suptitle(f"train loss (logged batches) by depth; y axis cut at {high:.1f}; dotted: target "
+               f"{target}; x: diverged", fontsize=11)
   fig.tight_layout()
-  fig.savefig(path, dpi=80)
+  save_png(fig, path)
   plt.close(fig)
 
 
@@ -260,7 +271,7 @@ def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from matplotlib import cm
+  from matplotlib import cm, ticker
   depths, warmups = _grid(runs)
   placements = list(dict.fromkeys(r["placement"] for r in runs))
   colors = {d: cm.viridis(k / max(1, len(depths) - 1) * 0.85) for k, d in enumerate(depths)}
@@ -275,6 +286,9 @@ def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
           ax.plot(range(1, len(values) + 1), values, NORM_STYLES.get(r["norm"], ":"),
                   marker=".", color=colors[r["depth"]], label=f"depth {r['depth']}, {r['norm']}")
       ax.set_yscale("log")
+      ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+      ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
+      ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
       ax.set_title(f"{p}, warmup {w}", fontsize=10)
       ax.grid(alpha=0.3, which="both")
       if i == len(warmups) - 1:
@@ -289,7 +303,7 @@ def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
   fig.suptitle("RMS of the residual stream after each block, end of training (held-out batch)",
                fontsize=11)
   fig.tight_layout()
-  fig.savefig(path, dpi=80)
+  save_png(fig, path)
   plt.close(fig)
 
 
