@@ -179,3 +179,22 @@ def test_params_script_prints_the_lesson_counts():
     assert line in text
   assert "DIFFERS" not in text and "differs" not in text
   assert text.count("174,604,259,328") == 2  # the formula and eval_shape of gpt3.py:175b
+
+
+def test_attention_cost_grows_with_length(tmp_path):
+  text = run_main(script("lesson_attention_cost"), "--min-len", "64", "--max-len", "256",
+                  "--d-model", "32", "--heads", "2", "--out", str(tmp_path))
+  assert "   256 " in text
+  rows = json.loads((tmp_path / "attention_cost.json").read_text())["rows"]
+  assert [r["length"] for r in rows] == [64, 128, 256]
+  assert [r["score_matrix_bytes"] for r in rows] == [2 * 4 * t * t for t in (64, 128, 256)]
+  assert rows[-1]["temp_bytes"] >= rows[-1]["score_matrix_bytes"] > rows[0]["temp_bytes"]
+  assert (tmp_path / "attention_cost.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_families_script_prints_one_line_per_family(tmp_path):
+  text = run_main(script("lesson_families"), "vit", "--steps", "4", "--workdir", str(tmp_path),
+                  "--out", str(tmp_path))
+  lines = text.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("ViT") and "4 steps" in lines[0]
+  assert "| ViT | vit.py:tiny | 102,218 |" in (tmp_path / "families.md").read_text()

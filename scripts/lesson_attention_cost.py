@@ -1,0 +1,112 @@
+"""The lesson's "weakness is cost": time and memory of one attention layer as the sequence doubles.
+
+    python scripts/lesson_attention_cost.py [--max-len 4096] [--d-model 256] [--heads 4]
+        [--out experiments/results/lesson]
+
+One causal self-attention layer of this project (`modules.attention.Attention`: q, k, v and output
+projections around `jax.nn.dot_product_attention`), batch 1, jit-compiled, forward pass. Time
+is the best of repeated calls (at least 3, about 0.5 s); memory is XLA's scratch allocation for
+the compiled call (`memory_analysis().temp_size_in_bytes`), next to the size of the H x T x T
+float32 score matrix. Writes attention_cost.png and attention_cost.json to --out.
+
+On a CPU, XLA materialises the score matrix (about twice over: scores and softmax weights), so
+memory grows 4x per doubling; fused kernels (FlashAttention, cuDNN on a GPU) never store it and
+grow linearly in memory, but their time is still quadratic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def measure(length: int, d_model: int, heads: int, min_time: float = 0.5) -> dict:
+  import jax
+  import jax.numpy as jnp
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.modules.attention import Attention
+
+  cfg = ModelConfig(family="decoder", d_model=d_model, num_heads=heads, max_len=length,
+                    positions="none", vocab_size=256)
+  layer = Attention(cfg, causal=True)
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, length, d_model), jnp.float32)
+  params = layer.init(jax.random.PRNGKey(1), x)
+  fn = jax.jit(lambda p, x: layer.apply(p, x))
+  compiled = fn.lower(params, x).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  jax.block_until_ready(compiled(params, x))
+  times, start = [], time.perf_counter()
+  while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < 50):
+    t = time.perf_counter()
+    jax.block_until_ready(compiled(params, x))
+    times.append(time.perf_counter() - t)
+  return {"length": length, "time_s": min(times), "temp_bytes": int(temp),
+          "score_matrix_bytes": heads * length * length * 4}
+
+
+def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  T = [r["length"] for r in rows]
+  fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
+  for ax, key, scale, label in ((a, "time_s", 1e3, "forward time (ms)"),
+                                (b, "temp_bytes", 2 ** -20, "scratch memory (MiB)")):
+    y = [r[key] * scale for r in rows]
+    ax.loglog(T, y, "o-", base=2, label="measured")
+    ax.loglog(T, [y[-1] * (t / T[-1]) ** 2 for t in T], "k:", base=2, label="∝ T² (through last)")
+    ax.loglog(T, [y[-1] * (t / T[-1]) for t in T], "k--", base=2, lw=0.8,
+              label="∝ T (through last)")
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+  b.loglog(T, [r["score_matrix_bytes"] * 2 ** -20 for r in rows], "s", base=2, mfc="none",
+           label="H×T×T float32 scores")
+  b.legend(fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--min-len", type=int, default=128)
+  parser.add_argument("--max-len", type=int, default=4096)
+  parser.add_argument("--d-model", type=int, default=256)
+  parser.add_argument("--heads", type=int, default=4)
+  parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "lesson"))
+  args = parser.parse_args(argv)
+  import jax
+  device = jax.devices()[0]
+  print(f"one causal attention layer, d_model {args.d_model}, {args.heads} heads, batch 1, "
+        f"{device.platform} ({device.device_kind})")
+  print(f"{'T':>6} {'time':>10} {'x':>5} {'memory':>10} {'x':>5} {'H*T*T scores':>13}")
+  rows, length = [], args.min_len
+  while length <= args.max_len:
+    r = measure(length, args.d_model, args.heads)
+    prev = rows[-1] if rows else None
+    tx = f"{r['time_s'] / prev['time_s']:5.1f}" if prev else "    -"
+    mx = f"{r['temp_bytes'] / max(prev['temp_bytes'], 1):5.1f}" if prev else "    -"
+    print(f"{length:6} {r['time_s'] * 1e3:8.2f}ms {tx} {r['temp_bytes'] / 2**20:7.1f}MiB {mx} "
+          f"{r['score_matrix_bytes'] / 2**20:10.1f}MiB", flush=True)
+    rows.append(r)
+    length *= 2
+  print("each doubling of T: the score matrix and, once it dominates, time and memory grow 4x")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  meta = {"d_model": args.d_model, "heads": args.heads, "batch": 1,
+          "device": f"{device.platform} ({device.device_kind})", "rows": rows}
+  (out / "attention_cost.json").write_text(json.dumps(meta, indent=1) + "\n")
+  plot(rows, out / "attention_cost.png",
+       f"one attention layer (d_model {args.d_model}, {args.heads} heads), {meta['device']}")
+  print(f"wrote {out / 'attention_cost.png'} and attention_cost.json")
+
+
+if __name__ == "__main__":
+  main()
