@@ -253,7 +253,8 @@ def test_kv_cache_prefill_then_steps_equals_full_forward(positions, kv):
   p = init(c, x)
   full = forward(c, p, x)["logits"]
   model = build_model(c, decode=True)
-  cache = model.init(KEY, x[:, :1])["cache"]
+  cache = model.init(KEY, x)["cache"]  # as many cache slots as the init input has tokens
+  assert cache["decoder"]["layer_0"]["self_attn"]["cached_key"].shape == (2, c.kv_heads, 10, 8)
   out, state = model.apply({"params": p, "cache": cache}, x[:, :6], mutable=["cache"])
   logits = [out["logits"]]
   for t in range(6, 10):

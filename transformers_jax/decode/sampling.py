@@ -1,80 +1,89 @@
-"""Greedy and temperature/top-k sampling for decoder-only models; greedy translation for the
-encoder-decoder. The whole loop is one `lax.scan` under jit (no Python loop per token)."""
+"""Choosing the next token from logits: greedy, or a seeded sample with temperature, top-k and
+top-p (nucleus) filtering; and the decode loop that does it one token per step.
+
+The loop is one `lax.while_loop` inside the caller's jit: no Python per token, no recompilation
+per token; it ends when every row has emitted a stop token or `max_new_tokens` are out.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from transformers_jax.models import as_model_config, build_model
 
-
-def pick(logits, key, temperature: float, top_k: int):
-  """Next token from logits [B, V]: argmax if temperature == 0, else a (top-k) sample."""
-  if temperature == 0:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  logits = logits / temperature
+def filter_logits(logits, top_k: int = 0, top_p: float = 1.0):
+  """Set to -inf every logit outside the top k, then outside the smallest set of most probable
+  tokens whose probabilities add up to top_p (the first token is always kept). [N, V] -> [N, V].
+  `top_k=0` and `top_p=1` switch the filters off; ties at the boundary are all kept."""
   if top_k:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p < 1.0:
+    ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability mass strictly ahead of each token
+    kept = before < top_p
+    threshold = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+def select_tokens(logits, key, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+  """Next token per row from logits [N, V]: argmax when temperature == 0, else a sample from
+  softmax(filtered logits / temperature). Settings are static (Python numbers)."""
+  if temperature == 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = filter_logits(logits.astype(jnp.float32) / temperature, top_k, top_p)
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-def generate(cfg, params, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0) -> list[int]:
-  """Continue one prompt; stops at model.max_len. Returns the new token ids."""
-  cfg = as_model_config(cfg)
-  if not prompt:
-    raise ValueError("the prompt is empty: give at least one token")
-  if len(prompt) >= cfg.max_len:
-    raise ValueError(f"the prompt has {len(prompt)} tokens, model.max_len={cfg.max_len}: "
-                     "shorten the prompt")
-  bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
-  if bad:
-    raise ValueError(f"prompt id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})")
-  new = min(max_new_tokens, cfg.max_len - len(prompt))
-  model = build_model(cfg, decode=True)
-  cache = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["cache"]
-
-  @jax.jit
-  def run(params, cache, tokens, key):
-    out, v = model.apply({"params": params, "cache": cache}, tokens, mutable=["cache"])
-
-    def step(carry, k):
-      cache, logits = carry
-      tok = pick(logits, k, temperature, top_k)
-      out, v = model.apply({"params": params, "cache": cache}, tok[:, None], mutable=["cache"])
-      return (v["cache"], out["logits"][:, -1]), tok
-
-    _, toks = jax.lax.scan(step, (v["cache"], out["logits"][:, -1]), jax.random.split(key, new))
-    return toks[:, 0]
-
-  out = run(params, cache, jnp.asarray([prompt], jnp.int32), jax.random.PRNGKey(seed))
-  return [int(t) for t in out]
+def is_stop(tokens, stop_tokens: tuple[int, ...]):
+  if not stop_tokens:
+    return jnp.zeros(tokens.shape, bool)
+  return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
 
 
-def translate(cfg, params, src, src_mask, bos_id: int, eos_id: int, max_len: int):
-  """Greedy decoding for the encoder-decoder: src [B, S] -> ids [B, max_len] (after bos)."""
-  cfg = as_model_config(cfg)
-  model = build_model(cfg, decode=True)
-  B = src.shape[0]
-  cache = model.init(jax.random.PRNGKey(0), src, jnp.zeros((B, 1), jnp.int32), src_mask)["cache"]
-  steps = min(max_len, cfg.max_len)
+def sample_loop(feed, logits0, cache, key, strategy):
+  """Greedy or sampled decoding of `strategy.max_new_tokens` (M) tokens.
 
-  @jax.jit
-  def run(params, cache, src, src_mask):
-    encoded = model.apply({"params": params}, src, src_mask, method="encode")
+  logits0 [N, V] predict generated token 0 (from the prefill); `feed(cache, tokens [N], i)`
+  feeds generated token i and returns (logits [N, V] for token i + 1, cache). Returns
+  {'tokens' [N, M] (pad after a stop token), 'lengths' [N] (tokens before any stop token),
+  'stopped' [N], and 'logits' [N, M, V] when strategy.return_logits}.
+  """
+  s = strategy
+  N, V = logits0.shape
+  M = s.max_new_tokens
 
-    def step(carry, _):
-      cache, tok, done = carry
-      out, v = model.apply({"params": params, "cache": cache}, encoded, tok[:, None], src_mask,
-                           method="decode_logits", mutable=["cache"])
-      nxt = jnp.argmax(out["logits"][:, -1], axis=-1).astype(jnp.int32)
-      nxt = jnp.where(done, eos_id, nxt)
-      return (v["cache"], nxt, done | (nxt == eos_id)), nxt
+  def choose(logits, i, done):
+    tok = select_tokens(logits, jax.random.fold_in(key, i), s.temperature, s.top_k, s.top_p)
+    tok = jnp.where(done, s.pad_id, tok)
+    return tok, done | is_stop(tok, s.stop_tokens)
 
-    start = jnp.full((B,), bos_id, jnp.int32)
-    _, toks = jax.lax.scan(step, (cache, start, jnp.zeros((B,), bool)), None, length=steps)
-    return toks.T
+  tok0, done = choose(logits0, 0, jnp.zeros((N,), bool))
+  tokens = jnp.full((N, M), s.pad_id, jnp.int32).at[:, 0].set(tok0)
+  lengths = jnp.where(done, 0, 1)
+  logits_out = jnp.zeros((N, M, V) if s.return_logits else (0,), jnp.float32)
+  if s.return_logits:
+    logits_out = logits_out.at[:, 0].set(logits0)
 
-  return run(params, cache, src, src_mask)
+  def cond(carry):
+    i, _, _, _, _, done, _ = carry
+    return (i < M) & ~jnp.all(done)
+
+  def body(carry):
+    i, cache, tokens, prev, lengths, done, logits_out = carry
+    logits, cache = feed(cache, prev, i - 1)
+    tok, now_done = choose(logits, i, done)
+    tokens = tokens.at[:, i].set(tok)
+    lengths = lengths + (~now_done).astype(jnp.int32)
+    if s.return_logits:
+      logits_out = logits_out.at[:, i].set(logits)
+    return i + 1, cache, tokens, tok, lengths, now_done, logits_out
+
+  carry = (jnp.int32(1), cache, tokens, tok0, lengths, done, logits_out)
+  _, _, tokens, _, lengths, done, logits_out = jax.lax.while_loop(cond, body, carry)
+  out = {"tokens": tokens, "lengths": lengths, "stopped": done}
+  if s.return_logits:
+    out["logits"] = logits_out
+  return out

@@ -17,8 +17,14 @@ class DecoderOnly(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, tokens, attention_mask=None, positions=None):
-    """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32}."""
+  def __call__(self, tokens, attention_mask=None, positions=None, last_logits_only=False):
+    """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32}.
+
+    With `decode=True` (the KV cache, see Attention) `attention_mask` is over the cache's L slots
+    ([B, L], 1 = a real token), and `positions` default to the cache's running count; a batch
+    of left-padded prompts passes each row's own positions (transformers_jax.decode does).
+    `last_logits_only`: logits of the last position only ([B, 1, V]; a prefill needs no more).
+    """
     c = self.cfg
     B, T = tokens.shape
     check_length(c, T)
@@ -31,4 +37,4 @@ class DecoderOnly(nn.Module):
               name="decoder")(x, padding_mask(attention_mask), positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
-    return {"hidden": x, "logits": lm_logits(c, embedder, x)}
+    return {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}

@@ -1,7 +1,9 @@
 """Encoder-decoder (the 2017 Transformer): a bidirectional stack over the source, a causal stack
 with cross-attention over the target; shared, √d-scaled embeddings tied to the softmax.
 
-`encode` and `decode_logits` are separate methods so decoding runs the encoder once.
+`encode` and `decode_logits` are separate methods so decoding runs the encoder once; with
+`decode=True` the decoder caches its self-attention keys/values, and its cross-attention projects
+the encoder output on the first `decode_logits` call only (see Attention).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class EncoderDecoder(nn.Module):
     check_length(c, T, "target")
     positions = self.position(B, T) if self.decode else default_positions(B, T)
     x = self.embed(tgt, positions)
-    x = self.decoder(x, padding_mask(tgt_mask), positions, encoded, padding_mask(src_mask))
+    self_mask = None if self.decode else padding_mask(tgt_mask)  # the cache masks itself
+    x = self.decoder(x, self_mask, positions, encoded, padding_mask(src_mask))
     if c.has_final_norm:
       x = self.decoder_norm(x)
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)

@@ -37,8 +37,48 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None):
   return jnp.einsum("bhts,bshk->bthk", weights, v)
 
 
+def attend_cache(q, k, v, mask, k_new=None, v_new=None, new_mask=None):
+  """Attention of q [B, T, H, K] over keys/values kept as a cache, k and v [B, G, L, K] (kv heads
+  before slots, so both products are batched matmuls over the cache as it lies), plus
+  optionally this call's own T keys/values k_new, v_new [B, G, T, K]: one softmax over the L + T
+  keys. Reading the cache as it was before this call lets the caller update it in place.
+  mask [B, 1, T, L] and new_mask [B, 1, T, T]: boolean (True = may attend) or None."""
+  B, T, H, K = q.shape
+  G = k.shape[1]
+  R = H // G  # query heads per kv head; query head h uses kv head h // R
+
+  def scores(keys, m):
+    s = jnp.einsum("bgqk,bglk->bgql", qg, keys, preferred_element_type=jnp.float32)
+    s = s / jnp.sqrt(K).astype(jnp.float32)
+    if m is None:
+      return s
+    n = keys.shape[2]
+    m = jnp.broadcast_to(jnp.broadcast_to(m, (B, 1, T, n))[:, :, None], (B, G, R, T, n))
+    return jnp.where(m.reshape(B, G, R * T, n), s, jnp.finfo(jnp.float32).min)
+
+  qg = q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4).reshape(B, G, R * T, K)
+  logits = scores(k, mask)
+  if k_new is not None:
+    logits = jnp.concatenate([logits, scores(k_new, new_mask)], axis=-1)
+  weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  L = k.shape[2]
+  out = jnp.einsum("bgql,bglk->bgqk", weights[..., :L], v)
+  if k_new is not None:
+    out = out + jnp.einsum("bgqt,bgtk->bgqk", weights[..., L:], v_new)
+  return out.reshape(B, G, R, T, K).transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+
+
 class Attention(nn.Module):
-  """Projections q, k, v, out; RoPE on self-attention; a key/value cache when `decode`."""
+  """Projections q, k, v, out; RoPE on self-attention; a key/value cache when `decode`.
+
+  Decoding (`decode=True`), self-attention: the cache holds kv heads only ([B, G, L, K]), so
+  GQA/MQA shrink it by H/G; L is the length of the `init` call's input (init with [B, L] dummy
+  tokens for an L-slot cache). Each call writes its T keys/values at the cache index and
+  attends over all L slots (`attend_cache`), slots after each query's own being masked; a
+  caller's `mask` is over cache slots ([B, 1, 1, L], e.g. left padding). Cross-attention: the
+  first call after `init` projects the context (the encoder output) and caches its keys/values;
+  later calls reuse them and never look at `context` again. No attention dropout when decoding.
+  """
 
   cfg: "ModelConfig"  # noqa: F821
   causal: bool = False
@@ -50,46 +90,74 @@ class Attention(nn.Module):
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
-    source = context if is_cross else x
     q = dense(c, (H, K), -1, ("embed", "heads", "head_dim"), ("heads", "head_dim"), "query")(x)
-    k = dense(c, (G, K), -1, ("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"), "key")(
-        source)
-    v = dense(c, (G, K), -1, ("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"),
-              "value")(source)
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
-    if c.positions == "rope" and not is_cross:
-      q = apply_rope(q, positions, c.rope_theta)
-      k = apply_rope(k, positions, c.rope_theta)
-    causal = self.causal and not is_cross
-    if self.decode and not is_cross:
-      k, v, mask = self._cached(k, v, mask)
-      causal = False  # the cache mask already hides future slots
-    dropout_fn = None
-    if c.attention_dropout > 0 and not self.deterministic:
-      dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
-    out = attend(q, k, v, mask, causal, dropout_fn)
+
+    def project(source):
+      k = dense(c, (G, K), -1, ("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"),
+                "key")(source)
+      v = dense(c, (G, K), -1, ("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"),
+                "value")(source)
+      return k, v
+
+    if self.decode and is_cross:  # keys/values of the context, projected once
+      out = attend_cache(q, *self._cross_cached(project, context), mask)
+    else:
+      k, v = project(context if is_cross else x)
+      if c.positions == "rope" and not is_cross:
+        q = apply_rope(q, positions, c.rope_theta)
+        k = apply_rope(k, positions, c.rope_theta)
+      if self.decode and self.has_variable("cache", "cached_key"):
+        out = attend_cache(q, *self._cached(k, v, mask))
+      else:
+        if self.decode:
+          self._cached(k, v, mask)  # init: shape the cache
+        dropout_fn = None
+        if c.attention_dropout > 0 and not self.deterministic:
+          dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
+        out = attend(q, k, v, mask, self.causal and not is_cross, dropout_fn)
     return dense(c, D, (-2, -1), ("heads", "head_dim", "embed"), ("embed",), "out")(out)
 
-  def _cached(self, k, v, mask):
-    """Write this call's keys/values at the cache index; mask slots after each query's position.
+  def _cross_cached(self, project, context):
+    """The context's keys/values [B, G, S, K]: projected by the first decode call, then reused
+    (whether they are cached is known when a step is traced)."""
+    if self.has_variable("cache", "cross_key"):
+      return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+    k, v = (x.transpose(0, 2, 1, 3) for x in project(context))
+    if not self.is_initializing():  # init only builds the parameters and the self-attn cache
+      self.put_variable("cache", "cross_key", k)
+      self.put_variable("cache", "cross_value", v)
+    return k, v
 
-    The cache holds kv heads only ([B, max_len, G, K]), so GQA/MQA shrink it by H/G.
+  def _cached(self, k, v, mask):
+    """The cache as it was ([B, G, L, K]) with the mask of its slots written before this call,
+    and this call's keys/values ([B, G, T, K]) with their causal mask: the arguments of
+    `attend_cache`. Writes this call's keys/values at the cache index (in place: attention
+    reads the cache from before the write). A query always sees its own key, so rows of padding
+    (whose slots a caller's `mask` over the L slots hides) stay finite.
     """
     B, T, G, K = k.shape
-    L = self.cfg.max_len
     initialised = self.has_variable("cache", "cached_key")
-    ck = self.variable("cache", "cached_key", jnp.zeros, (B, L, G, K), k.dtype)
-    cv = self.variable("cache", "cached_value", jnp.zeros, (B, L, G, K), v.dtype)
+    ck = self.variable("cache", "cached_key", jnp.zeros, (B, G, T, K), k.dtype)
+    cv = self.variable("cache", "cached_value", jnp.zeros, (B, G, T, K), v.dtype)
     ci = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if not initialised:  # init only shapes the cache
-      return k, v, mask
+    if not initialised:  # init only shapes the cache: as many slots as the init input
+      return None
+    L = ck.value.shape[2]
+    if T > L:
+      raise ValueError(f"{T} tokens do not fit a key/value cache of {L} slots: initialise the "
+                       "cache with a longer input")
     start = ci.value
-    ck.value = jax.lax.dynamic_update_slice(ck.value, k.astype(ck.value.dtype), (0, start, 0, 0))
-    cv.value = jax.lax.dynamic_update_slice(cv.value, v.astype(cv.value.dtype), (0, start, 0, 0))
+    old_k, old_v = ck.value, cv.value
+    k, v = (x.astype(old_k.dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
+    ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
+    cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
     ci.value = start + T
-    query_pos = start + jnp.arange(T)
-    visible = jnp.arange(L)[None, :] <= query_pos[:, None]  # [T, L]
-    cache_mask = visible[None, None]
+    old_mask = (jnp.arange(L) < start)[None, None, None, :]  # [1, 1, 1, L]
+    new_mask = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, T]
     if mask is not None:  # a caller's mask over cache slots, [B, 1, 1 or T, L]
-      cache_mask = cache_mask & mask
-    return ck.value, cv.value, cache_mask
+      mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, L))
+      old_mask = old_mask & mask
+      new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
+          T, dtype=bool)
+    return old_k, old_v, old_mask, k, v, new_mask

@@ -107,7 +107,7 @@ def _finite(metrics) -> bool:
   return math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
 
 
-def _eval_metrics(task, eval_step, params, mesh) -> dict:
+def _eval_metrics(task, eval_step, params, mesh, model_cfg=None) -> dict:
   totals, rms = None, None
   for batch in task.eval_batches:
     sums, inter = eval_step(params, parallel.put_batch(_local(batch), mesh))
@@ -119,8 +119,43 @@ def _eval_metrics(task, eval_step, params, mesh) -> dict:
   out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
   if task.name in ("lm", "mlm", "seq2seq"):
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
+  if task.name == "seq2seq" and model_cfg is not None:
+    out.update(_translation_metrics(task, model_cfg, params))
   out["residual_rms"] = rms
   return out
+
+
+def _unpadded(row, mask) -> list[int]:
+  return [int(t) for t, m in zip(row, mask) if m]
+
+
+def _until(ids, stop) -> list[int]:
+  ids = [int(t) for t in ids]
+  return ids[:ids.index(stop)] if stop in ids else ids
+
+
+def _translation_metrics(task, model_cfg, params, max_batches: int = 2) -> dict:
+  """Greedy translations of the first held-out batches (transformers_jax.decode, KV cache):
+  exact match (fraction of outputs equal to the reference) and corpus BLEU (sacrebleu)."""
+  import sacrebleu
+
+  from transformers_jax import decode
+  tok = task.tokenizer
+  hyps, refs = [], []
+  for batch in task.eval_batches[:max_batches]:
+    src_len, tgt_len = batch["src"].shape[1], batch["tgt_out"].shape[1]
+    # every row, padding rows too, so that each batch has the same shapes (one compilation)
+    sources = [_unpadded(s, m) or [tok.eos_id] for s, m in zip(batch["src"], batch["src_mask"])]
+    out = decode.translate(model_cfg, params, sources, tok.bos_id, tok.eos_id, tgt_len,
+                           beam_size=0, source_len=src_len)
+    weights = batch.get("weights", np.ones(len(sources)))
+    for ids, target, w in zip(out.ids(), batch["tgt_out"], weights):
+      if w > 0:
+        hyps.append(tok.decode(ids))
+        refs.append(tok.decode(_until(target, tok.eos_id)))
+  exact = sum(h == r for h, r in zip(hyps, refs)) / max(len(hyps), 1)
+  bleu = sacrebleu.corpus_bleu(hyps, [refs]).score if hyps else 0.0
+  return {"eval_exact_match": exact, "eval_bleu": bleu}
 
 
 def _local(batch: dict) -> dict:
@@ -132,25 +167,27 @@ def _local(batch: dict) -> dict:
 
 
 def _sample_text(task, model_cfg, params, config) -> str | None:
+  """The end-of-run sample: the config's prompt continued (decoder-only), or three held-out
+  sources translated with beam search (encoder-decoder); KV-cached decoding either way."""
   from transformers_jax import decode
   tok = task.tokenizer
   if task.name == "lm":
-    prompt = tok.encode(config.sample.prompt)
-    ids = decode.generate(model_cfg, params, prompt, config.sample.max_new_tokens,
-                          config.sample.temperature, config.sample.top_k, config.seed)
-    return config.sample.prompt + tok.decode(ids)
+    ids = tok.encode(config.sample.prompt)
+    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len:]  # an empty prompt starts a line
+    out = decode.generate(model_cfg, params, [prompt], config.sample.max_new_tokens,
+                          temperature=config.sample.temperature, top_k=config.sample.top_k,
+                          seed=config.seed)
+    prefix = config.sample.prompt if prompt == ids else tok.decode(prompt)
+    return prefix + tok.decode(out.ids()[0])
   if task.name == "seq2seq":
     batch = task.eval_batches[0]
     n = min(3, len(batch["src"]))
-    out = decode.translate(model_cfg, params, batch["src"][:n], batch["src_mask"][:n],
-                           tok.bos_id, tok.eos_id, config.seq_len)
-    lines = []
-    for i in range(n):
-      ids = [int(t) for t in np.asarray(out[i])]
-      ids = ids[:ids.index(tok.eos_id)] if tok.eos_id in ids else ids
-      src = tok.decode([int(t) for t in batch["src"][i] if t != tok.pad_id])
-      lines.append(f"{src} -> {tok.decode(ids)}")
-    return "\n".join(lines)
+    sources = [_unpadded(s, m) or [tok.eos_id]
+               for s, m in zip(batch["src"][:n], batch["src_mask"][:n])]
+    out = decode.translate(model_cfg, params, sources, tok.bos_id, tok.eos_id,
+                           min(config.sample.max_new_tokens, batch["tgt_out"].shape[1]))
+    return "\n".join(f"{tok.decode(src)} -> {tok.decode(ids)}"
+                     for src, ids in zip(sources, out.ids()))
   return None
 
 
@@ -242,7 +279,7 @@ def train(config, workdir: str) -> dict:
         t_last, step_last = now, done
         result.update(values)
       if eval_now:
-        ev = _eval_metrics(task, eval_step, state.params, mesh)
+        ev = _eval_metrics(task, eval_step, state.params, mesh, model_cfg)
         writer.write(done, ev)
         progress.note(done, ev)
         result.update(ev)
