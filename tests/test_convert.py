@@ -53,3 +53,18 @@ def test_convert_cli_errors_are_one_line(tmp_path):
   assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].startswith("error: ")
   assert "config.json" in out.stderr
+
+
+def test_generate_on_converted_gpt2_equals_the_reference_greedy_continuation(tmp_path):
+  ref = np.load(FIXTURES / "gpt2" / "reference.npz", allow_pickle=False)
+  prompt, greedy = ref["prompt"][0].tolist(), ref["greedy"][0].tolist()
+  out = subprocess.run([sys.executable, "-m", "transformers_jax.convert", "--from_hf",
+                        str(FIXTURES / "gpt2"), "--workdir", str(tmp_path / "run")],
+                       capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  out = subprocess.run([sys.executable, "-m", "transformers_jax.generate", "--workdir",
+                        str(tmp_path / "run"), "--prompt_ids", ",".join(map(str, prompt)),
+                        "--print_ids", "--temperature", "0", "--max_new_tokens",
+                        str(len(greedy))], capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert [int(t) for t in out.stdout.strip().splitlines()[-1].split(",")] == greedy
