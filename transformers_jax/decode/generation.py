@@ -82,13 +82,20 @@ class Generation:
 
 # ----------------------------------------------------------------------------- the cache
 def init_cache(model, *dummy_inputs, **kwargs):
-  """Zeros shaped like `model.init(*dummy_inputs)['cache']`: nothing is initialised or computed
-  (the shapes come from jax.eval_shape). A self-attention cache has as many slots as the dummy
-  tokens; cross-attention entries appear on the first decode call."""
+  """An empty cache shaped like `model.init(*dummy_inputs)['cache']`: zeros, from shapes alone
+  (jax.eval_shape: nothing is initialised or computed). A self-attention cache has as many slots
+  as the dummy tokens; cross-attention entries appear on the first decode call. The write
+  indices are left out: a cache without one is known (when traced) to be empty, so the first
+  call (the prefill) attends over its own keys only (see Attention._cached)."""
   with nn.logical_axis_rules(()):  # shapes only: no sharding constraints while initialising
     shapes = jax.eval_shape(
         lambda: model.init(jax.random.PRNGKey(0), *dummy_inputs, **kwargs))["cache"]
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def empty(tree):
+    return {k: empty(v) if isinstance(v, dict) else jnp.zeros(v.shape, v.dtype)
+            for k, v in tree.items() if k != "cache_index"}
+
+  return empty(shapes)
 
 
 def _row_axis(path, leaf):

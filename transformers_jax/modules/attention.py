@@ -130,14 +130,17 @@ class Attention(nn.Module):
     return k, v
 
   def _cached(self, k, v, mask):
-    """The cache as it was ([B, G, L, K]) with the mask of its slots written before this call,
-    and this call's keys/values ([B, G, T, K]) with their causal mask: the arguments of
-    `attend_cache`. Writes this call's keys/values at the cache index (in place: attention
-    reads the cache from before the write). A query always sees its own key, so rows of padding
-    (whose slots a caller's `mask` over the L slots hides) stay finite.
+    """Write this call's keys/values at the cache index and return the arguments of
+    `attend_cache`: the cache as it was ([B, G, L, K]) with the mask of its slots written before
+    this call, and this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus
+    reads the cache from before the write, which XLA can then do in place. A cache without a
+    `cache_index` (decode.init_cache makes them) is empty: its first call, the prefill, attends
+    over its own keys only. A query always sees its own key, so rows of padding (whose slots a
+    caller's `mask` over the L slots hides) stay finite.
     """
     B, T, G, K = k.shape
     initialised = self.has_variable("cache", "cached_key")
+    empty = initialised and not self.has_variable("cache", "cache_index")  # static
     ck = self.variable("cache", "cached_key", jnp.zeros, (B, G, T, K), k.dtype)
     cv = self.variable("cache", "cached_value", jnp.zeros, (B, G, T, K), v.dtype)
     ci = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
@@ -160,4 +163,6 @@ class Attention(nn.Module):
       old_mask = old_mask & mask
       new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
           T, dtype=bool)
+    if empty:
+      return k, v, new_mask
     return old_k, old_v, old_mask, k, v, new_mask
