@@ -29,7 +29,6 @@ import json
 import math
 import os
 import pathlib
-import re
 import shutil
 import sys
 import time
@@ -38,7 +37,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green",
                     "none": "tab:purple", "pre (no residual)": "tab:red"}
 NORM_STYLES = {"layernorm": "-", "rmsnorm": "--"}
-DIVERGED = re.compile(r"loss became (\S+) \(grad norm \S+\) at step (\d+)")
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -119,9 +117,8 @@ def summarize(curve, eval_curve, steps: int, start_loss: float, target: float,
 
 
 def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
-  from transformers_jax.cli import UserError
   from transformers_jax.train.checkpoint import Checkpoints
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.loop import TrainingDiverged, train
 
   config = point_config(sweep, point, out)
   workdir = out / "runs" / point["name"]
@@ -134,12 +131,9 @@ def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> 
        contextlib.redirect_stderr(log):
     try:
       result = train(config, str(workdir))
-    except UserError as e:
-      found = DIVERGED.search(str(e))
-      if not found:
-        raise
+    except TrainingDiverged as e:
       print(f"diverged: {e}")
-      failure = (float(found.group(1)), int(found.group(2)))
+      failure = (e.loss, e.step)
   wall = time.perf_counter() - t
   rows = read_metrics(workdir)
   curve = [[r["step"], r["loss"]] for r in rows if "loss" in r]

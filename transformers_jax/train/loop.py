@@ -86,6 +86,14 @@ def _flatten(tree):
     yield "/".join(str(getattr(k, "key", k)) for k in keypath), leaf
 
 
+class TrainingDiverged(UserError):
+  """The loss or the gradient became non-finite at `step` (with that `loss`)."""
+
+  def __init__(self, message: str, step: int, loss: float):
+    super().__init__(message)
+    self.step, self.loss = step, loss
+
+
 class _Interrupt:
   """Ctrl-C sets a flag; the loop saves a checkpoint at the next step boundary and exits."""
 
@@ -316,8 +324,9 @@ def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):
     checkpoints.wait()
     where = (f"the last good checkpoint is step {last_saved} in {checkpoints.directory}"
              if last_saved else "no checkpoint was written")
-    raise UserError(f"loss became {values['loss']} (grad norm {values['grad_norm']}) at step "
-                    f"{step}: {where}; lower --config.learning_rate or raise warmup_steps")
+    raise TrainingDiverged(f"loss became {values['loss']} (grad norm {values['grad_norm']}) at "
+                           f"step {step}: {where}; lower --config.learning_rate or raise "
+                           "warmup_steps", step, values["loss"])
 
 
 class _Progress:
