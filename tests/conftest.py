@@ -1,5 +1,6 @@
 """Test-wide setup: run JAX on the CPU and import the experiment config files by path."""
 
+import math
 import os
 import pathlib
 import sys
@@ -21,3 +22,12 @@ def experiment():
     return load_config_module(str(ROOT / "experiments" / f"{file}.py")).get_config(preset)
 
   return get
+
+
+def lesson_positional_encoding(pos, d_model):
+  """The lesson's positional_encoding, as it wrote it (interleaved sin, cos)."""
+  pe = []
+  for i in range(d_model // 2):
+    angle = pos / 10000 ** (2 * i / d_model)
+    pe += [math.sin(angle), math.cos(angle)]
+  return pe

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, lesson_positional_encoding
 
 TOY_SWEEP = '''
 BASE = "gpt2.py:tiny"
@@ -120,14 +120,6 @@ def test_norm_ablation_grid():
   assert max(p["overrides"]["model.num_layers"] for p in scaled) > 12
   config = ablate.point_config(sweep, points[-1], ROOT / "unused")  # every override applies
   assert config.model.residual is False and config.model.num_layers == 12
-
-
-def lesson_positional_encoding(pos, d_model):
-  pe = []
-  for i in range(d_model // 2):
-    angle = pos / 10000 ** (2 * i / d_model)
-    pe += [math.sin(angle), math.cos(angle)]
-  return pe
 
 
 def lesson_printout():

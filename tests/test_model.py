@@ -1,6 +1,5 @@
 """Behaviour of the shared block and the four families on tiny configs."""
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +13,8 @@ from transformers_jax.modules.attention import attend
 from transformers_jax.modules.block import Block, loop_to_scan, scan_to_loop
 from transformers_jax.modules.feed_forward import route
 from transformers_jax.modules.positions import apply_rope, sinusoidal_table
+
+from conftest import lesson_positional_encoding
 
 KEY = jax.random.PRNGKey(0)
 SMALL = dict(num_layers=2, d_model=32, num_heads=4, vocab_size=50, max_len=16)
@@ -123,14 +124,6 @@ def test_rope_scores_depend_only_on_offset():
     scores = [score(m + offset, m) for m in (0, 3, 100, 1000)]
     assert np.allclose(scores, scores[0], rtol=1e-4, atol=1e-4), (offset, scores)
   assert abs(score(5, 0) - score(0, 0)) > 1e-3  # but it does depend on the offset
-
-
-def lesson_positional_encoding(pos, d_model):
-  pe = []
-  for i in range(d_model // 2):
-    angle = pos / 10000 ** (2 * i / d_model)
-    pe += [math.sin(angle), math.cos(angle)]
-  return pe
 
 
 def test_sinusoidal_matches_formula_and_falls_with_distance():
