@@ -1,6 +1,5 @@
 """Behaviour of the shared block and the four families on tiny configs."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
