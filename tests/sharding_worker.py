@@ -32,7 +32,7 @@ def shard_shapes(state):
   """{param path: [global shape, per-device shard shape]} for a few representative weights."""
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
     in_first_block = "layer_0/" in name or "layers/" in name
     if name.endswith("token_embed/embedding") or (in_first_block and name.endswith(
         ("query/kernel", "key/kernel", "wi/kernel", "wo/kernel", "out/kernel"))):

@@ -68,9 +68,7 @@ def test_each_family_learns_its_bundled_data(experiment, tmp_path, file, steps):
 def test_resume_is_bit_identical(experiment, tmp_path):
   """2k steps straight == k steps, then a fresh process for k more."""
   k = 6
-  common = dict(steps=2 * k, log_every=1, checkpoint_every=k, dropout_check=None)
-  common.pop("dropout_check")
-  fields = dict(common, model=dict(dropout=0.1))
+  fields = dict(steps=2 * k, log_every=1, checkpoint_every=k, model=dict(dropout=0.1))
   straight = tmp_path / "straight"
   train(configure(experiment, "gpt2", "tiny", **fields), straight)
   split = tmp_path / "split"
@@ -123,7 +121,7 @@ def test_weight_decay_mask():
   params = nn.unbox(init_params(c, jax.random.PRNGKey(0)))
   for decay_embeddings in (False, True):
     mask = optim.decay_mask(params, decay_embeddings)
-    flat = {"/".join(str(getattr(k, "key", k)) for k in path): v
+    flat = {jax.tree_util.keystr(path, simple=True, separator="/"): v
             for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
     for name, decayed in flat.items():
       leaf = name.split("/")[-1]

@@ -52,7 +52,7 @@ def component_of(path: tuple[str, ...]) -> str:
 
 def _paths(tree):
   for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    yield tuple(str(getattr(k, "key", k)) for k in keypath), leaf
+    yield tuple(jax.tree_util.keystr(keypath, simple=True, separator="/").split("/")), leaf
 
 
 def tree_breakdown(tree) -> dict[str, int]:

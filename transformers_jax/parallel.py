@@ -136,7 +136,7 @@ def check_divisible(abstract_boxed, mesh: Mesh, rule_table) -> None:
       abstract_boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]:
     if not isinstance(leaf, nn.LogicallyPartitioned):
       continue
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    name = jax.tree_util.keystr(path, simple=True, separator="/")
     for dim, logical in zip(leaf.value.shape, leaf.names):
       axes = table.get(logical)
       if axes is None:

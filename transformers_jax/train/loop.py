@@ -65,11 +65,12 @@ def _load_init_from(path: str, params):
     raise UserError(f"init_from={path}: no checkpoint found there")
   restored = manager.restore(step, None)["params"]
   manager.close()
-  flat_src = {k: v for k, v in _flatten(restored)}
+  flat_src = {jax.tree_util.keystr(k, simple=True, separator="/"): v
+              for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
   loaded, fresh = [], []
 
   def take(keypath, leaf):
-    name = "/".join(str(getattr(k, "key", k)) for k in keypath)
+    name = jax.tree_util.keystr(keypath, simple=True, separator="/")
     src = flat_src.get(name)
     if src is not None and tuple(src.shape) == tuple(leaf.shape):
       loaded.append(name)
@@ -79,11 +80,6 @@ def _load_init_from(path: str, params):
 
   params = jax.tree_util.tree_map_with_path(take, params)
   return params, loaded, fresh, step
-
-
-def _flatten(tree):
-  for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    yield "/".join(str(getattr(k, "key", k)) for k in keypath), leaf
 
 
 class TrainingDiverged(UserError):

@@ -46,7 +46,7 @@ def decay_mask(params, decay_embeddings: bool = False):
   """
 
   def decide(path, _):
-    name = str(getattr(path[-1], "key", path[-1]))
+    name = jax.tree_util.keystr(path[-1:], simple=True)
     return name in DECAYED or (decay_embeddings and name == "embedding")
 
   return jax.tree_util.tree_map_with_path(decide, params)

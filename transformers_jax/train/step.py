@@ -164,7 +164,7 @@ def residual_rms(intermediates) -> dict[str, list[float]]:
   """{stack: [RMS of the residual stream after each block]} from the sown intermediates."""
   found: dict[str, list[tuple[int, Any]]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(intermediates)[0]:
-    keys = [str(getattr(k, "key", k)) for k in path]
+    keys = jax.tree_util.keystr(path, simple=True, separator="/").split("/")
     if "residual_rms" not in keys:
       continue
     stack = keys[0]
