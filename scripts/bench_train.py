@@ -6,7 +6,7 @@
         --config.batch_size=16 --config.model.max_len=256
 
 Times the jit-compiled train step alone (synthetic batches already on the devices, no data
-pipeline, no logging) after compiling it; MFU is model FLOPs (6N + attention, see counting.py)
+pipeline, no logging) after compiling it, each step timed alone and the median reported; MFU is model FLOPs (6N + attention, see counting.py)
 over the device peak (for a CPU: a measured float32 matmul).
 """
 
@@ -22,31 +22,12 @@ from absl import flags
 from transformers_jax import cli, counting, parallel
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train import optim
-from transformers_jax.train.compile import batch_shapes, build_step
+from transformers_jax.train.compile import build_step, synthetic_batch
 from transformers_jax.train.step import create_state
 
 cli.define_config_flag()
 flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step and one warm-up step).")
 FLAGS = flags.FLAGS
-
-
-def synthetic_batch(task: str, model_cfg, config) -> dict:
-  """Random inputs of the shapes the train step takes (ids within the vocabulary, labels within
-  the classes, masks all ones)."""
-  rng = np.random.default_rng(0)
-  out = {}
-  for key, (shape, dtype) in batch_shapes(task, model_cfg, config).items():
-    if key in ("attention_mask", "src_mask", "tgt_mask"):
-      out[key] = np.ones(shape, dtype)
-    elif key == "weights":
-      out[key] = (rng.random(shape) < (0.15 if task == "mlm" else 1.0)).astype(dtype)
-    elif key == "labels" and task != "mlm":
-      out[key] = rng.integers(0, model_cfg.num_classes, shape).astype(dtype)
-    elif dtype == np.int32:
-      out[key] = rng.integers(0, model_cfg.vocab_size, shape).astype(dtype)
-    else:
-      out[key] = rng.random(shape).astype(dtype)
-  return out
 
 
 def main(argv):
@@ -62,11 +43,13 @@ def main(argv):
   compile_s = time.perf_counter() - t
   state, m = step(state, batch)
   jax.block_until_ready(m)
-  t = time.perf_counter()
+  times = []
   for _ in range(FLAGS.steps):
+    t = time.perf_counter()
     state, m = step(state, batch)
-  jax.block_until_ready((state, m))
-  step_s = (time.perf_counter() - t) / FLAGS.steps
+    jax.block_until_ready((state, m))
+    times.append(time.perf_counter() - t)
+  step_s = float(np.median(times))  # the median step: robust to a noisy neighbour on the host
   tokens_per_example = config.seq_len if model_cfg.family != "vit" else model_cfg.seq_len_max
   tokens = config.batch_size * tokens_per_example
   flops = counting.flops_per_token(model_cfg, tokens_per_example) * tokens
@@ -76,7 +59,7 @@ def main(argv):
       "params": counting.count(model_cfg), "batch_size": config.batch_size,
       "seq_len": tokens_per_example, "device": jax.devices()[0].device_kind,
       "devices": jax.device_count(), "compile_plus_first_step_s": round(compile_s, 3),
-      "step_s": step_s, "tokens_per_s": tokens / step_s,
+      "step_s": step_s, "step_s_min": min(times), "step_s_max": max(times), "tokens_per_s": tokens / step_s,
       "model_tflops_per_s": flops / step_s / 1e12,
       "peak_tflops_per_s": peak / 1e12 if peak else None, "peak_source": source,
       "mfu": flops / step_s / peak if peak else None}))

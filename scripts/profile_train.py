@@ -1,48 +1,81 @@
-"""Where a training step's time goes, by timing its parts separately under jit.
+"""Where a training step's time goes, from XLA's own profiler: every operation the compiled step
+runs, attributed to a part of the model by the name stack XLA keeps in its metadata.
 
-    python scripts/profile_train.py [--config experiments/gpt2.py:tiny --config.model.d_model=256 ...]
+    python scripts/profile_train.py [--config experiments/gpt2.py:tiny --config.x=y ...] [--json]
 
 Defaults to the issue's reference model: d_model 256, 4 layers, 4 heads, sequence 256, batch 16,
-byte vocabulary. Parts: the whole step; forward+backward; forward; the optimizer update; and,
-each timed forward+backward on its own inputs, one block's attention core (softmax(qk)v), its
-projections and feed-forward, its norms, and the unembedding + cross-entropy. Prints JSON with
-seconds per part and each part's share of the step (parts are timed alone, so shares need not
-add up to 100%: XLA fuses across them inside the step).
+byte vocabulary. Traces `--steps` compiled steps with `jax.profiler`, reads the trace, and sums
+each operation's time into parts (attention core, attention projections, feed-forward, norms,
+embeddings + unembedding + cross-entropy, optimizer and clipping) and kinds (matmuls, i.e.
+operations containing a dot, versus everything else: elementwise, reductions, copies,
+transposes). XLA may run independent operations at once, so part times can add up to more than
+the step's wall time; shares are of their sum. Also prints the step's FLOPs and bytes from XLA's
+cost analysis and the floor they imply: the matmul FLOPs at the measured peak, which no schedule
+can beat. Prints markdown, or JSON with --json.
 """
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
 import json
+import re
+import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformers_jax import cli, parallel
-from transformers_jax.models import build_model
-from transformers_jax.modules.attention import attend
-from transformers_jax.modules.norms import Norm
+from transformers_jax import cli, counting, parallel
+from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train import optim
-from transformers_jax.train.compile import build_step
+from transformers_jax.train.compile import build_step, synthetic_batch
 from transformers_jax.train.step import create_state
-from transformers_jax.train.tasks import cross_entropy
 
 cli.define_config_flag("experiments/gpt2.py:tiny")
-flags.DEFINE_integer("repeats", 10, "Timed calls per part.")
+flags.DEFINE_integer("steps", 5, "Steps traced (after compiling and two warm-up steps).")
+flags.DEFINE_bool("json", False, "Print JSON instead of markdown.")
 FLAGS = flags.FLAGS
 
 REFERENCE = dict(d_model=256, num_layers=4, num_heads=4, max_len=256)
+PARTS = (  # (part, pattern in the operation's name stack), first match wins
+    ("attention core", r"_attn/(bgrtk,bgsk|bgrts,bgsk|jit\(_where\)|jit\(softmax\)|"
+                       r"dot_product_attention)|_attn/[a-z_]*$"),
+    ("attention projections", r"_attn/(query|key|value|out)|_attn/"),
+    ("norms", r"norm"),
+    ("feed-forward", r"/ffn|/moe"),
+    ("embeddings, unembedding, cross-entropy", r"embed|log_softmax|take_along_axis|jvp\(\)"),
+    ("optimizer, clipping, other", r""),
+)
 
 
-def timed(f, *args, repeats):
-  jax.block_until_ready(f(*args))
-  t = time.perf_counter()
-  for _ in range(repeats):
-    out = f(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - t) / repeats
+def computations(hlo: str) -> dict[str, str]:
+  """Name -> body of every computation in an HLO module's text."""
+  out = {}
+  for m in re.finditer(r"^%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S | re.M):
+    out[m.group(1)] = m.group(2)
+  return out
+
+
+def instructions(hlo: str) -> dict[str, str]:
+  """Instruction name -> the rest of its line, for every instruction in the module."""
+  out = {}
+  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$", hlo, re.M):
+    out.setdefault(m.group(1), m.group(2))
+  return out
+
+
+def classify(line: str, bodies: dict[str, str]) -> tuple[str, str]:
+  """(part, kind) of one operation of the compiled step, from its HLO line."""
+  name = re.search(r'op_name="([^"]*)"', line)
+  stack = name.group(1) if name else ""
+  part = next(p for p, pattern in PARTS if re.search(pattern, stack))
+  called = re.search(r"calls=%([\w.\-]+)", line)
+  body = bodies.get(called.group(1), "") if called else ""
+  is_dot = re.search(r"\bdot\(", line.split("metadata=")[0] + body) is not None
+  return part, "matmul" if is_dot else "other"
 
 
 def main(argv):
@@ -51,67 +84,82 @@ def main(argv):
       config.model.d_model == 64:
     config.model.update(REFERENCE)
     config.seq_len, config.batch_size = 256, 16
-  n = FLAGS.repeats
   step, _, _, c, mesh, task = build_step(config)
   tx = optim.make_optimizer(config)
-  state, _ = create_state(c, tx, mesh, parallel.rules(), config.seed)
-  B, T, D, V = config.batch_size, config.seq_len, c.d_model, c.vocab_size
-  rng = np.random.default_rng(0)
-  tokens = jnp.asarray(rng.integers(0, V, (B, T + 1)), jnp.int32)
-  model = build_model(c)
-
-  def loss(p):
-    logits = model.apply({"params": p}, tokens[:, :-1])["logits"]
-    return cross_entropy(logits, tokens[:, 1:], jnp.ones((B, T)))["loss"]
-
-  parts = {}
-  batch = parallel.put_batch({"tokens": np.asarray(tokens)}, mesh)
-  state, _ = step(state, batch)
-  t = time.perf_counter()
-  for _ in range(n):
+  state, _ = create_state(c, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
+  batch = parallel.put_batch(synthetic_batch(task, c, config), mesh)
+  compiled = step.lower(state, batch).compile()
+  hlo = compiled.as_text()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  for _ in range(2):
     state, m = step(state, batch)
   jax.block_until_ready(m)
-  parts["step"] = (time.perf_counter() - t) / n
-  params = state.params  # the step donates its input state: take the live one
-  grad = jax.jit(jax.grad(loss))
-  parts["forward_backward"] = timed(grad, params, repeats=n)
-  parts["forward"] = timed(jax.jit(loss), params, repeats=n)
-  grads = grad(params)
-  update = jax.jit(lambda g, o, p: tx.update(g, o, p))
-  parts["optimizer_update"] = timed(update, grads, state.opt_state, params, repeats=n)
 
-  H, K = c.num_heads, c.head_width
-  q = jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32)
-  core = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v, None, True))
-                          , argnums=(0, 1, 2)))
-  parts["attention_core_all_layers"] = c.num_layers * timed(core, q, q, q, repeats=n)
-  x = jnp.asarray(rng.standard_normal((B, T, D)), jnp.float32)
-  w_attn = jnp.asarray(rng.standard_normal((D, 4 * D)) * 0.02, jnp.float32)
-  w1 = jnp.asarray(rng.standard_normal((D, c.ff_width)) * 0.02, jnp.float32)
-  w2 = jnp.asarray(rng.standard_normal((c.ff_width, D)) * 0.02, jnp.float32)
+  times = []
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp, create_perfetto_trace=True):
+      for _ in range(FLAGS.steps):
+        t = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready((state, m))
+        times.append(time.perf_counter() - t)
+    trace_file = glob.glob(f"{tmp}/**/*.trace.json.gz", recursive=True)[0]
+    with gzip.open(trace_file) as f:
+      events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
 
-  def dense_part(x, wa, w1, w2):
-    h = x @ wa  # q, k, v and output projections: 4 D x D matmuls
-    f = jax.nn.gelu(x @ w1, approximate=True) @ w2
-    return jnp.sum(h) + jnp.sum(f)
-
-  dense_grad = jax.jit(jax.grad(dense_part, argnums=(0, 1, 2, 3)))
-  parts["projections_and_ffn_all_layers"] = c.num_layers * timed(dense_grad, x, w_attn, w1, w2,
-                                                                 repeats=n)
-  norm = Norm(c)
-  norm_params = norm.init(jax.random.PRNGKey(0), x)
-  norm_grad = jax.jit(jax.grad(lambda p, x: jnp.sum(norm.apply(p, x) ** 2), argnums=(0, 1)))
-  parts["norms_all_layers"] = (2 * c.num_layers + 1) * timed(norm_grad, norm_params, x,
-                                                             repeats=n)
-  emb = jnp.asarray(rng.standard_normal((V, D)) * 0.02, jnp.float32)
-  head = jax.jit(jax.grad(lambda e, x: cross_entropy(x @ e.T, tokens[:, 1:],
-                                                     jnp.ones((B, T)))["loss"], argnums=(0, 1)))
-  parts["unembedding_cross_entropy"] = timed(head, emb, x, repeats=n)
-  result = {"model": {"d_model": D, "layers": c.num_layers, "heads": H, "seq_len": T,
-                      "batch_size": B, "vocab": V},
-            "seconds": parts,
-            "share_of_step": {k: v / parts["step"] for k, v in parts.items() if k != "step"}}
-  print(json.dumps(result, indent=1))
+  lines, bodies = instructions(hlo), computations(hlo)
+  by_op = collections.Counter()
+  for e in events:
+    if e["name"] in lines:  # one operation (thunk) of the compiled step
+      by_op[e["name"]] += e["dur"] * 1e-6 / FLAGS.steps
+  parts, kinds = collections.Counter(), collections.Counter()
+  for op, seconds in by_op.items():
+    part, kind = classify(lines[op], bodies)
+    parts[part] += seconds
+    kinds[kind] += seconds
+  total = sum(by_op.values())
+  tokens_per_example = config.seq_len if c.family != "vit" else c.seq_len_max
+  tokens = config.batch_size * tokens_per_example
+  peak, peak_source = metrics_lib.device_peak()
+  step_s = float(np.median(times))
+  result = {
+      "model": {"family": c.family, "d_model": c.d_model, "layers": c.num_layers,
+                "heads": c.num_heads, "seq_len": tokens_per_example,
+                "batch_size": config.batch_size, "vocab": c.vocab_size,
+                "attention_impl": c.attention_impl},
+      "step_s": step_s,
+      "tokens_per_s": tokens / step_s,
+      "operations_s": total,
+      "parts_s": dict(parts.most_common()),
+      "kinds_s": dict(kinds.most_common()),
+      "xla_flops": cost.get("flops"),
+      "model_flops": counting.flops_per_token(c, tokens_per_example) * tokens,
+      "xla_bytes_accessed": cost.get("bytes accessed"),
+      "peak_flops_per_s": peak, "peak_source": peak_source,
+      "matmul_floor_s": cost.get("flops") / peak if peak and cost.get("flops") else None,
+      "top_operations": [
+          {"op": op, "s": s, "part": classify(lines[op], bodies)[0],
+           "hlo": re.sub(r",? ?metadata=.*", "", lines[op])[:120]}
+          for op, s in by_op.most_common(12)],
+  }
+  if FLAGS.json:
+    print(json.dumps(result, indent=1))
+    return
+  print(f"step {step_s:.3f} s (median of {FLAGS.steps}), {tokens / step_s:,.0f} tokens/s; "
+        f"operations {total:.3f} s summed")
+  print(f"XLA cost analysis: {result['xla_flops'] / 1e9:.1f} GFLOP (model count "
+        f"{result['model_flops'] / 1e9:.1f}), {result['xla_bytes_accessed'] / 1e9:.2f} GB "
+        f"accessed; matmul floor at the peak ({peak / 1e9:.0f} GFLOP/s) "
+        f"{result['matmul_floor_s']:.3f} s\n")
+  print("| part | seconds | share |\n| --- | ---: | ---: |")
+  for part, s in parts.most_common():
+    print(f"| {part} | {s:.3f} | {s / total:.0%} |")
+  for kind, s in kinds.most_common():
+    print(f"| all {kind} operations | {s:.3f} | {s / total:.0%} |")
+  print("\n| operation | seconds | part | HLO |\n| --- | ---: | --- | --- |")
+  for row in result["top_operations"]:
+    print(f"| {row['op']} | {row['s']:.4f} | {row['part']} | `{row['hlo']}` |")
 
 
 if __name__ == "__main__":

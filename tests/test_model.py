@@ -188,9 +188,65 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
 def test_attention_dropout_path_matches_fused_path_without_dropout():
   q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 6, 4, 8)) for i in range(3))
   mask = jnp.ones((2, 1, 1, 6), bool).at[1, :, :, 4:].set(False)
-  fused = attend(q, k[:, :, :2], v[:, :, :2], mask, True)
+  fused = attend(q, k[:, :, :2], v[:, :, :2], mask, True, impl="fused")
   explicit = attend(q, k[:, :, :2], v[:, :, :2], mask, True, dropout_fn=lambda w: w)
   np.testing.assert_allclose(np.asarray(fused), np.asarray(explicit), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,S,heads,groups,causal,mask_shape", [
+    (256, 256, 4, 4, True, (2, 1, 1, 256)),  # four query blocks, padding mask over keys
+    (200, 200, 4, 2, True, None),  # GQA, three uneven blocks
+    (130, 130, 2, 1, True, (2, 1, 130, 130)),  # MQA, a full [B, 1, T, S] mask, two blocks
+    (96, 160, 4, 4, False, (2, 4, 96, 160)),  # cross-attention shape, per-head mask
+])
+def test_einsum_attention_equals_jax_dot_product_attention(T, S, heads, groups, causal,
+                                                          mask_shape):
+  """The written-out path (causal query blocks that skip their masked keys) gives the outputs
+  and gradients of jax.nn.dot_product_attention."""
+  keys = jax.random.split(KEY, 5)
+  q = jax.random.normal(keys[0], (2, T, heads, 16))
+  k, v = (jax.random.normal(kk, (2, S, groups, 16)) for kk in keys[1:3])
+  mask = None
+  if mask_shape is not None:
+    mask = jax.random.uniform(keys[3], mask_shape) > 0.3
+    mask = mask.at[..., 0].set(True)  # every query keeps a key
+  cot = jax.random.normal(keys[4], (2, T, heads, 16))
+
+  def run(impl):
+    out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, mask, causal, impl=impl), q, k, v)
+    return (out, *vjp(cot))
+
+  for a, b in zip(run("einsum"), run("fused")):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+
+
+def test_fused_projections_hold_dense_parameters_and_outputs():
+  """DenseWeights + fused_dense: the parameter paths, shapes, initial values and outputs of one
+  nn.DenseGeneral per projection (checkpoints and HF conversion see no difference)."""
+  from transformers_jax.modules.common import DenseWeights, dense, fused_dense
+  c = ModelConfig(**SMALL)
+  names = (("embed", "heads", "head_dim"), ("heads", "head_dim"))
+
+  class Separate(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return [dense(c, (4, 8), -1, *names, n)(x) for n in ("query", "key", "value")]
+
+  class Fused(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      ws = [DenseWeights(c, (4, 8), *names, name=n)(x.shape[-1])
+            for n in ("query", "key", "value")]
+      return fused_dense(c, x, ws)
+
+  x = jax.random.normal(KEY, (2, 5, 32))
+  p_sep, p_fused = Separate().init(KEY, x), Fused().init(KEY, x)
+  assert jax.tree_util.tree_structure(p_sep) == jax.tree_util.tree_structure(p_fused)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, nn.unbox(p_sep), nn.unbox(p_fused))
+  assert nn.get_partition_spec(p_sep) == nn.get_partition_spec(p_fused)
+  p = jax.tree_util.tree_map(lambda a: a + jax.random.normal(KEY, a.shape), nn.unbox(p_sep))
+  for a, b in zip(Separate().apply(p, x), Fused().apply(p, x)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
 def test_moe_routes_each_token_to_top_k_experts():

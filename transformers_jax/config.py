@@ -18,6 +18,7 @@ NORM_PLACEMENTS = ("pre", "post", "sandwich", "none")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 FEED_FORWARDS = ("dense", "moe")
+ATTENTION_IMPLS = ("auto", "fused", "einsum")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16", "float16")
 HEADS = {
@@ -60,6 +61,8 @@ class ModelConfig:
   residual: bool = True  # residual connections around each sublayer
   dropout: float = 0.0  # dropout on residual branches and embeddings
   attention_dropout: float = 0.0  # dropout on attention weights
+  attention_impl: str = "auto"  # auto | fused (jax.nn.dot_product_attention) | einsum
+  attention_query_blocks: int = 4  # einsum, causal: query blocks that skip their masked keys
   feed_forward: str = "dense"  # dense | moe
   num_experts: int = 8  # moe: experts per layer (E)
   top_k: int = 2  # moe: experts each token is routed to
@@ -173,12 +176,13 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "activation", ACTIVATIONS)
   _choice(c, "feed_forward", FEED_FORWARDS)
   _choice(c, "remat", REMAT_POLICIES)
+  _choice(c, "attention_impl", ATTENTION_IMPLS)
   _choice(c, "dtype", DTYPES)
   _choice(c, "param_dtype", DTYPES)
   _choice(c, "pool", POOLS)
   if c.head and c.head not in HEADS[c.family]:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
-  for field in ("num_layers", "d_model", "num_heads", "max_len"):
+  for field in ("num_layers", "d_model", "num_heads", "max_len", "attention_query_blocks"):
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
   for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):

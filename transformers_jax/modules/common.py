@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -49,3 +50,49 @@ def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None):
       bias_init=zeros(bias_names),
       name=name,
   )
+
+
+class DenseWeights(nn.Module):
+  """The kernel [D, *features] and bias [*features] that `dense(cfg, features, -1, ...)` of the
+  same name would hold (same shapes, initial values, logical names and parameter paths),
+  returned in the compute dtype instead of applied, so that projections of one input can run as
+  one matmul (`fused_dense`). Called with the input width D."""
+
+  cfg: "ModelConfig"  # noqa: F821
+  features: tuple[int, ...]
+  kernel_names: tuple[str | None, ...]
+  bias_names: tuple[str | None, ...]
+
+  @nn.compact
+  def __call__(self, width: int):
+    c = self.cfg
+    n_out = int(np.prod(self.features))
+
+    def as_dense_general(init, flat_shape):  # nn.DenseGeneral draws the 2-D view, then reshapes
+      def wrapped(rng, shape, dtype):
+        value = init(rng, flat_shape, dtype)
+        return nn.meta.replace_boxed(value, jnp.reshape(nn.meta.unbox(value), shape))
+      return wrapped
+
+    kernel = self.param("kernel", as_dense_general(normal(c.init_std, self.kernel_names),
+                                                   (width, n_out)),
+                        (width, *self.features), dtype_of(c.param_dtype))
+    bias = None
+    if c.use_bias:
+      bias = self.param("bias", as_dense_general(zeros(self.bias_names), (n_out,)),
+                        tuple(self.features), dtype_of(c.param_dtype)).astype(dtype_of(c.dtype))
+    return kernel.astype(dtype_of(c.dtype)), bias
+
+
+def fused_dense(cfg, x, weights):
+  """x [..., D] through n same-shaped projections (`DenseWeights` results) at once: the kernels
+  are stacked on a new axis after D, so one matmul [..., D] x [D, n * features] computes all n
+  (a wider matmul runs faster, and the backward pass has one input-gradient product instead of
+  n). Returns the n outputs [..., *features], each what its own `dense` would give."""
+  kernels = jnp.stack([w for w, _ in weights], axis=1)  # [D, n, *features]
+  y = jnp.tensordot(x.astype(kernels.dtype), kernels, 1)  # [..., n, *features]
+  if weights[0][1] is not None:
+    y = y + jnp.stack([b for _, b in weights], axis=0)
+  axis = y.ndim - kernels.ndim + 1  # the stacking axis in y
+  # split, not indexing: its gradient is one concatenation rather than n padded copies
+  return [part.squeeze(axis) for part in jnp.split(y, len(weights), axis=axis)]

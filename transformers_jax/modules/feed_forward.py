@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.modules.common import activation, dense, dtype_of, normal, zeros
+from transformers_jax.modules.common import (DenseWeights, activation, dense, dtype_of,
+                                             fused_dense, normal, zeros)
 
 
 class FeedForward(nn.Module):
@@ -21,8 +22,10 @@ class FeedForward(nn.Module):
     c = self.cfg
     act = activation(c.activation)
     if c.gated:
-      h = act(dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi_0")(x))
-      h = h * dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi_1")(x)
+      gate, up = (DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), name=name)
+                  for name in ("wi_0", "wi_1"))
+      h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])])
+      h = act(h0) * h1
     else:
       h = act(dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi")(x))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))

@@ -32,6 +32,25 @@ def batch_shapes(task: str, model_cfg: ModelConfig, config) -> dict:
           "weights": ((B,), np.float32)}
 
 
+def synthetic_batch(task: str, model_cfg, config) -> dict:
+  """Random inputs of the shapes the train step takes (ids within the vocabulary, labels within
+  the classes, masks all ones), for benchmarks and profiles that time the step alone."""
+  rng = np.random.default_rng(0)
+  out = {}
+  for key, (shape, dtype) in batch_shapes(task, model_cfg, config).items():
+    if key in ("attention_mask", "src_mask", "tgt_mask"):
+      out[key] = np.ones(shape, dtype)
+    elif key == "weights":
+      out[key] = (rng.random(shape) < (0.15 if task == "mlm" else 1.0)).astype(dtype)
+    elif key == "labels" and task != "mlm":
+      out[key] = rng.integers(0, model_cfg.num_classes, shape).astype(dtype)
+    elif dtype == np.int32:
+      out[key] = rng.integers(0, model_cfg.vocab_size, shape).astype(dtype)
+    else:
+      out[key] = rng.random(shape).astype(dtype)
+  return out
+
+
 def build_step(config):
   """Everything a train step needs, from the config alone: (step fn, abstract state, shardings,
   model config, mesh, task name). Nothing is allocated."""

@@ -25,8 +25,9 @@ KNOWN_PEAKS = (
 
 
 @functools.lru_cache(maxsize=None)
-def measured_cpu_peak(n: int = 1024, repeats: int = 5) -> float:
-  """FLOP/s of a large float32 matmul on this CPU (all its cores), best of `repeats`."""
+def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
+  """FLOP/s of a large float32 matmul on this CPU (all its cores), best of `repeats` (a shared
+  host's noise only ever slows a run down, so the best is the closest to the true peak)."""
   a = jnp.ones((n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
