@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -76,12 +77,15 @@ def main():
 
   for _ in range(2):
     step()
-  t = time.perf_counter()
+  times = []
   for _ in range(a.steps):
+    t = time.perf_counter()
     step()
-  step_s = (time.perf_counter() - t) / a.steps
+    times.append(time.perf_counter() - t)
+  step_s = statistics.median(times)  # as scripts/bench_train.py: the median step
   print(json.dumps({"framework": f"torch {torch.__version__} eager", "threads":
                     torch.get_num_threads(), "step_s": step_s,
+                    "step_s_min": min(times), "step_s_max": max(times),
                     "tokens_per_s": a.batch_size * a.seq_len / step_s,
                     "params": sum(q.numel() for q in model.parameters())}))
 

@@ -6,8 +6,11 @@
         --config.batch_size=16 --config.model.max_len=256
 
 Times the jit-compiled train step alone (synthetic batches already on the devices, no data
-pipeline, no logging) after compiling it, each step timed alone and the median reported; MFU is model FLOPs (6N + attention, see counting.py)
-over the device peak (for a CPU: a measured float32 matmul).
+pipeline, no logging) after compiling it; each step is timed on its own and the median is
+reported (a shared host's noise moves the mean). MFU is model FLOPs (6N + attention, see
+counting.py) over the device peak (for a CPU: the best of 20 float32 1024^3 matmuls).
+`--free_attention_core` times the step without its attention core, a floor for any attention
+implementation.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import json
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
 from transformers_jax import cli, counting, parallel
+from transformers_jax.modules import attention
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train import optim
 from transformers_jax.train.compile import build_step, synthetic_batch
@@ -27,11 +32,20 @@ from transformers_jax.train.step import create_state
 
 cli.define_config_flag()
 flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step and one warm-up step).")
+flags.DEFINE_bool("free_attention_core", False,
+                  "Diagnostic, not a model: replace softmax(q k^T) v by v, so the step times "
+                  "everything but the attention core (a floor for any attention kernel). "
+                  "Decoder family only.")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   config = FLAGS.config
+  if FLAGS.free_attention_core:
+    if config.model.family != "decoder":
+      raise cli.UserError("--free_attention_core: decoder family only (its attention is "
+                          "self-attention, where v has the output's shape)")
+    attention._attend = lambda q, k, v, *rest: jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
   step, _, shardings, model_cfg, mesh, task = build_step(config)
   tx = optim.make_optimizer(config)
   state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()),
@@ -62,7 +76,8 @@ def main(argv):
       "step_s": step_s, "step_s_min": min(times), "step_s_max": max(times), "tokens_per_s": tokens / step_s,
       "model_tflops_per_s": flops / step_s / 1e12,
       "peak_tflops_per_s": peak / 1e12 if peak else None, "peak_source": source,
-      "mfu": flops / step_s / peak if peak else None}))
+      "mfu": flops / step_s / peak if peak else None,
+      "free_attention_core": FLAGS.free_attention_core}))
 
 
 if __name__ == "__main__":
