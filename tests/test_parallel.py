@@ -147,3 +147,19 @@ def test_axis_that_does_not_divide_is_refused_before_compiling():
     parallel.check_divisible(boxed, types.SimpleNamespace(
         shape={"data": 1, "fsdp": 5, "tensor": 1, "expert": 1}), parallel.rules())
   parallel.check_divisible(boxed, fine, parallel.rules())
+
+
+def test_cpu_devices_splits_the_host_and_the_mesh_spans_them():
+  plain = dict(os.environ, JAX_PLATFORMS="cpu")
+  plain.pop("XLA_FLAGS", None)
+  base = [sys.executable, "-m", "transformers_jax.train", "--config",
+          "experiments/gpt2.py:tiny", "--compile_only"]
+  out = subprocess.run(base + ["--cpu_devices=2"], capture_output=True, text=True, cwd=ROOT,
+                       env=plain)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout[out.stdout.index("{"):])
+  assert report["devices"] == 2 and report["mesh"]["data"] == 2
+  bad = subprocess.run(base + ["--cpu_devices=-1"], capture_output=True, text=True, cwd=ROOT,
+                       env=plain)
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1].startswith("error: --cpu_devices=-1")
