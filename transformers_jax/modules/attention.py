@@ -37,8 +37,7 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   R = H // G  # query heads per key/value head
-  scale = jnp.asarray(1.0 / float(K) ** 0.5, q.dtype)  # on q: 1/4 the elements of the scores
-  qh = (q * scale).reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4)  # [B, G, R, T, K]
+  qh = q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4)  # [B, G, R, T, K]
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, G, S, K]
   if mask is not None:  # -> [B or 1, G or 1, R or 1, T or 1, S or 1]
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
@@ -46,11 +45,12 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
         mask.shape[0], G, R, *mask.shape[2:])
   blocks = max(1, min(query_blocks, T // 64)) if causal else 1
   edges = [T * i // blocks for i in range(blocks + 1)]
+  scale = 1.0 / float(K) ** 0.5  # on the float32 scores
   outs = []
   for start, end in zip(edges[:-1], edges[1:]):
     keys = min(end, S) if causal else S  # keys after the block's last query are all masked
     s = jnp.einsum("bgrtk,bgsk->bgrts", qh[:, :, :, start:end], kh[:, :, :keys],
-                   preferred_element_type=jnp.float32)
+                   preferred_element_type=jnp.float32) * scale
     m = None
     if causal:
       m = jnp.arange(start, end)[:, None] >= jnp.arange(keys)[None, :]
