@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -236,3 +237,20 @@ def test_empty_corpus_and_out_of_range_tokens(experiment, tmp_path):
   with pytest.raises(DataError, match="vocab"):
     prepare_tokens(["é"], ByteTokenizer(), tmp_path / "t.tokens", vocab_size=128)
   assert not (tmp_path / "t.tokens").exists()
+
+
+def test_gpu_benchmark_refuses_a_cpu_and_runs_its_presets_with_allow_cpu(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, str(ROOT / "scripts/bench_gpu.py")]
+  refused = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+  assert refused.returncode == 2
+  assert refused.stderr.strip().splitlines()[-1].startswith("error: no GPU")
+  out = tmp_path / "gpu.json"
+  tried = subprocess.run(cmd + ["--allow_cpu", "--presets", "tiny", "--steps", "2",
+                                "--batch_size", "2", "--seq_len", "32", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+  assert tried.returncode == 0, tried.stderr[-2000:]
+  run, = json.loads(out.read_text())["runs"]
+  assert (run["preset"], run["dtype"], run["batch_size"], run["seq_len"]) == (
+      "tiny", "bfloat16", 2, 32)
+  assert run["tokens_per_s"] > 0 and "gpt2 tiny:" in tried.stdout

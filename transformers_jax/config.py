@@ -18,7 +18,7 @@ NORM_PLACEMENTS = ("pre", "post", "sandwich", "none")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 FEED_FORWARDS = ("dense", "moe")
-ATTENTION_IMPLS = ("auto", "fused", "einsum")
+ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16", "float16")
 HEADS = {
@@ -61,7 +61,7 @@ class ModelConfig:
   residual: bool = True  # residual connections around each sublayer
   dropout: float = 0.0  # dropout on residual branches and embeddings
   attention_dropout: float = 0.0  # dropout on attention weights
-  attention_impl: str = "auto"  # auto | fused (jax.nn.dot_product_attention) | einsum
+  attention_impl: str = "auto"  # auto | fused (jax.nn.dot_product_attention) | cudnn | einsum
   attention_query_blocks: int = 4  # einsum, causal: query blocks that skip their masked keys
   feed_forward: str = "dense"  # dense | moe
   num_experts: int = 8  # moe: experts per layer (E)

@@ -18,7 +18,8 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto",
            query_blocks: int = 4):
   """softmax(q k^T / sqrt(K) + masks) v, softmax in float32; q [B, T, H, K], k v [B, S, G, K].
 
-  `impl`: "fused" is `jax.nn.dot_product_attention` (a GPU takes its cuDNN kernel);
+  `impl`: "fused" is `jax.nn.dot_product_attention` (a GPU takes its cuDNN kernel where it can);
+  "cudnn" insists on that kernel (an error where cuDNN cannot run it);
   "einsum" writes the products out heads-major and, when `causal`, splits the queries into
   `query_blocks` blocks (of at least 64 queries), each attending only the keys up to its own end,
   so most masked scores are never computed (5/8 of the work for 4 blocks). "auto" is "fused" on
@@ -32,8 +33,9 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto",
 
 
 def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
-  if impl == "fused" and dropout_fn is None:
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
+  if impl in ("fused", "cudnn") and dropout_fn is None:
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
+                                        implementation="cudnn" if impl == "cudnn" else None)
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   R = H // G  # query heads per key/value head
