@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -37,6 +38,8 @@ def main() -> None:
   p.add_argument("--out", default=str(ROOT / "experiments/results/benchmarks/train_gpu_gpt2.json"))
   p.add_argument("--allow_cpu", action="store_true")
   a = p.parse_args()
+  # this process only asks which backend there is: leave the GPU's memory to the benchmarks
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax
   on_gpu = jax.default_backend() == "gpu"
   if not on_gpu and not a.allow_cpu:

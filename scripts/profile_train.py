@@ -3,15 +3,18 @@ runs, attributed to a part of the model by the name stack XLA keeps in its metad
 
     python scripts/profile_train.py [--config experiments/gpt2.py:tiny --config.x=y ...] [--json]
 
-Defaults to the issue's reference model: d_model 256, 4 layers, 4 heads, sequence 256, batch 16,
-byte vocabulary. Traces `--steps` compiled steps with `jax.profiler`, reads the trace, and sums
-each operation's time into parts (attention core, attention projections, feed-forward, norms,
-embeddings + unembedding + cross-entropy, optimizer and clipping) and kinds (matmuls, i.e.
-operations containing a dot, versus everything else: elementwise, reductions, copies,
-transposes). XLA may run independent operations at once, so summed times can add up to more
-than the step's wall time; "busy" is the time at least one of a part's operations was running. Also prints the step's FLOPs and bytes from XLA's
-cost analysis and the floor they imply: the matmul FLOPs at the measured peak, which no schedule
-can beat. Prints markdown, or JSON with --json.
+Without `--config.*` overrides it profiles the issue's reference model: d_model 256, 4 layers,
+4 heads, sequence 256, batch 16, byte vocabulary. Traces `--steps` compiled steps with
+`jax.profiler`, reads the trace, and sums each operation's time into parts (attention core,
+attention projections, feed-forward, norms, embeddings + unembedding + cross-entropy, optimizer
+and clipping) and kinds (matmuls, i.e. operations containing a dot, versus everything else:
+elementwise, reductions, copies, transposes). XLA may run independent operations at once, so
+summed times can add up to more than the step's wall time (with several devices,
+`--cpu_devices`, they add every device's); "busy" is the time at least one of a part's
+operations was running. It reads XLA:CPU's per-operation trace events (a GPU trace names
+kernels instead, and the script says so). Also prints the step's FLOPs and bytes from XLA's
+cost analysis and the floor they imply: the matmul FLOPs at the measured peak, which no
+schedule can beat. Prints markdown, or JSON with --json.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import glob
 import gzip
 import json
 import re
+import sys
 import tempfile
 import time
 
@@ -89,8 +93,8 @@ def classify(line: str, bodies: dict[str, str]) -> tuple[str, str]:
 
 def main(argv):
   config = FLAGS.config
-  if flags.FLAGS["config"].config_filename == "experiments/gpt2.py:tiny" and \
-      config.model.d_model == 64:
+  overridden = any(arg.startswith("--config.") for arg in sys.argv[1:])
+  if flags.FLAGS["config"].config_filename == "experiments/gpt2.py:tiny" and not overridden:
     config.model.update(REFERENCE)
     config.seq_len, config.batch_size = 256, 16
   step, _, _, c, mesh, task = build_step(config)
@@ -133,6 +137,9 @@ def main(argv):
     parts[part] += seconds
     kinds[kind] += seconds
   total = sum(by_op.values())
+  if not total:
+    raise cli.UserError("no operation of the compiled step was found in the profiler's trace: "
+                        "this script reads XLA:CPU's per-operation events (run it on a CPU)")
   tokens_per_example = config.seq_len if c.family != "vit" else c.seq_len_max
   tokens = config.batch_size * tokens_per_example
   peak, peak_source = metrics_lib.device_peak()
@@ -165,10 +172,12 @@ def main(argv):
     return
   print(f"step {step_s:.3f} s (median of {FLAGS.steps}), {tokens / step_s:,.0f} tokens/s; "
         f"operations {total:.3f} s summed, some operation running {busy['all']:.3f} s")
-  print(f"XLA cost analysis: {result['xla_flops'] / 1e9:.1f} GFLOP (model count "
-        f"{result['model_flops'] / 1e9:.1f}), {result['xla_bytes_accessed'] / 1e9:.2f} GB "
-        f"accessed; matmul floor at the peak ({peak / 1e9:.0f} GFLOP/s) "
-        f"{result['matmul_floor_s']:.3f} s\n")
+  if result["matmul_floor_s"] is not None:
+    print(f"XLA cost analysis: {result['xla_flops'] / 1e9:.1f} GFLOP (model count "
+          f"{result['model_flops'] / 1e9:.1f}), {result['xla_bytes_accessed'] / 1e9:.2f} GB "
+          f"accessed; matmul floor at the peak ({peak / 1e9:.0f} GFLOP/s) "
+          f"{result['matmul_floor_s']:.3f} s")
+  print()
   print("| part | summed s | busy s | share of summed |\n| --- | ---: | ---: | ---: |")
   for part, s in parts.most_common():
     print(f"| {part} | {s:.3f} | {busy[part]:.3f} | {s / total:.0%} |")

@@ -22,7 +22,7 @@ def define_config_flag(default: str | None = None) -> None:
       "cpu_devices", 0,
       "Split this host's CPU into N JAX devices (0: JAX's default, one), which the mesh then "
       "spans like any others. On a CPU, N=2 runs two halves of each batch side by side, so one "
-      "half's memory-bound operations overlap the other's matmuls (about 5%% faster on two "
+      "half's memory-bound operations overlap the other's matmuls (about 5% faster on two "
       "cores). Accelerators are unaffected.")
 
 

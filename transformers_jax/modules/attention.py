@@ -18,17 +18,25 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto",
            query_blocks: int = 4):
   """softmax(q k^T / sqrt(K) + masks) v, softmax in float32; q [B, T, H, K], k v [B, S, G, K].
 
-  `impl`: "fused" is `jax.nn.dot_product_attention` (a GPU takes its cuDNN kernel where it can);
-  "cudnn" insists on that kernel (an error where cuDNN cannot run it);
-  "einsum" writes the products out heads-major and, when `causal`, splits the queries into
-  `query_blocks` blocks (of at least 64 queries), each attending only the keys up to its own end,
-  so most masked scores are never computed (5/8 of the work for 4 blocks). "auto" is "fused" on
-  a GPU and "einsum" elsewhere. Attention dropout (`dropout_fn` on the weights) takes "einsum".
-  `causal` masks key j > query i (queries and keys aligned at the start).
+  `impl`: "fused" is `jax.nn.dot_product_attention` with JAX's default implementation (XLA's,
+  which computes every score and then masks); "cudnn" is the same call with cuDNN's fused kernel
+  (an error where cuDNN cannot run it); "einsum" writes the products out heads-major and, when
+  `causal`, splits the queries into `query_blocks` blocks (of at least 64 queries), each
+  attending only the keys up to its own end, so most masked scores are never computed (5/8 of
+  the work for 4 blocks). "auto" is "cudnn" on a GPU computing in bfloat16 or float16 (falling
+  back to "einsum" where cuDNN refuses the shapes or mask) and "einsum" otherwise. Attention
+  dropout (`dropout_fn` on the weights) always takes "einsum". `causal` masks key j > query i
+  (queries and keys aligned at the start).
   """
-  if impl == "auto":
-    impl = "fused" if jax.default_backend() == "gpu" else "einsum"
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
+    if impl == "auto":
+      impl = "einsum"
+      if (jax.default_backend() == "gpu" and dropout_fn is None
+          and q.dtype in (jnp.bfloat16, jnp.float16)):
+        try:
+          return _attend(q, k, v, mask, causal, None, "cudnn", query_blocks)
+        except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
+          pass
     return _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks)
 
 
