@@ -31,12 +31,11 @@ STEPS = 200
 DEPTHS = (2, 6, 12)
 WARMUPS = (0, 40)
 
-SCALE = {
-    "batch_size": 64, "seq_len": 256, "learning_rate": 1e-3, "lr_schedule": "cosine",
-    "log_every": 25, "eval_every": 500, "eval_batches": 16, "checkpoint_every": 500,
-    "sample.max_new_tokens": 0,
-    "model.d_model": 256, "model.num_heads": 8, "model.max_len": 256, "model.scan_layers": True,
-}
+SCALE = dict(COMMON, **{  # the same sweep, 4x wider, longer and bigger-batched
+    "batch_size": 64, "seq_len": 256, "learning_rate": 1e-3, "log_every": 25, "eval_every": 500,
+    "eval_batches": 16, "checkpoint_every": 500,
+    "model.d_model": 256, "model.num_heads": 8, "model.max_len": 256,
+})
 SCALE_STEPS = 2000
 SCALE_DEPTHS = (2, 6, 12, 24)
 SCALE_WARMUPS = (0, 200)

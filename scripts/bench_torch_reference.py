@@ -3,11 +3,13 @@ with scripts/bench_train.py. Optional: needs `pip install torch==2.13.0` (CPU bu
 
     python scripts/bench_torch_reference.py [--d_model 256 --layers 4 --heads 4 --seq_len 256
                                              --batch_size 16 --vocab 256 --steps 20]
+                                            [--profile]
 
 Pre-LN blocks, fused qkv projection, scaled_dot_product_attention (causal), GELU (tanh) MLP,
 tied unembedding, AdamW with weight decay on matrices and gradient clipping — the same
 computation as experiments/gpt2.py with those sizes. Uses every core (torch's default threads).
-Prints one JSON object.
+Prints one JSON object; with --profile, first torch.profiler's table of where 3 steps' time
+goes (matmuls, flash attention, GELU, norms, ...), to set beside scripts/profile_train.py.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main():
   for name, default in [("d_model", 256), ("layers", 4), ("heads", 4), ("seq_len", 256),
                         ("batch_size", 16), ("vocab", 256), ("steps", 20)]:
     p.add_argument(f"--{name}", type=int, default=default)
+  p.add_argument("--profile", action="store_true")
   a = p.parse_args()
   torch.manual_seed(0)
   model = GPT(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)
@@ -77,6 +80,12 @@ def main():
 
   for _ in range(2):
     step()
+  if a.profile:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+      for _ in range(3):
+        step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
   times = []
   for _ in range(a.steps):
     t = time.perf_counter()

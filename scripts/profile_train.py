@@ -101,12 +101,12 @@ def main(argv):
   tx = optim.make_optimizer(config)
   state, _ = create_state(c, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
   batch = parallel.put_batch(synthetic_batch(task, c, config), mesh)
-  compiled = step.lower(state, batch).compile()
+  compiled = step.lower(state, batch).compile()  # run below: the trace names its operations
   hlo = compiled.as_text()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   for _ in range(2):
-    state, m = step(state, batch)
+    state, m = compiled(state, batch)
   jax.block_until_ready(m)
 
   times = []
@@ -114,7 +114,7 @@ def main(argv):
     with jax.profiler.trace(tmp, create_perfetto_trace=True):
       for _ in range(FLAGS.steps):
         t = time.perf_counter()
-        state, m = step(state, batch)
+        state, m = compiled(state, batch)
         jax.block_until_ready((state, m))
         times.append(time.perf_counter() - t)
     trace_file = glob.glob(f"{tmp}/**/*.trace.json.gz", recursive=True)[0]
@@ -122,20 +122,23 @@ def main(argv):
       events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
 
   lines, bodies = instructions(hlo), computations(hlo)
-  by_op = collections.Counter()
+  label = {}  # operation -> (part, kind)
+  by_op, parts, kinds, counts = (collections.Counter() for _ in range(4))
   spans = collections.defaultdict(list)  # part or kind -> [(start, end)] of its operations
   for e in events:
-    if e["name"] in lines:  # one operation (thunk) of the compiled step
-      by_op[e["name"]] += e["dur"] * 1e-6 / FLAGS.steps
-      part, kind = classify(lines[e["name"]], bodies)
-      for key in (part, kind, "all"):
-        spans[key].append((e["ts"], e["ts"] + e["dur"]))
-  busy = {key: covered(v) * 1e-6 / FLAGS.steps for key, v in spans.items()}
-  parts, kinds = collections.Counter(), collections.Counter()
-  for op, seconds in by_op.items():
-    part, kind = classify(lines[op], bodies)
+    if e["name"] not in lines:  # not an operation (thunk) of the compiled step
+      continue
+    if e["name"] not in label:
+      label[e["name"]] = classify(lines[e["name"]], bodies)
+    part, kind = label[e["name"]]
+    seconds = e["dur"] * 1e-6 / FLAGS.steps
+    by_op[e["name"]] += seconds
     parts[part] += seconds
     kinds[kind] += seconds
+    counts[part] += 1 / FLAGS.steps
+    for key in (part, kind, "all"):
+      spans[key].append((e["ts"], e["ts"] + e["dur"]))
+  busy = {key: covered(v) * 1e-6 / FLAGS.steps for key, v in spans.items()}
   total = sum(by_op.values())
   if not total:
     raise cli.UserError("no operation of the compiled step was found in the profiler's trace: "
@@ -153,7 +156,10 @@ def main(argv):
       "tokens_per_s": tokens / step_s,
       "operations_s": total,
       "busy_s": busy["all"],
+      "idle_s": step_s - busy["all"],
+      "operations_per_step": round(sum(counts.values())),
       "parts_s": dict(parts.most_common()),
+      "parts_operations_per_step": {p: round(n) for p, n in counts.items()},
       "parts_busy_s": {p: busy[p] for p in parts},
       "kinds_s": dict(kinds.most_common()),
       "kinds_busy_s": {k: busy[k] for k in kinds},
@@ -163,7 +169,7 @@ def main(argv):
       "peak_flops_per_s": peak, "peak_source": peak_source,
       "matmul_floor_s": cost.get("flops") / peak if peak and cost.get("flops") else None,
       "top_operations": [
-          {"op": op, "s": s, "part": classify(lines[op], bodies)[0],
+          {"op": op, "s": s, "part": label[op][0],
            "hlo": re.sub(r",? ?metadata=.*", "", lines[op])[:120]}
           for op, s in by_op.most_common(12)],
   }
@@ -171,18 +177,21 @@ def main(argv):
     print(json.dumps(result, indent=1))
     return
   print(f"step {step_s:.3f} s (median of {FLAGS.steps}), {tokens / step_s:,.0f} tokens/s; "
-        f"operations {total:.3f} s summed, some operation running {busy['all']:.3f} s")
+        f"{result['operations_per_step']:,} operations, {total:.3f} s summed; some operation "
+        f"running {busy['all']:.3f} s, a matmul {busy.get('matmul', 0.0):.3f} s, nothing "
+        f"{result['idle_s']:.3f} s")
   if result["matmul_floor_s"] is not None:
     print(f"XLA cost analysis: {result['xla_flops'] / 1e9:.1f} GFLOP (model count "
           f"{result['model_flops'] / 1e9:.1f}), {result['xla_bytes_accessed'] / 1e9:.2f} GB "
           f"accessed; matmul floor at the peak ({peak / 1e9:.0f} GFLOP/s) "
           f"{result['matmul_floor_s']:.3f} s")
   print()
-  print("| part | summed s | busy s | share of summed |\n| --- | ---: | ---: | ---: |")
+  print("| part | operations | summed s | busy s | share of summed |\n"
+        "| --- | ---: | ---: | ---: | ---: |")
   for part, s in parts.most_common():
-    print(f"| {part} | {s:.3f} | {busy[part]:.3f} | {s / total:.0%} |")
+    print(f"| {part} | {counts[part]:.0f} | {s:.3f} | {busy[part]:.3f} | {s / total:.0%} |")
   for kind, s in kinds.most_common():
-    print(f"| all {kind} operations | {s:.3f} | {busy[kind]:.3f} | {s / total:.0%} |")
+    print(f"| all {kind} operations | | {s:.3f} | {busy[kind]:.3f} | {s / total:.0%} |")
   print("\n| operation | seconds | part | HLO |\n| --- | ---: | --- | --- |")
   for row in result["top_operations"]:
     print(f"| {row['op']} | {row['s']:.4f} | {row['part']} | `{row['hlo']}` |")

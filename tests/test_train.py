@@ -254,3 +254,23 @@ def test_gpu_benchmark_refuses_a_cpu_and_runs_its_presets_with_allow_cpu(tmp_pat
   assert (run["preset"], run["dtype"], run["batch_size"], run["seq_len"]) == (
       "tiny", "bfloat16", 2, 32)
   assert run["tokens_per_s"] > 0 and "gpt2 tiny:" in tried.stdout
+
+
+def test_profile_attributes_every_operation_of_the_step():
+  """scripts/profile_train.py on a tiny step: every part's busy time is at most its summed time,
+  the parts sum to the whole, and the attention core is found by its named scope."""
+  out = subprocess.run(
+      [sys.executable, str(ROOT / "scripts/profile_train.py"), "--json", "--steps=2",
+       "--config.batch_size=2", "--config.seq_len=32"],
+      capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  r = json.loads(out.stdout[out.stdout.index("{"):])
+  assert r["model"]["batch_size"] == 2 and r["model"]["seq_len"] == 32  # overrides kept
+  parts = r["parts_s"]
+  assert {"attention core", "feed-forward", "norms"} <= set(parts)
+  assert math.isclose(sum(parts.values()), r["operations_s"], rel_tol=1e-6)
+  for part, busy in r["parts_busy_s"].items():
+    assert busy <= parts[part] * (1 + 1e-6)
+  assert r["busy_s"] <= r["operations_s"] * (1 + 1e-6) and r["operations_per_step"] > 0
+  assert 0.5 < r["xla_flops"] / r["model_flops"] < 1.5  # XLA also counts elementwise work
+  assert math.isclose(r["matmul_floor_s"], r["xla_flops"] / r["peak_flops_per_s"])
