@@ -14,7 +14,7 @@ from transformers_jax.config import preset_config
 
 GPT2 = dict(family="decoder", vocab_size=50257, max_len=1024, positions="learned",
             norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
-            tie_embeddings=True, use_bias=True, dropout=0.1)
+            tie_embeddings=True, use_bias=True, dropout=0.1, vocab_multiple=128)
 SOURCE = "released GPT-2 checkpoints (Radford et al. 2019)"
 
 PRESETS = {

@@ -15,7 +15,9 @@ d_ff = 4 * d_model, vocabulary 50,257, tied unembedding. Two places where the ta
 multiply out: XL lists 24 heads of 128 (3,072 != 2,048; that would give 1.52B, not 1.3B), so
 this preset uses 16 heads of 128; 13B lists d_model 5,140 with 40 heads of 128, kept as written
 through `head_dim=128` (attention width 5,120 inside a 5,140-wide stream). The paper's alternating
-locally banded sparse attention is not modelled: every layer is dense. Layers are scanned so
+locally banded sparse attention is not modelled: every layer is dense. The embedding table holds
+50,304 rows (`vocab_multiple=128`, as Megatron pads it) so the vocabulary splits over up to 128
+tensor-parallel chips; counts and conversions see the 50,257 real ones. Layers are scanned so
 that counting 175B with eval_shape takes seconds.
 """
 
@@ -23,7 +25,7 @@ from transformers_jax.config import preset_config
 
 GPT3 = dict(family="decoder", vocab_size=50257, max_len=2048, positions="learned",
             norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
-            tie_embeddings=True, use_bias=True, scan_layers=True)
+            tie_embeddings=True, use_bias=True, scan_layers=True, vocab_multiple=128)
 SOURCE = "GPT-3 paper, Table 2.1 (nominal size)"
 
 PRESETS = {

@@ -73,7 +73,7 @@ def all_presets():
 @pytest.mark.parametrize("file,preset", list(all_presets()))
 def test_every_preset_analytic_equals_eval_shape(experiment, file, preset):
   c = ModelConfig.from_dict(experiment(file, preset).model)
-  assert counting.tree_breakdown(param_shapes(c)) == counting.analytic_breakdown(c)
+  assert counting.tree_breakdown(param_shapes(c), c) == counting.analytic_breakdown(c)
 
 
 def random_config(rng: random.Random) -> ModelConfig:
@@ -107,7 +107,7 @@ def random_config(rng: random.Random) -> ModelConfig:
 @pytest.mark.parametrize("seed", range(40))
 def test_random_configs_analytic_equals_eval_shape(seed):
   c = random_config(random.Random(seed))
-  assert counting.tree_breakdown(param_shapes(c)) == counting.analytic_breakdown(c), c
+  assert counting.tree_breakdown(param_shapes(c), c) == counting.analytic_breakdown(c), c
 
 
 def test_gpt2_small_shares_match_the_lesson(experiment):

@@ -44,6 +44,11 @@ class ModelConfig:
   head_dim: int | None = None  # per-head width (K); None = d_model // num_heads
   d_ff: int | None = None  # feed-forward hidden width (F); None = 4 * d_model
   vocab_size: int = 256  # token vocabulary (V); unused by vit
+  # Embedding rows and logits are padded to a multiple of this, so that the vocabulary splits
+  # evenly over tensor-parallel devices (Megatron and nanoGPT pad GPT-2's 50,257 to 50,304 with
+  # 128). Padded ids never occur: their logits are masked out, and parameter counts, Hugging
+  # Face conversion and decoding see V rows only.
+  vocab_multiple: int = 1
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
   positions: str = "learned"  # sinusoidal | learned | rope | none
@@ -86,6 +91,11 @@ class ModelConfig:
   @property
   def kv_heads(self) -> int:
     return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+  @property
+  def padded_vocab(self) -> int:
+    """Rows of the embedding table and width of the logits: V rounded up to vocab_multiple."""
+    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
   @property
   def head_width(self) -> int:
@@ -182,7 +192,8 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "pool", POOLS)
   if c.head and c.head not in HEADS[c.family]:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
-  for field in ("num_layers", "d_model", "num_heads", "max_len", "attention_query_blocks"):
+  for field in ("num_layers", "d_model", "num_heads", "max_len", "attention_query_blocks",
+                "vocab_multiple"):
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
   for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):

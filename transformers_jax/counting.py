@@ -55,14 +55,32 @@ def _paths(tree):
     yield tuple(jax.tree_util.keystr(keypath, simple=True, separator="/").split("/")), leaf
 
 
-def tree_breakdown(tree) -> dict[str, int]:
-  """Parameter counts per component of a (shape) tree; also `blocks`, everything in the stacks."""
+def vocab_padding(cfg) -> dict[str, int]:
+  """Parameters in the rows that pad the vocabulary to `vocab_multiple` (no token uses them),
+  per component: what counts leave out."""
+  c = as_model_config(cfg)
+  extra = c.padded_vocab - c.vocab_size
+  if not extra or c.family == "vit":
+    return {}
+  embedders = 2 if (c.family == "encoder_decoder" and not c.share_embeddings) else 1
+  head = (0 if c.tie_embeddings else extra * c.d_model) + (extra if c.head_kind == "mlm" else 0)
+  out = {"token_embedding": embedders * extra * c.d_model}
+  if head and c.head_kind in ("lm", "mlm"):
+    out["head"] = head
+  return out
+
+
+def tree_breakdown(tree, cfg=None) -> dict[str, int]:
+  """Parameter counts per component of a (shape) tree; also `blocks`, everything in the stacks.
+  With the tree's `cfg`, rows that only pad the vocabulary are left out."""
   counts = collections.Counter()
   for path, leaf in _paths(tree):
     n = math.prod(leaf.shape)
     counts[component_of(path)] += n
     if path[0] in STACKS:
       counts["blocks"] += n
+  for component, n in (vocab_padding(cfg) if cfg is not None else {}).items():
+    counts[component] -= n
   return dict(counts)
 
 
@@ -146,8 +164,10 @@ def analytic_count(cfg, active: bool = False) -> int:
 
 
 def count(cfg) -> int:
-  """Total parameters by `jax.eval_shape` of the model's init: nothing is allocated."""
-  return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(param_shapes(cfg)))
+  """Total parameters by `jax.eval_shape` of the model's init (nothing is allocated), less the
+  rows that only pad the vocabulary."""
+  stored = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(param_shapes(cfg)))
+  return stored - sum(vocab_padding(cfg).values())
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -178,7 +198,7 @@ def summary(config) -> dict:
   """Everything `python -m transformers_jax.params` prints, for a full experiment config."""
   c = as_model_config(config.model)
   shapes = param_shapes(c)
-  parts = tree_breakdown(shapes)
+  parts = tree_breakdown(shapes, c)
   total = sum(v for k, v in parts.items() if k != "blocks")
   published = config.get("published", {})
   seq = config.get("seq_len", 0) or c.seq_len_max

@@ -41,6 +41,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),  # logits: split over the vocabulary like the unembedding
 )
 
 
@@ -54,6 +55,7 @@ PRESETS = {
 def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
   """`mesh.preset` names a layout; axis sizes given beside it (other than 1) override it."""
   axes = dict(axes)
+  axes.pop("topology", None)  # which devices, not how they are split (see train/compile.py)
   preset = axes.pop("preset", "") or ""
   if not preset:
     return axes
@@ -90,9 +92,20 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
-  devices = jax.devices() if devices is None else devices
+  """The mesh over `devices` (default: all of them), laid onto the physical topology: on TPUs
+  each mesh axis takes whole torus axes where it can (so its collectives ride neighbouring
+  links), splitting a physical axis only where the sizes require it."""
+  devices = jax.devices() if devices is None else list(devices)
   sizes = mesh_shape(axes, len(devices))
-  array = np.asarray(devices).reshape(tuple(sizes[a] for a in MESH_AXES))
+  shape = tuple(sizes[a] for a in MESH_AXES)
+  from jax.experimental import mesh_utils
+  try:
+    array = mesh_utils.create_device_mesh(shape, devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    try:
+      array = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    except (ValueError, NotImplementedError, AssertionError):  # no physical layout known
+      array = np.asarray(devices).reshape(shape)
   return Mesh(array, MESH_AXES)
 
 

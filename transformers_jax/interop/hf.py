@@ -630,6 +630,9 @@ def save_hf(directory, model, params, architecture: str | None = None,
   _check_exportable(c, architecture)
   params = params.get("params", params) if "params" in params and len(params) == 1 else params
   flat = {p: np.asarray(v) for p, v in _flat_arrays(scan_to_loop(nn.unbox(params))).items()}
+  if c.padded_vocab != c.vocab_size:  # Hugging Face holds the V real rows only
+    flat = _unpad_vocab(flat, c)
+    c = c.replace(vocab_multiple=1)
   expected = _expected_shapes(c)
   missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
   if missing:
@@ -655,6 +658,19 @@ def save_hf(directory, model, params, architecture: str | None = None,
   (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
   save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
   return architecture
+
+
+def _unpad_vocab(flat: Mapping[tuple[str, ...], np.ndarray], c: ModelConfig) -> dict:
+  """Drop the rows that pad the vocabulary to `vocab_multiple`: the token embedding's first
+  axis, an untied unembedding's last, the MLM output bias."""
+  out = {}
+  for path, array in flat.items():
+    if "token_embed" in path and array.shape[:1] == (c.padded_vocab,):
+      array = array[:c.vocab_size]
+    elif path[0] in ("lm_head", "mlm_decoder", "mlm_bias") and array.shape[-1] == c.padded_vocab:
+      array = array[..., :c.vocab_size]
+    out[path] = array
+  return out
 
 
 def _flat_arrays(tree, prefix=()) -> dict[tuple[str, ...], Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+from flax import linen as nn
 
 from transformers_jax.modules.common import dense
 
@@ -31,11 +32,29 @@ def padding_mask(query_mask, key_mask=None):
   return keys.astype(bool)[:, None, None, :]
 
 
-def lm_logits(cfg, embedder, x, name="lm_head"):
-  """Tied (x E^T) or separate unembedding; logits in float32 for the loss."""
+def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
+  """Tied (x E^T) or separate unembedding (+ `bias` [V padded]), in float32 for the loss, kept
+  split over the batch (and the vocabulary over `tensor`), padded ids masked out."""
   if cfg.tie_embeddings:
     logits = embedder.attend(x)
   else:
-    logits = dense(cfg, cfg.vocab_size, -1, ("embed", "vocab"), ("vocab",), name,
+    logits = dense(cfg, cfg.padded_vocab, -1, ("embed", "vocab"), ("vocab",), name,
                    use_bias=False)(x)
-  return logits.astype(jnp.float32)
+  logits = logits.astype(jnp.float32)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
+  return mask_padded_vocab(cfg, logits)
+
+
+# The logit of a padded vocabulary row: exp() of it is exactly 0 in float32, and it stays finite
+# (unlike -inf) so sums over the vocabulary, as label smoothing takes, stay finite.
+PADDED_LOGIT = -1e9
+
+
+def mask_padded_vocab(cfg, logits):
+  """logits [..., V padded] with the rows past vocab_size set to PADDED_LOGIT."""
+  if cfg.padded_vocab == cfg.vocab_size:
+    return logits
+  real = jnp.arange(cfg.padded_vocab) < cfg.vocab_size
+  return jnp.where(real, logits, jnp.asarray(PADDED_LOGIT, logits.dtype))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.base import check_length, default_positions, padding_mask
+from transformers_jax.models.base import (check_length, default_positions, mask_padded_vocab,
+                                          padding_mask)
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.common import dense
 from transformers_jax.modules.embed import Embedder
@@ -36,7 +37,7 @@ class EncoderDecoder(nn.Module):
       self.encoder_norm = Norm(c)
       self.decoder_norm = Norm(c)
     if not c.tie_embeddings:
-      self.lm_head = dense(c, c.vocab_size, -1, ("embed", "vocab"), ("vocab",), None,
+      self.lm_head = dense(c, c.padded_vocab, -1, ("embed", "vocab"), ("vocab",), None,
                            use_bias=False)
     if self.decode:
       self.position = DecodeCounter()
@@ -63,7 +64,9 @@ class EncoderDecoder(nn.Module):
     if c.has_final_norm:
       x = self.decoder_norm(x)
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)
-    return {"hidden": x, "logits": logits.astype(jnp.float32)}
+    logits = nn.with_logical_constraint(logits.astype(jnp.float32),
+                                        ("act_batch", "act_length", "act_vocab"))
+    return {"hidden": x, "logits": mask_padded_vocab(c, logits)}
 
   def __call__(self, src, tgt, src_mask=None, tgt_mask=None):
     return self.decode_logits(self.encode(src, src_mask), tgt, src_mask, tgt_mask)

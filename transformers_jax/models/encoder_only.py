@@ -49,6 +49,7 @@ class EncoderOnly(nn.Module):
       act = activation("gelu" if c.gated else c.activation)
       h = act(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "mlm_transform")(x))
       h = Norm(c, name="mlm_norm")(h)
-      bias = self.param("mlm_bias", zeros(("vocab",)), (c.vocab_size,), dtype_of(c.param_dtype))
-      out["logits"] = lm_logits(c, embedder, h, name="mlm_decoder") + bias
+      bias = self.param("mlm_bias", zeros(("vocab",)), (c.padded_vocab,),
+                        dtype_of(c.param_dtype))
+      out["logits"] = lm_logits(c, embedder, h, name="mlm_decoder", bias=bias)
     return out

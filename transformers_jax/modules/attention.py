@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.modules.common import DenseWeights, dense, fused_dense
+from transformers_jax.modules.common import DenseWeights, fused_dense
 from transformers_jax.modules.positions import apply_rope
 
 
@@ -167,7 +167,10 @@ class Attention(nn.Module):
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
         out = attend(q, k, v, mask, self.causal and not is_cross, dropout_fn,
                      c.attention_impl, c.attention_query_blocks)
-    return dense(c, D, (-2, -1), ("heads", "head_dim", "embed"), ("embed",), "out")(out)
+    kernel, bias = DenseWeights(c, (D,), ("heads", "head_dim", "embed"), ("embed",),
+                                name="out")((H, K))
+    y = jnp.einsum("bthk,hkd->btd", out.astype(kernel.dtype), kernel)
+    return y if bias is None else y + bias
 
   def _cross_cached(self, project, context):
     """The context's keys/values [B, G, S, K]: projected by the first decode call, then reused

@@ -53,10 +53,11 @@ def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None):
 
 
 class DenseWeights(nn.Module):
-  """The kernel [D, *features] and bias [*features] that `dense(cfg, features, -1, ...)` of the
-  same name would hold (same shapes, initial values, logical names and parameter paths),
-  returned in the compute dtype instead of applied, so that projections of one input can run as
-  one matmul (`fused_dense`). Called with the input width D."""
+  """The kernel [*in_shape, *features] and bias [*features] that `nn.DenseGeneral` of the same
+  name would hold (same shapes, initial values, logical names and parameter paths), returned in
+  the compute dtype instead of applied: projections of one input then run as one matmul
+  (`fused_dense`), and a kernel over several input axes (attention's [H, K, D] output) keeps its
+  logical names whole. Called with the input shape it contracts (an int for one axis)."""
 
   cfg: "ModelConfig"  # noqa: F821
   features: tuple[int, ...]
@@ -64,19 +65,20 @@ class DenseWeights(nn.Module):
   bias_names: tuple[str | None, ...]
 
   @nn.compact
-  def __call__(self, width: int):
+  def __call__(self, in_shape):
     c = self.cfg
-    n_out = int(np.prod(self.features))
+    in_shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(self.features))
 
     def as_dense_general(init, flat_shape):  # nn.DenseGeneral draws the 2-D view, then reshapes
       def wrapped(rng, shape, dtype):
-        value = init(rng, flat_shape, dtype)
-        return nn.meta.replace_boxed(value, jnp.reshape(nn.meta.unbox(value), shape))
+        value = init(rng, flat_shape, dtype)  # boxed with the names of the unflattened shape
+        return value.replace(value=jnp.reshape(value.value, shape))
       return wrapped
 
     kernel = self.param("kernel", as_dense_general(normal(c.init_std, self.kernel_names),
-                                                   (width, n_out)),
-                        (width, *self.features), dtype_of(c.param_dtype))
+                                                   (n_in, n_out)),
+                        (*in_shape, *self.features), dtype_of(c.param_dtype))
     bias = None
     if c.use_bias:
       bias = self.param("bias", as_dense_general(zeros(self.bias_names), (n_out,)),

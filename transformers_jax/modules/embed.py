@@ -25,7 +25,7 @@ class Embedder(nn.Module):
     c = self.cfg
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
     self.token_embed = nn.Embed(
-        c.vocab_size, c.d_model, dtype=dt, param_dtype=pdt,
+        c.padded_vocab, c.d_model, dtype=dt, param_dtype=pdt,
         embedding_init=normal(c.init_std, ("vocab", "embed")))
     if c.positions == "learned":
       self.pos_embed = nn.Embed(

@@ -7,6 +7,8 @@ Running the same command again resumes from the latest checkpoint in --workdir. 
 --compile_only it only compiles the step and reports per-device memory and FLOPs.
 """
 
+import sys
+
 from absl import flags
 
 from transformers_jax import cli
@@ -31,9 +33,19 @@ def main(argv):
   parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                   FLAGS.process_id)
   if FLAGS.compile_only:
-    from transformers_jax.train.compile import report
-    report(FLAGS.config)
+    from transformers_jax.train import compile as compile_step
+    try:
+      compile_step.report(FLAGS.config)
+    except compile_step.OutOfMemory:
+      print("error: the step does not fit in device memory: shard more (a larger "
+            "--config.mesh.fsdp, or --config.mesh.tensor for heads and d_ff), recompute "
+            "activations (--config.model.remat=full), or lower the per-chip batch "
+            "(--config.batch_size, --config.grad_accum_steps)", file=sys.stderr)
+      sys.exit(3)
     return
+  if FLAGS.config.mesh.topology:
+    raise cli.UserError(f"mesh.topology={FLAGS.config.mesh.topology!r} only describes hardware "
+                        "to compile for: use it with --compile_only, or set it to '' to train")
   if not FLAGS.workdir:
     raise cli.UserError("--workdir is required: where the run's files go (e.g. runs/x)")
   from transformers_jax.train.loop import train

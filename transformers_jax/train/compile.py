@@ -4,15 +4,19 @@ report what XLA says it needs per device (memory) and costs (FLOPs) — before a
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import jax
 import numpy as np
 
-from transformers_jax import counting, parallel
+from transformers_jax import counting, hardware, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import optim
 from transformers_jax.train.step import abstract_state, make_train_step, state_shardings
 from transformers_jax.train.tasks import task_name
+
+GIB = hardware.GIB
 
 
 def batch_shapes(task: str, model_cfg: ModelConfig, config) -> dict:
@@ -51,12 +55,19 @@ def synthetic_batch(task: str, model_cfg, config) -> dict:
   return out
 
 
-def build_step(config):
+def devices_for(config) -> list:
+  """The devices the mesh spans: a TPU topology's (compiled for, never run) when
+  `mesh.topology` names one, else this host's."""
+  topology = config.mesh.get("topology", "")
+  return hardware.topology_devices(topology) if topology else jax.devices()
+
+
+def build_step(config, devices=None):
   """Everything a train step needs, from the config alone: (step fn, abstract state, shardings,
   model config, mesh, task name). Nothing is allocated."""
   model_cfg = ModelConfig.from_dict(config.model)
   task = task_name(model_cfg)
-  mesh = parallel.make_mesh(config.mesh.to_dict())
+  mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
   rules = parallel.rules(config.rules.to_dict())
   tx = optim.make_optimizer(config)
   abstract, shardings = state_shardings(model_cfg, tx, mesh, rules, config.seed)
@@ -65,40 +76,106 @@ def build_step(config):
   return step, abstract, shardings, model_cfg, mesh, task
 
 
-def compile_train_step(config):
-  """(compiled step, model config, mesh) from shapes alone: no parameter is allocated."""
-  step, abstract, shardings, model_cfg, mesh, task = build_step(config)
+def lower_train_step(config, devices=None):
+  """(lowered step, model config, mesh) from shapes alone: no parameter is allocated."""
+  step, abstract, shardings, model_cfg, mesh, task = build_step(config, devices)
   data = parallel.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
            for k, (shape, dtype) in batch_shapes(task, model_cfg, config).items()}
-  compiled = step.lower(abstract_state(abstract, shardings), batch).compile()
-  return compiled, model_cfg, mesh
+  return step.lower(abstract_state(abstract, shardings), batch), model_cfg, mesh
 
 
-def report(config) -> dict:
-  compiled, model_cfg, mesh = compile_train_step(config)
+def compile_train_step(config, devices=None):
+  """(compiled step, model config, mesh) from shapes alone: no parameter is allocated."""
+  lowered, model_cfg, mesh = lower_train_step(config, devices)
+  return lowered.compile(), model_cfg, mesh
+
+
+class OutOfMemory(Exception):
+  """The compiler refused the step for memory; `report` holds what is known."""
+
+  def __init__(self, report: dict):
+    super().__init__(report.get("compiler_message", "out of memory"))
+    self.report = report
+
+
+_SIZE = re.compile(r"Used ([0-9.]+)([KMGTP]?)i?B? of ([0-9.]+)([KMGTP]?)i?B? (\w+)")
+
+
+def _bytes(number: str, unit: str) -> float:
+  return float(number) * 1024 ** " KMGTP".index(unit or " ")
+
+
+def _refusal(error: Exception) -> dict | None:
+  """What the compiler said when it refused a step for memory, or None for other errors."""
+  text = str(error)
+  if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+    return None
+  out = {"compiler_message": next((line.strip() for line in text.splitlines()
+                                   if "memory" in line.lower()), text.splitlines()[0])[:400]}
+  found = _SIZE.search(text)
+  if found:
+    out["per_device_peak_estimate_gib"] = _bytes(*found.group(1, 2)) / GIB
+    out["compiler_capacity_gib"] = _bytes(*found.group(3, 4)) / GIB
+  return out
+
+
+def report(config, devices=None, verbose: bool = True) -> dict:
+  """Compile the train step (for `mesh.topology` when set) and describe it as one dict: XLA's
+  per-device memory and FLOPs, the model's FLOPs, and for known chips whether it fits.
+  Raises OutOfMemory (carrying the same dict, `fits: false`) when the compiler refuses."""
+  topology = config.mesh.get("topology", "")
+  devices = devices_for(config) if devices is None else devices
+  kind = devices[0].device_kind
+  chip = hardware.chip_for_topology(topology) if topology else hardware.chip_for_kind(kind)
+  model_cfg = ModelConfig.from_dict(config.model)
+  tokens = config.batch_size * (config.seq_len if model_cfg.family != "vit"
+                                else model_cfg.seq_len_max)
+  out = {"topology": topology or None, "chips": hardware.chips_of(devices),
+         "devices": len(devices), "device_kind": kind, "params": counting.count(model_cfg),
+         "batch_size": config.batch_size,
+         "tokens_per_step": tokens,
+         "hbm_gib": chip.hbm_gib if chip else None}
+  start = time.perf_counter()
+  try:
+    lowered, model_cfg, mesh = lower_train_step(config, devices)
+    out["mesh"] = dict(mesh.shape)
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - only the compiler's memory refusal is ours to report
+    refusal = _refusal(e)
+    if refusal is None:
+      raise
+    out.update(refusal, fits=False, compile_s=round(time.perf_counter() - start, 2))
+    if chip:
+      out["headroom_gib"] = chip.hbm_gib - out.get("per_device_peak_estimate_gib", float("inf"))
+    if verbose:
+      print(json.dumps(out, indent=1))
+    raise OutOfMemory(out) from None
+  out["compile_s"] = round(time.perf_counter() - start, 2)
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  gib = 1024 ** 3
-  out = {"mesh": dict(mesh.shape), "devices": jax.device_count(),
-         "device": jax.devices()[0].device_kind, "params": counting.count(model_cfg)}
   if mem is not None:
     out.update({
-        "per_device_argument_gib": mem.argument_size_in_bytes / gib,
-        "per_device_output_gib": mem.output_size_in_bytes / gib,
-        "per_device_temp_gib": mem.temp_size_in_bytes / gib,
-        "per_device_generated_code_gib": mem.generated_code_size_in_bytes / gib,
-        "per_device_alias_gib": mem.alias_size_in_bytes / gib,
+        "per_device_argument_gib": mem.argument_size_in_bytes / GIB,
+        "per_device_output_gib": mem.output_size_in_bytes / GIB,
+        "per_device_temp_gib": mem.temp_size_in_bytes / GIB,
+        "per_device_generated_code_gib": mem.generated_code_size_in_bytes / GIB,
+        "per_device_alias_gib": mem.alias_size_in_bytes / GIB,
     })
     out["per_device_peak_estimate_gib"] = (
         mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes) / gib
+        + mem.temp_size_in_bytes) / GIB
+    if chip:
+      out["fits"] = out["per_device_peak_estimate_gib"] <= chip.hbm_gib
+      out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   if cost:
     out["xla_flops_per_device_per_step"] = float(cost.get("flops", 0.0))
-  tokens = config.batch_size * (config.seq_len if model_cfg.family != "vit"
-                                else model_cfg.seq_len_max)
   out["model_flops_per_step"] = counting.flops_per_token(
       model_cfg, config.seq_len if model_cfg.family != "vit" else None) * tokens
-  print(json.dumps(out, indent=1))
+  if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement
+    out["step_s_at_50pct_mfu"] = out["model_flops_per_step"] / (
+        0.5 * chip.bf16_flops * out["chips"])
+  if verbose:
+    print(json.dumps(out, indent=1))
   return out

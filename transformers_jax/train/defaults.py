@@ -41,8 +41,10 @@ def training_fields() -> ml_collections.ConfigDict:
   c.data.max_number = 99_999  # numbers task: largest number translated
   c.data.direction = "digits_to_words"  # numbers task: digits_to_words | words_to_digits
   # device mesh: axis sizes (-1 = the rest) or a preset: data | fsdp | fsdp_tensor
+  # topology: with --compile_only, a TPU topology to compile for instead of this host's devices
+  # (e.g. v5p:4x4x4, v5e:16x16; needs the `tpu` extra), "" = this host's devices
   c.mesh = ml_collections.ConfigDict(
-      {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1})
+      {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1, "topology": ""})
   c.rules = ml_collections.ConfigDict()  # logical-axis rule overrides, e.g. {"embed": ""}
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)

@@ -89,7 +89,9 @@ def make_loss_fn(task: str, model_cfg, label_smoothing: float, moe_aux_weight: f
   def loss_fn(params, batch, rng):
     (logits, targets, weights), state = model_outputs(
         task, train_model, {"params": params}, batch, {"dropout": rng}, ["losses"])
-    sums = cross_entropy(logits, targets, weights, label_smoothing)
+    padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
+    sums = cross_entropy(logits, targets, weights, label_smoothing,
+                         model_cfg.vocab_size if padded else None)
     objective = sums["loss"]
     if moe:
       aux = sum(jnp.sum(a) for a in jax.tree_util.tree_leaves(state["losses"]))
@@ -139,7 +141,9 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
     return new, metrics
 
   def run(state, batch):
-    with nn.logical_axis_rules(rule_table):
+    # The mesh in context makes the model's logical activation constraints bind (flax drops
+    # them silently without one), so activations stay split over the batch axes.
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
       return step(state, batch)
 
   return jax.jit(run, in_shardings=(shardings, parallel.batch_sharding(mesh)),
@@ -151,7 +155,7 @@ def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
   model = build_model(model_cfg)
 
   def evaluate(params, batch):
-    with nn.logical_axis_rules(rule_table):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
       (logits, targets, weights), state = model_outputs(
           task, model, {"params": params}, batch, {}, ["intermediates"])
     return cross_entropy(logits, targets, weights), state["intermediates"]

@@ -53,13 +53,26 @@ class Task:
 
 
 # ----------------------------------------------------------------------------- losses
-def cross_entropy(logits, targets, weights, label_smoothing: float = 0.0) -> dict:
-  """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+def cross_entropy(logits, targets, weights, label_smoothing: float = 0.0,
+                  num_classes: int | None = None) -> dict:
+  """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight.
+
+  Written as reductions over the class axis (log-sum-exp, a one-hot product) rather than a
+  gather, so logits split over the vocabulary (`tensor`) are never gathered whole.
+  `num_classes`: the real classes when the last axis is padded (padded logits are masked by
+  the model); label smoothing spreads over the real ones only.
+  """
+  logits = logits.astype(jnp.float32)
+  n = logits.shape[-1]
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  one_hot = jax.nn.one_hot(targets, n, dtype=jnp.float32)
+  nll = lse - jnp.sum(logits * one_hot, axis=-1)
   loss = nll
   if label_smoothing:
-    loss = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(logp, axis=-1)
+    real = num_classes or n
+    mean_logit = (jnp.sum(logits * (jnp.arange(n) < real), axis=-1) / real if real < n
+                  else jnp.mean(logits, axis=-1))
+    loss = (1.0 - label_smoothing) * nll - label_smoothing * (mean_logit - lse)
   w = weights.astype(jnp.float32)
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
   return {"loss": jnp.sum(loss * w), "nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w),

@@ -1,0 +1,88 @@
+"""Accelerator data sheets: peak dense bf16 FLOP/s and memory per chip, matched against the
+`device_kind` strings JAX reports, and TPU topologies to compile for without the hardware.
+
+One table: MFU (train/metrics.py), `--compile_only` and scripts/plan_scale.py all read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  name: str  # what people call it: "TPU v5p", "H100"
+  device_kind: str  # what `jax.Device.device_kind` reports for it
+  bf16_flops: float  # dense (no sparsity) bf16 peak FLOP/s per chip, from the data sheet
+  hbm_gib: float  # memory per chip, from the data sheet
+  topology_prefix: str = ""  # TPU generation as jax.experimental.topologies names it
+
+
+# Most specific device_kind first: "TPU v5 lite" (v5e) must match before "TPU v5" (v5p).
+CHIPS = (
+    Chip("TPU v5e", "TPU v5 lite", 197e12, 16, "v5e"),
+    Chip("TPU v6e", "TPU v6 lite", 918e12, 32, "v6e"),
+    Chip("TPU v5p", "TPU v5", 459e12, 95, "v5p"),
+    Chip("TPU v4", "TPU v4", 275e12, 32, "v4"),
+    Chip("H200", "H200", 989e12, 141),
+    Chip("H100", "H100", 989e12, 80),
+    Chip("B200", "B200", 2250e12, 180),
+    Chip("A100", "A100", 312e12, 80),
+    Chip("V100", "V100", 125e12, 32),
+)
+
+
+def chip_for_kind(device_kind: str) -> Chip | None:
+  """The data-sheet entry for a reported device_kind ("TPU v5 lite", "NVIDIA H100 80GB HBM3"),
+  or None when the kind is not in the table."""
+  kind = device_kind.lower()
+  for chip in CHIPS:
+    want = chip.device_kind.lower()
+    if chip.topology_prefix:  # TPU kinds: exact, so "TPU v5" does not claim "TPU v5 lite"
+      if kind == want:
+        return chip
+    elif want in kind:
+      return chip
+  return None
+
+
+def chip_for_topology(topology: str) -> Chip:
+  """The chip of a TPU topology name such as "v5p:4x4x4" or "v5e:2x2"."""
+  prefix = topology.split(":")[0].lower()
+  for chip in CHIPS:
+    if chip.topology_prefix and chip.topology_prefix == prefix:
+      return chip
+  names = ", ".join(c.topology_prefix for c in CHIPS if c.topology_prefix)
+  raise ValueError(f"mesh.topology={topology!r}: unknown TPU generation {prefix!r}; use one of "
+                   f"{names} with a shape, e.g. v5p:4x4x4 or v5e:2x2")
+
+
+def topology_devices(topology: str) -> list:
+  """The devices of a TPU topology, from libtpu's compiler, on any host (no TPU needed)."""
+  chip_for_topology(topology)
+  if ":" not in topology:
+    raise ValueError(f"mesh.topology={topology!r}: give the chip shape too, e.g. "
+                     f"{topology}:2x2 (v5e, v6e) or {topology}:4x4x4 (v4, v5p)")
+  import os
+  # libtpu looks for a TPU VM's metadata when it loads; on another host say there is none.
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # tests and scripts compile side by side
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  try:
+    from jax.experimental import topologies
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+  except (ImportError, RuntimeError, ValueError) as e:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "libtpu" in text.lower() or "tpu" not in text.lower() or "not found" in text.lower():
+      raise ValueError(f"mesh.topology={topology!r}: the TPU compiler is not available ({text}); "
+                       "install it with: pip install -e '.[tpu]'") from None
+    raise ValueError(f"mesh.topology={topology!r}: {text}") from None
+
+
+def chips_of(devices) -> int:
+  """Chips spanned by a list of devices (a chip with two cores may show as two devices)."""
+  coords = {tuple(getattr(d, "coords", ())) for d in devices}
+  return len(coords) if all(coords) and len(coords) > 1 else len(devices)
