@@ -6,6 +6,7 @@ One table: MFU (train/metrics.py), `--compile_only` and scripts/plan_scale.py al
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 GIB = 1024 ** 3
@@ -65,21 +66,38 @@ def topology_devices(topology: str) -> list:
   if ":" not in topology:
     raise ValueError(f"mesh.topology={topology!r}: give the chip shape too, e.g. "
                      f"{topology}:2x2 (v5e, v6e) or {topology}:4x4x4 (v4, v5p)")
+  import importlib.util
   import os
-  # libtpu looks for a TPU VM's metadata when it loads; on another host say there is none.
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # tests and scripts compile side by side
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  if importlib.util.find_spec("libtpu") is None:
+    raise ValueError(f"mesh.topology={topology!r} needs the TPU compiler, libtpu: install it "
+                     "with pip install -e '.[tpu]' (no TPU needed)")
+  # Without it a second process compiling for a TPU (a test beside a script) finds libtpu's
+  # lock taken and fails.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies
   try:
-    from jax.experimental import topologies
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
-  except (ImportError, RuntimeError, ValueError) as e:
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    if "libtpu" in text.lower() or "tpu" not in text.lower() or "not found" in text.lower():
-      raise ValueError(f"mesh.topology={topology!r}: the TPU compiler is not available ({text}); "
-                       "install it with: pip install -e '.[tpu]'") from None
+    with _stderr_quiet():  # libtpu warns that this host is no TPU VM, which we know
+      desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+  except (RuntimeError, ValueError) as e:  # e.g. a shape the generation does not come in
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ValueError(f"mesh.topology={topology!r}: {text}") from None
+  return list(desc.devices)
+
+
+@contextlib.contextmanager
+def _stderr_quiet():
+  """Send what native code writes to file descriptor 2 to /dev/null for the duration."""
+  import os
+  import sys
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with open(os.devnull, "w") as null:
+      os.dup2(null.fileno(), 2)
+      yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def chips_of(devices) -> int:

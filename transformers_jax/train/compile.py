@@ -77,17 +77,19 @@ def build_step(config, devices=None):
 
 
 def lower_train_step(config, devices=None):
-  """(lowered step, model config, mesh) from shapes alone: no parameter is allocated."""
+  """(lowered step, its arguments as sharded ShapeDtypeStructs, model config, mesh), from
+  shapes alone: no parameter is allocated."""
   step, abstract, shardings, model_cfg, mesh, task = build_step(config, devices)
   data = parallel.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
            for k, (shape, dtype) in batch_shapes(task, model_cfg, config).items()}
-  return step.lower(abstract_state(abstract, shardings), batch), model_cfg, mesh
+  args = (abstract_state(abstract, shardings), batch)
+  return step.lower(*args), args, model_cfg, mesh
 
 
 def compile_train_step(config, devices=None):
   """(compiled step, model config, mesh) from shapes alone: no parameter is allocated."""
-  lowered, model_cfg, mesh = lower_train_step(config, devices)
+  lowered, _, model_cfg, mesh = lower_train_step(config, devices)
   return lowered.compile(), model_cfg, mesh
 
 
@@ -99,25 +101,46 @@ class OutOfMemory(Exception):
     self.report = report
 
 
-_SIZE = re.compile(r"Used ([0-9.]+)([KMGTP]?)i?B? of ([0-9.]+)([KMGTP]?)i?B? (\w+)")
+# How XLA's TPU compiler states a refusal; sizes like "24.88G" (binary units).
+_REFUSALS = (
+    (re.compile(r"HLO temporaries \(([0-9.]+)([KMGTP]?)\) exceeds available HBM "
+                r"\(([0-9.]+)([KMGTP]?)\)"), "temp"),
+    (re.compile(r"Used ([0-9.]+)([KMGTP]?) of ([0-9.]+)([KMGTP]?) hbm"), "total"),
+)
 
 
 def _bytes(number: str, unit: str) -> float:
   return float(number) * 1024 ** " KMGTP".index(unit or " ")
 
 
-def _refusal(error: Exception) -> dict | None:
-  """What the compiler said when it refused a step for memory, or None for other errors."""
+def _refusal(error: Exception, argument_bytes: float) -> dict | None:
+  """What the compiler said when it refused a step for memory (None for other errors): its
+  message, and the per-device peak it implies (its temporaries plus the step's arguments)."""
   text = str(error)
   if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
     return None
-  out = {"compiler_message": next((line.strip() for line in text.splitlines()
-                                   if "memory" in line.lower()), text.splitlines()[0])[:400]}
-  found = _SIZE.search(text)
-  if found:
-    out["per_device_peak_estimate_gib"] = _bytes(*found.group(1, 2)) / GIB
-    out["compiler_capacity_gib"] = _bytes(*found.group(3, 4)) / GIB
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  out = {"compiler_message": next((line for line in lines if "memory" in line.lower()),
+                                  lines[0] if lines else "out of memory")[:400]}
+  for pattern, kind in _REFUSALS:
+    found = pattern.search(text)
+    if found:
+      used = _bytes(*found.group(1, 2))
+      out["compiler_capacity_gib"] = _bytes(*found.group(3, 4)) / GIB
+      if kind == "temp":
+        out["per_device_temp_gib"] = used / GIB
+        used += argument_bytes
+      out["per_device_peak_estimate_gib"] = used / GIB
+      break
   return out
+
+
+def _argument_bytes(args) -> float:
+  """Per-device bytes of the step's inputs (the sharded train state and batch)."""
+  total = 0.0
+  for arg in jax.tree_util.tree_leaves(args):
+    total += float(np.prod(arg.sharding.shard_shape(arg.shape))) * np.dtype(arg.dtype).itemsize
+  return total
 
 
 def report(config, devices=None, verbose: bool = True) -> dict:
@@ -137,17 +160,17 @@ def report(config, devices=None, verbose: bool = True) -> dict:
          "tokens_per_step": tokens,
          "hbm_gib": chip.hbm_gib if chip else None}
   start = time.perf_counter()
+  lowered, args, model_cfg, mesh = lower_train_step(config, devices)
+  out["mesh"] = dict(mesh.shape)
   try:
-    lowered, model_cfg, mesh = lower_train_step(config, devices)
-    out["mesh"] = dict(mesh.shape)
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - only the compiler's memory refusal is ours to report
-    refusal = _refusal(e)
+    refusal = _refusal(e, _argument_bytes(args))
     if refusal is None:
       raise
     out.update(refusal, fits=False, compile_s=round(time.perf_counter() - start, 2))
-    if chip:
-      out["headroom_gib"] = chip.hbm_gib - out.get("per_device_peak_estimate_gib", float("inf"))
+    if chip and "per_device_peak_estimate_gib" in out:
+      out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
     if verbose:
       print(json.dumps(out, indent=1))
     raise OutOfMemory(out) from None

@@ -10,19 +10,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-# Dense bf16 peak TFLOP/s per chip, from the vendors' data sheets (no sparsity).
-KNOWN_PEAKS = (
-    ("H200", 989e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-    ("V100", 125e12),
-    ("TPU v6", 918e12),  # Trillium (v6e)
-    ("TPU v5p", 459e12),
-    ("TPU v5 lite", 197e12),  # v5e
-    ("TPU v5e", 197e12),
-    ("TPU v4", 275e12),
-)
-
+from transformers_jax import hardware
 
 @functools.lru_cache(maxsize=None)
 def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
@@ -45,10 +33,11 @@ def device_peak() -> tuple[float | None, str]:
   kind = devices[0].device_kind
   if devices[0].platform == "cpu":
     return measured_cpu_peak(), "measured float32 1024x1024 matmul on this CPU"
-  for name, peak in KNOWN_PEAKS:
-    if name.lower() in kind.lower():
-      return peak * len(devices), f"{name} bf16 dense data-sheet peak x {len(devices)}"
-  return None, f"unknown peak for {kind!r}: MFU not reported"
+  chip = hardware.chip_for_kind(kind)
+  if chip is None:
+    return None, f"unknown peak for {kind!r}: MFU not reported"
+  return (chip.bf16_flops * len(devices),
+          f"{chip.name} bf16 dense data-sheet peak x {len(devices)}")
 
 
 class MetricsWriter:

@@ -1,0 +1,142 @@
+"""Will it fit? Compile the real train step of the large presets for TPU v5e and v5p topologies
+(8 to 1,024 chips) with libtpu's compiler, on this host, and tabulate per-chip memory.
+
+    python scripts/plan_scale.py                    # every row, skipping those already written
+    python scripts/plan_scale.py --only=gpt3 --redo  # recompile the rows whose name has "gpt3"
+
+Each row is one `python -m transformers_jax.train --compile_only --config.mesh.topology=...`
+run (bf16 compute, float32 parameters and Adam state, scanned layers, full remat unless the row
+says otherwise). Writes experiments/results/scale/tpu.json (one object per row, what
+--compile_only printed) and tpu.md (the table). "step at 50% MFU" is model FLOPs over half the
+chips' data-sheet bf16 peak: a yardstick, not a measurement. Needs the `tpu` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+flags.DEFINE_string("out", "experiments/results/scale", "Folder for tpu.json and tpu.md.")
+flags.DEFINE_string("only", "", "Compile only the rows whose name contains this text.")
+flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.")
+flags.DEFINE_integer("timeout", 900, "Seconds one compile may take before it is given up.")
+FLAGS = flags.FLAGS
+
+COMMON = ["--config.model.dtype=bfloat16", "--config.model.scan_layers=True",
+          "--config.mesh.preset=", "--config.mesh.expert=1"]
+
+
+def row(name, config, topology, batch, seq_len, fsdp, tensor=1, data=1, remat="full",
+        extra=()):
+  """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step."""
+  return {"name": name, "config": config, "topology": topology, "remat": remat,
+          "args": [f"--config={config}", f"--config.mesh.topology={topology}",
+                   f"--config.batch_size={batch}", f"--config.seq_len={seq_len}",
+                   f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
+                   f"--config.mesh.tensor={tensor}", f"--config.model.remat={remat}",
+                   *COMMON, *extra]}
+
+
+ROWS = [
+    # GPT-2 (1,024 tokens per sequence)
+    row("gpt2-small v5e-8", "experiments/gpt2.py:small", "v5e:2x4", 64, 1024, 8),
+    row("gpt2-medium v5e-8", "experiments/gpt2.py:medium", "v5e:2x4", 64, 1024, 8),
+    row("gpt2-xl v5e-16", "experiments/gpt2.py:xl", "v5e:4x4", 64, 1024, 16),
+    row("gpt2-xl v5p-8", "experiments/gpt2.py:xl", "v5p:2x2x2", 64, 1024, 8),
+    # GPT-3 (2,048 tokens per sequence); 2.7B at one sequence per chip on 8, 64, 512 chips
+    row("gpt3-2.7b v5p-8", "experiments/gpt3.py:2.7b", "v5p:2x2x2", 8, 2048, 8),
+    row("gpt3-2.7b v5p-64", "experiments/gpt3.py:2.7b", "v5p:4x4x4", 64, 2048, 64),
+    row("gpt3-2.7b v5p-512", "experiments/gpt3.py:2.7b", "v5p:8x8x8", 512, 2048, 512),
+    row("gpt3-6.7b v5e-64", "experiments/gpt3.py:6.7b", "v5e:8x8", 64, 2048, 64),
+    row("gpt3-6.7b v5p-64", "experiments/gpt3.py:6.7b", "v5p:4x4x4", 64, 2048, 64),
+    row("gpt3-13b v5p-64", "experiments/gpt3.py:13b", "v5p:4x4x4", 64, 2048, 64),
+    row("gpt3-13b v5e-256", "experiments/gpt3.py:13b", "v5e:16x16", 256, 2048, 256),
+    row("gpt3-175b v5p-64", "experiments/gpt3.py:175b", "v5p:4x4x4", 64, 2048, 16, tensor=4),
+    row("gpt3-175b v5p-1024", "experiments/gpt3.py:175b", "v5p:8x8x16", 1536, 2048, 256,
+        tensor=4),
+    # BERT-large (512 tokens), ViT-H/14 (257 tokens per image), Transformer big (256 + 256)
+    row("bert-large v5e-8", "experiments/bert.py:large", "v5e:2x4", 256, 512, 8,
+        extra=["--config.model.head=mlm"]),
+    row("bert-large v5p-8", "experiments/bert.py:large", "v5p:2x2x2", 256, 512, 8,
+        extra=["--config.model.head=mlm"]),
+    row("vit-h14 v5e-16", "experiments/vit.py:h14", "v5e:4x4", 512, 257, 16),
+    row("vit-h14 v5p-8", "experiments/vit.py:h14", "v5p:2x2x2", 512, 257, 8),
+    row("transformer-big v5e-8", "experiments/transformer.py:big", "v5e:2x4", 128, 256, 8),
+    row("transformer-big v5p-8", "experiments/transformer.py:big", "v5p:2x2x2", 128, 256, 8),
+]
+
+
+def compile_row(r) -> dict:
+  cmd = [sys.executable, "-m", "transformers_jax.train", "--compile_only", *r["args"]]
+  start = time.perf_counter()
+  try:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout)
+  except subprocess.TimeoutExpired:
+    return {"name": r["name"], "error": f"compile took over {FLAGS.timeout} s"}
+  out = {"name": r["name"], "config": r["config"], "remat": r["remat"],
+         "command": "python -m transformers_jax.train --compile_only " + " ".join(r["args"]),
+         "exit_code": done.returncode, "wall_s": round(time.perf_counter() - start, 1)}
+  text = done.stdout.strip()
+  if text.startswith("{"):
+    out.update(json.loads(text))
+  else:
+    out["error"] = (done.stderr.strip().splitlines() or ["no output"])[-1][:400]
+  return out
+
+
+def gib(x) -> str:
+  return "—" if x is None else f"{x:.1f}"
+
+
+def markdown(results: list[dict]) -> str:
+  lines = [
+      "| preset | topology | chips | mesh (data×fsdp×tensor) | batch × tokens | per-chip peak "
+      "GiB | HBM GiB | fits | compile s | model TFLOP/step | step at 50% MFU |",
+      "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|"]
+  for r in results:
+    if "error" in r and "chips" not in r:
+      lines.append(f"| {r['name']} | — | — | — | — | error: {r['error']} | | | | | |")
+      continue
+    mesh = r.get("mesh") or {}
+    mesh_text = f"{mesh.get('data', '?')}×{mesh.get('fsdp', '?')}×{mesh.get('tensor', '?')}"
+    per_seq = r["tokens_per_step"] // r["batch_size"]
+    step = r.get("step_s_at_50pct_mfu")
+    tflop = r.get("model_flops_per_step")
+    lines.append(
+        f"| {r['config'].split('/')[-1]} | {r['topology']} | {r['chips']} | {mesh_text} | "
+        f"{r['batch_size']:,} × {per_seq:,} | {gib(r.get('per_device_peak_estimate_gib'))} | "
+        f"{gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | "
+        f"{r.get('compile_s', '—')} | {'—' if tflop is None else f'{tflop / 1e12:,.0f}'} | "
+        f"{'—' if step is None else f'{step:.2f} s'} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  out = pathlib.Path(FLAGS.out)
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / "tpu.json"
+  done = {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
+  for r in ROWS:
+    if FLAGS.only not in r["name"] or (r["name"] in done and not FLAGS.redo):
+      continue
+    print(f"compiling {r['name']} ...", flush=True)
+    done[r["name"]] = compile_row(r)
+    result = done[r["name"]]
+    print(f"  fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
+          f"GiB compile={result.get('compile_s')} s {result.get('error', '')}", flush=True)
+    ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
+    path.write_text(json.dumps(ordered, indent=1) + "\n")
+    (out / "tpu.md").write_text(markdown(ordered))
+  ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
+  (out / "tpu.md").write_text(markdown(ordered))
+  print(markdown(ordered))
+
+
+if __name__ == "__main__":
+  app.run(main)

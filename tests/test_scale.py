@@ -1,0 +1,150 @@
+"""Scale, from what the compiler reports: per-device memory follows per-device work (XLA's memory
+analysis on 8 simulated CPU devices, the same SPMD partitioner as TPUs and GPUs); the four
+families compile for a TPU topology through libtpu; a step that cannot fit is refused with
+exit code 3; the vocabulary pads for sharding without changing what the model computes."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformers_jax import counting, hardware
+from transformers_jax.config import ModelConfig
+from transformers_jax.models import build_model, example_inputs
+from transformers_jax.train import compile as compile_step
+from transformers_jax.train.tasks import cross_entropy
+
+from conftest import ROOT
+from test_parallel import env
+
+FAMILIES = ["gpt2", "bert", "transformer", "vit"]
+
+
+# ----------------------------------------------------------------------------- memory scaling
+@pytest.fixture(scope="module")
+def temp_bytes():
+  spec = {"families": FAMILIES, "meshes": ["fsdp8", "one"], "batches": [8, 16]}
+  out = subprocess.run([sys.executable, str(ROOT / "tests/scale_worker.py"), json.dumps(spec)],
+                       capture_output=True, text=True, cwd=ROOT, env=env(8))
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_per_device_memory_grows_with_the_per_device_batch(temp_bytes, family):
+  t = temp_bytes[family]
+  eight_more_on_one = t["one"]["16"] - t["one"]["8"]  # 8 more examples on one device
+  one_more_on_each = t["fsdp8"]["16"] - t["fsdp8"]["8"]  # 1 more example on each of 8 devices
+  assert eight_more_on_one > 0
+  # Activations split over the batch grow by about 1/8 of the single-device growth; a step
+  # that replicates them over the batch (each device holding the global batch) grows by all.
+  assert one_more_on_each <= eight_more_on_one / 4, t
+
+
+# ----------------------------------------------------------------------------- TPU topologies
+@pytest.fixture(scope="module")
+def tpu_reports(experiment):
+  reports = {}
+  for family in FAMILIES:
+    config = experiment(family, "tiny")
+    config.mesh.topology = "v5e:2x2"
+    reports[family] = compile_step.report(config, verbose=False)
+  return reports
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_presets_compile_for_a_tpu_topology(tpu_reports, family):
+  r = tpu_reports[family]
+  assert (r["topology"], r["chips"], r["device_kind"], r["hbm_gib"]) == (
+      "v5e:2x2", 4, "TPU v5 lite", 16)
+  assert r["mesh"]["data"] * r["mesh"]["fsdp"] == 4
+  assert r["fits"] and 0 < r["per_device_peak_estimate_gib"] < 1
+  assert r["headroom_gib"] == pytest.approx(16 - r["per_device_peak_estimate_gib"])
+  assert r["xla_flops_per_device_per_step"] > 0 and r["compile_s"] > 0
+
+
+def test_a_step_that_cannot_fit_is_refused_with_exit_3():
+  # 2,048 sequences of 64 tokens over a 50,304-wide vocabulary: about 26 GB of float32 logits
+  # per v5e chip (16 GB), before their gradient.
+  out = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.train", "--config", "experiments/gpt2.py:tiny",
+       "--compile_only", "--config.mesh.topology=v5e:2x2", "--config.batch_size=8192",
+       "--config.model.vocab_size=50257", "--config.model.vocab_multiple=128"],
+      capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 3, out.stderr[-2000:]
+  report = json.loads(out.stdout)
+  assert report["fits"] is False and report["per_device_peak_estimate_gib"] > 16
+  assert report["headroom_gib"] < 0
+  error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(error) == 1 and "fsdp" in error[0] and "remat" in error[0]
+
+
+def test_unknown_or_missing_topologies_are_one_line_errors():
+  for topology, words in (("v9:2x2", "unknown TPU generation"), ("v5e", "chip shape"),
+                          ("v5p:3x3x3", "v5p:3x3x3")):
+    out = subprocess.run(
+        [sys.executable, "-m", "transformers_jax.train", "--config", "experiments/gpt2.py:tiny",
+         "--compile_only", f"--config.mesh.topology={topology}"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and words in out.stderr, out.stderr[-1000:]
+    assert "Traceback" not in out.stderr
+
+
+def test_the_mesh_lies_along_the_physical_torus():
+  devices = hardware.topology_devices("v5p:4x4x4")
+  from transformers_jax import parallel
+  mesh = parallel.make_mesh({"data": 1, "fsdp": 16, "tensor": 4}, devices)
+  # Each tensor-parallel group of 4 chips is one whole torus axis: its chips differ in one
+  # coordinate only.
+  for group in mesh.devices.reshape(16, 4):
+    coords = np.array([d.coords for d in group])
+    assert sum(len(set(axis)) > 1 for axis in coords.T) == 1
+
+
+@pytest.mark.parametrize("kind,name", [
+    ("TPU v4", "TPU v4"), ("TPU v5 lite", "TPU v5e"), ("TPU v5", "TPU v5p"),
+    ("TPU v6 lite", "TPU v6e"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"),
+    ("NVIDIA B200", "B200"), ("NVIDIA A100-SXM4-80GB", "A100")])
+def test_device_kinds_map_to_their_data_sheets(kind, name):
+  assert hardware.chip_for_kind(kind).name == name
+
+
+# ----------------------------------------------------------------------------- vocabulary padding
+def test_a_padded_vocabulary_computes_what_the_unpadded_one_does():
+  plain = ModelConfig(vocab_size=250, max_len=16)
+  padded = plain.replace(vocab_multiple=128)
+  assert padded.padded_vocab == 256
+  assert counting.count(padded) == counting.count(plain) == counting.analytic_count(plain)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 250, (2, 16)), jnp.int32)
+  params = build_model(padded).init(jax.random.PRNGKey(0), *example_inputs(padded))["params"]
+  params = jax.tree_util.tree_map(lambda x: getattr(x, "value", x), params,
+                                  is_leaf=lambda x: hasattr(x, "names"))
+  table = params["embed"]["token_embed"]["embedding"]
+  unpadded = {**params, "embed": {**params["embed"], "token_embed": {"embedding": table[:250]}}}
+  logits = build_model(padded).apply({"params": params}, tokens)["logits"]
+  reference = build_model(plain).apply({"params": unpadded}, tokens)["logits"]
+  np.testing.assert_allclose(logits[..., :250], reference, rtol=1e-6, atol=1e-6)
+  assert bool(jnp.all(logits[..., 250:] < -1e8))
+  targets, weights = tokens[:, 1:], jnp.ones((2, 15))
+  for smoothing in (0.0, 0.1):
+    a = cross_entropy(logits[:, :-1], targets, weights, smoothing, num_classes=250)
+    b = cross_entropy(reference[:, :-1], targets, weights, smoothing)
+    for key in a:
+      np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
+
+
+def test_cross_entropy_matches_log_softmax_and_gather():
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(3, 5, 11)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, (3, 5)))
+  weights = jnp.asarray(rng.random((3, 5)), jnp.float32)
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  smoothed = 0.9 * nll - 0.1 * jnp.mean(logp, -1)
+  sums = cross_entropy(logits, targets, weights, 0.1)
+  np.testing.assert_allclose(sums["nll"], jnp.sum(nll * weights), rtol=1e-5)
+  np.testing.assert_allclose(sums["loss"], jnp.sum(smoothed * weights), rtol=1e-5)
