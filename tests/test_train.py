@@ -274,3 +274,30 @@ def test_profile_attributes_every_operation_of_the_step():
   assert r["busy_s"] <= r["operations_s"] * (1 + 1e-6) and r["operations_per_step"] > 0
   assert 0.5 < r["xla_flops"] / r["model_flops"] < 1.5  # XLA also counts elementwise work
   assert math.isclose(r["matmul_floor_s"], r["xla_flops"] / r["peak_flops_per_s"])
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--config.stepz=5"], ["--config.stepz: no such config field", "steps"]),
+    (["--config.model.foo=1"], ["--config.model.foo: no such config field"]),
+    (["--config.steps=abc"], ["abc"]),
+    (["--config.rules.mlp=tensr"], ["'tensr' is not a mesh axis"]),
+])
+def test_config_mistakes_are_one_line_errors(args, needles):
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--compile_only", *args)
+  assert_one_line_error(out, *needles)
+  assert out.returncode == 2
+
+
+def test_missing_config_file_and_unknown_preset_are_one_line_errors():
+  out = run_cli("--config", str(ROOT / "experiments/nope.py") + ":tiny", "--compile_only")
+  assert_one_line_error(out, "nope.py")
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":huge", "--compile_only")
+  assert_one_line_error(out, "unknown preset 'huge'", "tiny, cpu")
+
+
+def test_a_rule_override_replicates_a_logical_axis():
+  # The syntax the mesh error suggests: --config.rules.<name>=''
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--compile_only",
+                "--config.rules.mlp=", "--config.rules.embed=fsdp,data")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert json.loads(out.stdout)["per_device_peak_estimate_gib"] > 0

@@ -4,6 +4,7 @@ user's mistakes."""
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
 from absl import app, flags, logging
@@ -61,5 +62,43 @@ def user_errors(main):
   return wrapped
 
 
+def _gist(text: str) -> str:
+  """The last line of an error text that says something, without a traceback's class prefix."""
+  text = text.strip().strip("'\"").replace("\\n", "\n")
+  lines = [line.strip().strip("'\"") for line in text.splitlines() if line.strip()]
+  said = [line for line in lines if re.match(r"^\w+(Error|Exception): ", line)]
+  line = said[-1] if said else (lines[-1] if lines else "")
+  return re.sub(r"^\w+(Error|Exception): ", "", line)
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with a user's mistakes in --config (a missing file, an unknown preset
+  or field, a value of the wrong type) as one `error:` line and exit code 2."""
+  overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+  try:
+    rest = FLAGS(argv)
+    if "config" in FLAGS and FLAGS["config"].value is not None:
+      FLAGS.config.keys()  # a config file that failed to load raises here, not while parsing
+    return rest
+  except (AttributeError, KeyError) as e:  # an override of a field the config does not have
+    said = str(e).replace("\\n", " ").replace("\\'", "").strip("'\" ")
+    name = next((o for o in overrides if f"'{o.rsplit('.', 1)[-1]}'" in str(e)),
+                overrides[-1] if overrides else "--config")
+    hint = re.search(r"Did you mean .*\?", said)
+    message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
+    message += "; the fields are in transformers_jax/train/defaults.py and config.py"
+  except OSError:  # the config file cannot be read
+    given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
+    if given is None and "--config" in argv[:-1]:
+      given = argv[argv.index("--config") + 1]
+    path = (given or "").split(":")[0]
+    message = (f"--config: cannot load {path!r} (no such file, or it failed to import): give "
+               "an experiment file, e.g. --config experiments/gpt2.py:cpu")
+  except flags.Error as e:
+    message = _gist(str(e))
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
 def run(main) -> None:
-  app.run(user_errors(main))
+  app.run(user_errors(main), flags_parser=parse_flags)

@@ -109,12 +109,27 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   return Mesh(array, MESH_AXES)
 
 
+def rule_names() -> tuple[str, ...]:
+  return tuple(name for name, _ in DEFAULT_RULES)
+
+
 def rules(overrides: Mapping[str, object] | None = None):
-  """The rules table with config overrides (logical name -> mesh axis, '' or None = replicate)."""
+  """The rules table with config overrides: logical name -> None (keep the default rule), ''
+  (replicate), a mesh axis, or several ("data,fsdp" or a tuple)."""
   table = dict(DEFAULT_RULES)
   for name, axis in (overrides or {}).items():
-    table[name] = None if axis in ("", None) else (tuple(axis) if isinstance(axis, (list, tuple))
-                                                   else axis)
+    if name not in table:
+      raise ValueError(f"rules.{name}: no such logical axis; the names are "
+                       f"{', '.join(rule_names())}")
+    if axis is None:
+      continue
+    axes = tuple(a.strip() for a in axis.split(",")) if isinstance(axis, str) else tuple(axis)
+    axes = tuple(a for a in axes if a)
+    for a in axes:
+      if a not in MESH_AXES:
+        raise ValueError(f"rules.{name}={axis!r}: {a!r} is not a mesh axis; use '' (replicate) "
+                         f"or some of {', '.join(MESH_AXES)}")
+    table[name] = None if not axes else (axes[0] if len(axes) == 1 else axes)
   return tuple(table.items())
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformers_jax.parallel import rule_names
+
 
 def training_fields() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -45,7 +47,11 @@ def training_fields() -> ml_collections.ConfigDict:
   # (e.g. v5p:4x4x4, v5e:16x16; needs the `tpu` extra), "" = this host's devices
   c.mesh = ml_collections.ConfigDict(
       {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1, "topology": ""})
-  c.rules = ml_collections.ConfigDict()  # logical-axis rule overrides, e.g. {"embed": ""}
+  # logical-axis rule overrides, one field per logical name (transformers_jax/parallel.py):
+  # unset = the default rule, "" = replicated, "fsdp" or "data,fsdp" = the mesh axes to split over;
+  # e.g. --config.rules.mlp='' keeps the feed-forward hidden dimension whole on every device
+  c.rules = ml_collections.ConfigDict(
+      {name: ml_collections.config_dict.placeholder(str) for name in rule_names()})
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
   c.sample.max_new_tokens = 120
