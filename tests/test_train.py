@@ -4,6 +4,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -301,3 +302,22 @@ def test_a_rule_override_replicates_a_logical_axis():
                 "--config.rules.mlp=", "--config.rules.embed=fsdp,data")
   assert out.returncode == 0, out.stderr[-2000:]
   assert json.loads(out.stdout)["per_device_peak_estimate_gib"] > 0
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("learning_rate", -1e-3, "must be positive"), ("warmup_steps", -1, ">= 0"),
+    ("stop_after", -2, ">= 0"), ("grad_clip", -1.0, ">= 0"), ("adam_b1", 1.0, "[0, 1)"),
+    ("adam_b2", -0.1, "[0, 1)"), ("data.mlm_probability", 0.0, "(0, 1]"),
+    ("data.mlm_probability", 1.5, "(0, 1]"), ("sample.temperature", float("nan"), "finite"),
+    ("sample.top_k", -1, ">= 0"), ("min_lr_ratio", 2.0, "[0, 1]")])
+def test_nonsense_training_fields_are_refused_at_start(experiment, field, value, needle):
+  from transformers_jax.train.defaults import validate
+  config = experiment("gpt2", "tiny")
+  *parents, name = field.split(".")
+  node = config
+  for key in parents:
+    node = node[key]
+  node[name] = value
+  with pytest.raises(ValueError, match=re.escape(needle)) as error:
+    validate(config, ModelConfig.from_dict(config.model), 1)
+  assert str(error.value).startswith(f"{field}=")

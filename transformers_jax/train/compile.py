@@ -13,6 +13,7 @@ import numpy as np
 from transformers_jax import counting, hardware, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import optim
+from transformers_jax.train.defaults import validate
 from transformers_jax.train.step import abstract_state, make_train_step, state_shardings
 from transformers_jax.train.tasks import task_name
 
@@ -160,6 +161,8 @@ def report(config, devices=None, verbose: bool = True) -> dict:
          "tokens_per_step": tokens,
          "hbm_gib": chip.hbm_gib if chip else None}
   start = time.perf_counter()
+  sizes = parallel.mesh_shape(config.mesh.to_dict(), len(devices))
+  validate(config, model_cfg, sizes["data"] * sizes["fsdp"])
   lowered, args, model_cfg, mesh = lower_train_step(config, devices)
   out["mesh"] = dict(mesh.shape)
   try:

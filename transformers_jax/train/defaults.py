@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from transformers_jax.parallel import rule_names
@@ -58,3 +60,54 @@ def training_fields() -> ml_collections.ConfigDict:
   c.sample.temperature = 0.8  # 0 = greedy
   c.sample.top_k = 40
   return c
+
+
+def validate(config, model_cfg, num_data_shards: int) -> None:
+  """Every training field has a meaning or is refused: a ValueError naming the field and the
+  fix, before any data is read or anything compiles."""
+  def fail(field, problem):
+    raise ValueError(f"{field}={config_value(config, field)!r}: {problem}")
+
+  for field in ("steps", "batch_size", "seq_len", "grad_accum_steps", "log_every",
+                "eval_batches", "keep_checkpoints"):
+    if config[field] < 1:
+      fail(field, "must be a positive integer")
+  for field in ("stop_after", "warmup_steps", "eval_every", "checkpoint_every", "grad_clip",
+                "weight_decay", "moe_aux_weight", "sample.max_new_tokens", "sample.top_k"):
+    value = config_value(config, field)
+    if not math.isfinite(value) or value < 0:
+      fail(field, "must be >= 0 (0 turns it off)")
+  if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
+    fail("learning_rate", "must be positive (a negative rate climbs the loss)")
+  for field in ("adam_b1", "adam_b2"):
+    if not 0 <= config[field] < 1:
+      fail(field, "Adam's decay rates lie in [0, 1)")
+  if not config.adam_eps > 0:
+    fail("adam_eps", "must be positive")
+  if not 0 <= config.min_lr_ratio <= 1:
+    fail("min_lr_ratio", "must be in [0, 1]")
+  if not 0 <= config.label_smoothing < 1:
+    fail("label_smoothing", "must be in [0, 1)")
+  if not 0 < config.data.mlm_probability <= 1:
+    fail("data.mlm_probability", "the fraction of tokens predicted must be in (0, 1]")
+  temperature = config.sample.temperature
+  if not (math.isfinite(temperature) and temperature >= 0):
+    fail("sample.temperature", "must be a finite number >= 0 (0 = greedy)")
+  if model_cfg.family != "vit" and config.seq_len > model_cfg.max_len:
+    raise ValueError(f"seq_len={config.seq_len} is longer than model.max_len="
+                     f"{model_cfg.max_len}: lower --config.seq_len or raise "
+                     "--config.model.max_len")
+  if config.batch_size % config.grad_accum_steps:
+    raise ValueError(f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
+                     f"{config.grad_accum_steps}")
+  micro = config.batch_size // config.grad_accum_steps
+  if micro % num_data_shards:
+    raise ValueError(f"the micro-batch of {micro} examples does not split over the "
+                     f"{num_data_shards} data-parallel shards: make batch_size / "
+                     f"grad_accum_steps a multiple of {num_data_shards}")
+
+
+def config_value(config, dotted: str):
+  for key in dotted.split("."):
+    config = config[key]
+  return config

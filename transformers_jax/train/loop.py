@@ -18,31 +18,11 @@ from transformers_jax.cli import UserError
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import checkpoint as ckpt_lib
 from transformers_jax.train import metrics as metrics_lib
+from transformers_jax.train.defaults import validate
 from transformers_jax.train.optim import make_optimizer, schedule
 from transformers_jax.train.step import (abstract_state, create_state, make_eval_step,
                                          make_train_step, residual_rms)
 from transformers_jax.train.tasks import build_task
-
-
-def validate(config, model_cfg: ModelConfig, num_data_shards: int) -> None:
-  """Training-config checks, before any data is read or anything compiled."""
-  for field in ("steps", "batch_size", "seq_len", "grad_accum_steps", "log_every",
-                "eval_batches", "keep_checkpoints"):
-    if config[field] < 1:
-      raise UserError(f"{field}={config[field]}: must be a positive integer")
-  if model_cfg.family != "vit" and config.seq_len > model_cfg.max_len:
-    raise UserError(f"seq_len={config.seq_len} is longer than model.max_len="
-                    f"{model_cfg.max_len}: lower --config.seq_len or raise --config.model.max_len")
-  if config.batch_size % config.grad_accum_steps:
-    raise UserError(f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
-                    f"{config.grad_accum_steps}")
-  micro = config.batch_size // config.grad_accum_steps
-  if micro % num_data_shards:
-    raise UserError(f"the micro-batch of {micro} examples does not split over the "
-                    f"{num_data_shards} data-parallel shards: make batch_size / grad_accum_steps "
-                    f"a multiple of {num_data_shards}")
-  if not 0 <= config.label_smoothing < 1:
-    raise UserError(f"label_smoothing={config.label_smoothing}: must be in [0, 1)")
 
 
 def _check_resume_config(workdir: pathlib.Path, config) -> None:
