@@ -46,7 +46,8 @@ class UserError(Exception):
 
 
 def user_errors(main):
-  """Wrap an absl main: ValueError / UserError / FileNotFoundError -> 'error: ...', exit 2."""
+  """Wrap an absl main: a UserError, ValueError or OSError becomes one 'error: ...' line and
+  exit code 2."""
 
   @functools.wraps(main)
   def wrapped(argv):
@@ -57,6 +58,11 @@ def user_errors(main):
       return main(argv)
     except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
       print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    except OSError as e:  # a workdir that is a file, a read-only folder, a full disk ...
+      where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+      print(f"error: {e.strerror or e}{where}: check the path's type, permissions and free "
+            "space", file=sys.stderr)
       sys.exit(2)
 
   return wrapped

@@ -84,6 +84,21 @@ def topology_devices(topology: str) -> list:
   return list(desc.devices)
 
 
+def start_backends() -> None:
+  """Start JAX's backends. Where libtpu is installed (the `tpu` extra, to compile for TPU
+  topologies) on a host without a TPU, libtpu prints warnings while JAX looks for one; they
+  say nothing about the run, so there they are hidden."""
+  import glob
+  import importlib.util
+  import jax
+  tpu_here = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/*")
+  if tpu_here or importlib.util.find_spec("libtpu") is None:
+    jax.devices()
+    return
+  with _stderr_quiet():
+    jax.devices()
+
+
 @contextlib.contextmanager
 def _stderr_quiet():
   """Send what native code writes to file descriptor 2 to /dev/null for the duration."""

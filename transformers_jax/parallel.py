@@ -192,8 +192,10 @@ def initialize_distributed(coordinator_address: str | None = None,
       raise ValueError("--coordinator_address needs --num_processes and --process_id")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
-    return
-  try:
-    jax.distributed.initialize()
-  except (ValueError, RuntimeError):
-    pass  # no cluster detected: a single process
+  else:
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError):
+      pass  # no cluster detected: a single process
+  from transformers_jax import hardware
+  hardware.start_backends()
