@@ -5,7 +5,9 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
+from transformers_jax import cli
 from transformers_jax.config import ModelConfig, config_from_json, load_config_module
 from transformers_jax.convert import export_hf, import_hf
 from transformers_jax.interop import load_hf
@@ -44,6 +46,13 @@ def test_import_writes_a_run_and_export_gives_the_same_weights(tmp_path):
   leaves_equal(back, params)
   assert {k: v for k, v in back_fields.items() if k != "scan_layers"} == \
       {k: v for k, v in fields.items() if k != "scan_layers"}
+  # an export never replaces files it was not asked to: not the run's own, not another model's
+  config_before = (tmp_path / "run" / "config.json").read_text()
+  for target in (tmp_path / "run", tmp_path / "run" / "inner", tmp_path / "back"):
+    with pytest.raises(cli.UserError, match="own folder|already holds files"):
+      export_hf(tmp_path / "run", target)
+  assert (tmp_path / "run" / "config.json").read_text() == config_before
+  assert export_hf(tmp_path / "run", tmp_path / "back", overwrite=True) == "GPT2LMHeadModel"
 
 
 def test_convert_cli_errors_are_one_line(tmp_path):

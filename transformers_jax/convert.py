@@ -32,6 +32,8 @@ flags.DEFINE_string("workdir", None, "This project's run directory (written by -
                     "by --to_hf).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype on import.")
 flags.DEFINE_bool("scan_layers", False, "Store the imported blocks in the scanned layout.")
+flags.DEFINE_bool("overwrite", False, "--to_hf: write into a folder that already holds files "
+                  "(its config.json and weights are replaced; never the run's own folder).")
 FLAGS = flags.FLAGS
 
 CONFIG_PY = '''"""Config of a model converted from Hugging Face by transformers_jax.convert: the run
@@ -71,10 +73,26 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   return fields
 
 
-def export_hf(workdir, target) -> str:
+def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> None:
+  """Refuse a --to_hf folder that is the run itself (or inside it, or holding it), or that
+  already holds files unless `overwrite`: a Hugging Face export writes config.json, which
+  would replace a run's own."""
+  run, target = run.resolve(), target.resolve()
+  if target == run or run in target.parents or target in run.parents:
+    raise cli.UserError(f"--to_hf {target} is the run's own folder (or contains or lies in "
+                        f"it): export into a separate folder")
+  if target.exists() and not target.is_dir():
+    raise cli.UserError(f"--to_hf {target} is a file: give a folder")
+  if target.is_dir() and any(target.iterdir()) and not overwrite:
+    raise cli.UserError(f"--to_hf {target} already holds files: give an empty or new folder, "
+                        "or pass --overwrite to replace them")
+
+
+def export_hf(workdir, target, overwrite: bool = False) -> str:
   run = pathlib.Path(workdir)
   if not (run / "config.json").is_file():
     raise cli.UserError(f"{run} has no config.json: pass a run directory")
+  _check_target(run, pathlib.Path(target), overwrite)
   config = config_from_json(run / "config.json")
   model_cfg = ModelConfig.from_dict(config.model)
   checkpoints = Checkpoints(run / "checkpoints", async_save=False)
@@ -102,7 +120,7 @@ def main(argv):
     print(f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
           f"(checkpoint step 0, config.py, config.json)")
   else:
-    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf)
+    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite)
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")
 
 
