@@ -190,3 +190,10 @@ def test_families_script_prints_one_line_per_family(tmp_path):
   lines = text.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("ViT") and "4 steps" in lines[0]
   assert "| ViT | vit.py:tiny | 102,218 |" in (tmp_path / "families.md").read_text()
+
+
+def test_transformer_presets_peak_where_the_papers_schedule_does(experiment):
+  for preset in ("base", "big"):
+    config = experiment("transformer", preset)
+    peak = config.model.d_model ** -0.5 * config.warmup_steps ** -0.5
+    assert config.learning_rate == pytest.approx(peak, rel=1e-6), preset
