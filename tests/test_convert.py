@@ -1,5 +1,6 @@
 """python -m transformers_jax.convert: Hugging Face directory <-> a run other commands accept."""
 
+import json
 import subprocess
 import sys
 
@@ -77,3 +78,14 @@ def test_generate_on_converted_gpt2_equals_the_reference_greedy_continuation(tmp
                         str(len(greedy))], capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   assert [int(t) for t in out.stdout.strip().splitlines()[-1].split(",")] == greedy
+
+
+def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
+  from transformers_jax.data import make_tokenizer
+  import_hf(FIXTURES / "bert_mlm", tmp_path / "run")
+  tokenizer = make_tokenizer("byte", 260, specials=True)
+  tokenizer.save(tmp_path / "run" / "tokenizer.json")
+  export_hf(tmp_path / "run", tmp_path / "hf")
+  written = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert tokenizer.pad_id not in (None, 0)
+  assert written["pad_token_id"] == tokenizer.pad_id

@@ -315,3 +315,56 @@ def test_error_export_unsupported_config(tmp_path):
     save_hf(tmp_path, c.replace(num_layers=2), params)
   assert_one_line(e, "layer_1")
   assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_missing_config_keys_take_the_reference_librarys_defaults(tmp_path):
+  # GPT2Config: activation_function defaults to gelu_new (tanh GELU), n_positions to 1024
+  c = ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=1, max_len=1024,
+                  activation="gelu_tanh")
+  params = build_model(c).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  save_hf(tmp_path, c, params)
+  config = json.loads((tmp_path / "config.json").read_text())
+  for key in ("activation_function", "n_positions", "resid_pdrop"):
+    del config[key]
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  fields, _ = load_hf(tmp_path)
+  assert (fields["activation"], fields["max_len"], fields["dropout"]) == ("gelu_tanh", 1024, 0.1)
+
+
+def test_untied_bert_mlm_uses_the_decoders_own_bias(tmp_path):
+  fields, params = load_hf(FIXTURES / "bert_mlm")
+  fields = {**fields, "tie_embeddings": False}
+  c = ModelConfig(**fields)
+  shapes = param_shapes(c)
+  rng = np.random.default_rng(0)
+  params = {**params, "mlm_decoder": {"kernel": rng.normal(
+      size=shapes["mlm_decoder"]["kernel"].shape).astype(np.float32)},
+            "mlm_bias": rng.normal(size=shapes["mlm_bias"].shape).astype(np.float32)}
+  save_hf(tmp_path, c, params)
+  tensors = load_file(str(tmp_path / "model.safetensors"))
+  np.testing.assert_array_equal(tensors["cls.predictions.decoder.bias"], params["mlm_bias"])
+  # transformers 5 leaves cls.predictions.bias unused when the decoder is untied
+  tensors["cls.predictions.bias"] = np.zeros_like(tensors["cls.predictions.bias"])
+  save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+  _, back = load_hf(tmp_path)
+  np.testing.assert_array_equal(back["mlm_bias"], params["mlm_bias"])
+
+
+def test_error_shard_outside_the_model_folder(tmp_path):
+  model = tmp_path / "model"
+  shutil.copytree(FIXTURES / "gpt2", model)
+  (model / "model.safetensors").rename(tmp_path / "outside.safetensors")
+  (model / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {"wte.weight": "../outside.safetensors"}}))
+  with pytest.raises(interop.CorruptCheckpoint, match="outside the model folder"):
+    load_hf(model)
+
+
+def test_error_non_finite_tensor(tmp_path):
+  shutil.copytree(FIXTURES / "gpt2", tmp_path / "m")
+  tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
+  name = next(n for n in tensors if n.endswith("wte.weight"))
+  tensors[name][3, 1] = np.nan
+  save_file(tensors, str(tmp_path / "m" / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(interop.CorruptCheckpoint, match="NaN or infinite"):
+    load_hf(tmp_path / "m")

@@ -103,7 +103,13 @@ def export_hf(workdir, target, overwrite: bool = False) -> str:
   checkpoints.close()
   if model_cfg.scan_layers:
     params = scan_to_loop(params)
-  architecture = save_hf(target, model_cfg, params)
+  extra = {}
+  if (run / "tokenizer.json").is_file():  # the ids the run's tokenizer gives its specials
+    from transformers_jax.data import load_tokenizer
+    pad = load_tokenizer(run / "tokenizer.json").pad_id
+    if pad is not None:
+      extra["pad_token_id"] = int(pad)
+  architecture = save_hf(target, model_cfg, params, extra_config=extra)
   tokenizer = run / "tokenizer.json"
   if tokenizer.is_file() and '"model"' in tokenizer.read_text()[:10_000]:  # an HF tokenizer file
     shutil.copy(tokenizer, pathlib.Path(target) / "tokenizer.json")

@@ -295,8 +295,34 @@ def _require(hf: Mapping, where: str, **expected) -> None:
           f"{where}: {key}={hf[key]!r} is not supported (only {want!r} maps onto our blocks)")
 
 
+# What transformers' config classes assume for a key config.json leaves out (GPT2Config,
+# BertConfig, ViTConfig): a missing key means the reference library's default, as it loads it.
+HF_DEFAULTS = {
+    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                 n_inner=None, activation_function="gelu_new", resid_pdrop=0.1,
+                 attn_pdrop=0.1, layer_norm_epsilon=1e-5, initializer_range=0.02,
+                 tie_word_embeddings=True),
+    "bert": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                 num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                 hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                 max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02,
+                 layer_norm_eps=1e-12, tie_word_embeddings=True),
+    "vit": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0, initializer_range=0.02, layer_norm_eps=1e-12,
+                image_size=224, patch_size=16, num_channels=3, qkv_bias=True),
+}
+
+
 def _fields_from_hf(hf: Mapping, architecture: str, where: str) -> dict[str, Any]:
   family = SUPPORTED_ARCHITECTURES[architecture]
+  given = {k: v for k, v in hf.items() if v is not None}
+  if family == "gpt2":  # GPT2Config's attribute_map: the generic names stand for its own
+    for alias, name in (("hidden_size", "n_embd"), ("max_position_embeddings", "n_positions"),
+                        ("num_attention_heads", "n_head"), ("num_hidden_layers", "n_layer")):
+      if alias in given and name not in given:
+        given[name] = given.pop(alias)
+  hf = {**HF_DEFAULTS[family], **given}
   if family == "gpt2":
     _require(hf, where, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
              add_cross_attention=False)
@@ -461,8 +487,14 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
     if not isinstance(index.get("weight_map"), dict):
       raise CorruptCheckpoint(f"{directory / INDEX} has no weight_map: re-save the checkpoint")
     tensors: dict[str, np.ndarray] = {}
+    root = directory.resolve()
     for shard in sorted(set(index["weight_map"].values())):
-      tensors.update(_read_safetensors(directory / shard))
+      path = (directory / str(shard)).resolve()
+      if root not in path.parents:
+        raise CorruptCheckpoint(f"{directory / INDEX} names the shard {shard!r}, which lies "
+                                "outside the model folder: only files inside it are read; "
+                                "re-save the checkpoint")
+      tensors.update(_read_safetensors(path))
     return tensors
   others = sorted(p.name for p in directory.iterdir()
                   if p.suffix in (".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt"))
@@ -554,9 +586,18 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
                             "needs: use the config.json saved with the weights") from None
   prefix = {"gpt2": "transformer.", "bert": "bert.", "vit": "vit."}[family]
   tensors = {_strip(k, prefix): v for k, v in _read_tensors(directory).items()}
+  for name, array in tensors.items():
+    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+      raise CorruptCheckpoint(f"{directory}: tensor {_full_name(name, architecture)} holds NaN "
+                              "or infinite values: the checkpoint is damaged or diverged; use "
+                              "another one")
   if family == "vit" and fields["head"] == "pooler" and "pooler.dense.weight" not in tensors:
     fields["head"] = "none"  # a ViTModel saved without its pooler
-  if "cls.predictions.bias" not in tensors and "cls.predictions.decoder.bias" in tensors:
+  # The MLM output bias: `cls.predictions.bias`, which the decoder shares when tied; an untied
+  # decoder (tie_word_embeddings=False) adds its own `decoder.bias`, the one its logits use.
+  untied = not fields.get("tie_embeddings", True)
+  if "cls.predictions.decoder.bias" in tensors and (
+      untied or "cls.predictions.bias" not in tensors):
     tensors["cls.predictions.bias"] = tensors.pop("cls.predictions.decoder.bias")
   fields["param_dtype"] = dtype
   try:
@@ -650,6 +691,8 @@ def save_hf(directory, model, params, architecture: str | None = None,
   for rule in _rules(c, architecture, BASE_PREFIX.get(architecture, "")):
     for name, array in zip(rule.hf, _to_hf(rule, [flat[p] for p in rule.ours])):
       tensors[name] = np.ascontiguousarray(array)
+  if "cls.predictions.bias" in tensors and not c.tie_embeddings:  # what an untied decoder uses
+    tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"].copy()
   dtypes = {str(a.dtype) for a in tensors.values()}
   hf = _hf_from_config(c, architecture, dtypes.pop() if len(dtypes) == 1 else "float32")
   hf.update(extra_config or {})
