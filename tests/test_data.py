@@ -282,8 +282,8 @@ def test_number_pairs_train_and_validation_disjoint():
 
 def test_tsv_pairs(tmp_path):
     good = tmp_path / "pairs.tsv"
-    good.write_text("hi\tsalut\n\ncat\tchat\twith tab\n", encoding="utf-8")
-    assert load_tsv_pairs(good) == [("hi", "salut"), ("cat", "chat\twith tab")]
+    good.write_text("hi\tsalut\n\ncat\tchat with spaces\n", encoding="utf-8")
+    assert load_tsv_pairs(good) == [("hi", "salut"), ("cat", "chat with spaces")]
     with pytest.raises(DataError, match="does not exist"):
         load_tsv_pairs(tmp_path / "missing.tsv")
     bad = tmp_path / "bad.tsv"
@@ -354,3 +354,27 @@ def test_load_npz(tmp_path):
     np.savez(tmp_path / "mismatch.npz", images=np.zeros((2, 4, 4, 3), np.float32), labels=np.array([1]))
     with pytest.raises(DataError, match="2 images but 1 labels"):
         load_npz(tmp_path / "mismatch.npz")
+
+
+def test_a_third_tsv_column_is_refused_not_folded_into_the_target(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("one\tuno\n2\tdos\textra\n")
+    with pytest.raises(DataError, match="line 2 .* 3 tab-separated columns"):
+        load_tsv_pairs(path)
+
+
+def test_nan_pixels_are_named_not_blamed_on_the_learning_rate(tmp_path):
+    images = np.zeros((4, 8, 8), np.float32)
+    images[2, 3, 3] = np.nan
+    np.savez(tmp_path / "x.npz", images=images, labels=np.zeros(4, np.int64))
+    with pytest.raises(DataError, match="image 2 holds NaN"):
+        load_npz(tmp_path / "x.npz")
+
+
+def test_small_user_datasets_never_validate_on_a_training_example():
+    from transformers_jax.train.tasks import _split_rows
+    for n in (2, 5, 19, 20, 45):
+        train, val = _split_rows(n, "x.tsv")
+        assert val and train and not set(train) & set(val) and sorted(train + val) == list(range(n))
+    with pytest.raises(DataError, match="at least 2"):
+        _split_rows(1, "x.tsv")

@@ -66,6 +66,9 @@ def load_npz(path: str | os.PathLike, num_classes: int | None = None) -> tuple[n
         images = images.astype(np.float32) / 255.0
     elif np.issubdtype(images.dtype, np.floating):
         images = images.astype(np.float32)
+        bad = np.argwhere(~np.isfinite(images))
+        if bad.size:
+            raise DataError(f"'{path}' image {int(bad[0][0])} holds NaN or infinite pixels: clean or drop it")
     else:
         raise DataError(f"'{path}' images have dtype {images.dtype}: use uint8 (0..255) or float")
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
@@ -77,7 +80,7 @@ def load_npz(path: str | os.PathLike, num_classes: int | None = None) -> tuple[n
         if bad.size:
             raise DataError(
                 f"'{path}' has label {int(bad[0])} outside [0, num_classes={num_classes}): "
-                "fix the labels or raise --config.num_classes"
+                "fix the labels or raise --config.model.num_classes"
             )
     return images, labels.astype(np.int32)
 

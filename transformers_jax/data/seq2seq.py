@@ -145,15 +145,17 @@ def _read_tsv(path: str | os.PathLike) -> list[tuple[int, str, str]]:
             continue
         if "\t" not in line:
             raise DataError(f"line {number} of '{path}' has no tab: {fix}")
-        source, target = line.split("\t", 1)
-        rows.append((number, source, target))
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise DataError(f"line {number} of '{path}' has {len(columns)} tab-separated columns, not 2: {fix}")
+        rows.append((number, *columns))
     if not rows:
         raise DataError(f"pairs file '{path}' holds no pairs: {fix}")
     return rows
 
 
 def load_tsv_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
-    """``(source, target)`` per non-blank line of a UTF-8 file, split at the first tab."""
+    """``(source, target)`` per non-blank line of a UTF-8 file: exactly two tab-separated columns."""
     return [(s, t) for _, s, t in _read_tsv(path)]
 
 

@@ -75,7 +75,7 @@ def prepare_tokens(
     if bad.size:
         raise DataError(
             f"token id {int(bad[0])} is outside [0, vocab_size={vocab_size}) for the {tokenizer.kind} tokenizer "
-            f"(vocab {tokenizer.vocab_size}): set --config.vocab_size to at least {tokenizer.vocab_size}"
+            f"(vocab {tokenizer.vocab_size}): set --config.model.vocab_size to at least {tokenizer.vocab_size}"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     _sidecar(path).unlink(missing_ok=True)

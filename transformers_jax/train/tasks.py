@@ -135,6 +135,17 @@ def _tokenizer(config, model_cfg, workdir: pathlib.Path, texts, specials: bool):
   return tok
 
 
+def _split_rows(n: int, path: str) -> tuple[list[int], list[int]]:
+  """(training rows, validation rows) of a user's n-row file: every 20th row is held out, or
+  the last one when there are fewer than 20; no row is in both."""
+  if n < 2:
+    raise D.DataError(f"data.path '{path}' holds {n} example(s): give at least 2, one of which "
+                      "is held out for validation")
+  val = [i for i in range(n) if i % 20 == 19] or [n - 1]
+  held = set(val)
+  return [i for i in range(n) if i not in held], val
+
+
 def _text_docs(config):
   """(train docs, validation docs) of the bundled corpus or the user's .txt path."""
   if config.data.path:
@@ -207,8 +218,9 @@ def _classify_text_task(config, model_cfg, workdir):
     except ValueError:
       raise D.DataError(f"data.path '{config.data.path}': labels must be integers "
                         "(text<TAB>label per line)") from None
-    docs_train = [x for i, x in enumerate(labelled) if i % 20 != 19]
-    docs_val = [x for i, x in enumerate(labelled) if i % 20 == 19] or labelled[-1:]
+    train_idx, val_idx = _split_rows(len(labelled), config.data.path)
+    docs_train = [labelled[i] for i in train_idx]
+    docs_val = [labelled[i] for i in val_idx]
     summary = f"{len(labelled)} labelled texts from {config.data.path}"
   else:
     corpus = D.build_corpus(config.data.max_bytes)
@@ -256,8 +268,7 @@ def _seq2seq_task(config, model_cfg, workdir):
     texts = [s for s, _ in rows] + [t for _, t in rows]
     tok = _tokenizer(config, model_cfg, workdir, texts, specials=True)
     names = [f"'{config.data.path}' pair {i + 1}" for i in range(len(rows))]
-    train_idx = [i for i in range(len(rows)) if i % 20 != 19]
-    val_idx = [i for i in range(len(rows)) if i % 20 == 19] or [len(rows) - 1]
+    train_idx, val_idx = _split_rows(len(rows), config.data.path)
     train = D.PairBatches([rows[i] for i in train_idx], tok, T, T, [names[i] for i in train_idx])
     val = D.PairBatches([rows[i] for i in val_idx], tok, T, T, [names[i] for i in val_idx])
     summary = f"{len(rows)} pairs from {config.data.path}"
