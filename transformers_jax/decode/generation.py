@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Sequence
 
 import jax
@@ -45,18 +46,20 @@ class Strategy:
   def check(self, vocab_size: int) -> None:
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be at least 1")
-    if self.temperature < 0:
-      raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
+    if not self.temperature >= 0 or math.isinf(self.temperature):  # NaN fails every comparison
+      raise ValueError(f"temperature={self.temperature}: must be a finite number >= 0 "
+                       "(0 = greedy)")
     if not 0 <= self.top_k <= vocab_size:
       raise ValueError(f"top_k={self.top_k}: must be in [0, vocab_size={vocab_size}] (0 = off)")
-    if not 0 < self.top_p <= 1:
+    if not 0 < self.top_p <= 1:  # also refuses NaN
       raise ValueError(f"top_p={self.top_p}: must be in (0, 1] (1 = off)")
     if self.beam_size < 0:
       raise ValueError(f"beam_size={self.beam_size}: must be >= 0 (0 = no beam search)")
     if self.beam_size and 2 * self.beam_size > self.beam_size * vocab_size:
       raise ValueError(f"beam_size={self.beam_size} needs a vocabulary of at least 2 tokens")
-    if self.alpha < 0:
-      raise ValueError(f"alpha={self.alpha}: the length penalty exponent must be >= 0")
+    if not self.alpha >= 0 or math.isinf(self.alpha):
+      raise ValueError(f"alpha={self.alpha}: the length penalty exponent must be a finite "
+                       "number >= 0")
     if self.beam_size and self.return_logits:
       raise ValueError("return_logits is for greedy decoding and sampling, not beam search")
     for t in self.stop_tokens:
