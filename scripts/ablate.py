@@ -66,9 +66,19 @@ def base_config(sweep):
 
 
 def point_config(sweep, point: dict, out: pathlib.Path):
+  """The point's config: BASE with its overrides, each of which must name an existing field
+  with a value of that field's type (a typo is an error, never a new field)."""
   config = base_config(sweep)
-  config.unlock()
-  config.update_from_flattened_dict(point["overrides"])
+  config.lock()
+  for key, value in point["overrides"].items():
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (AttributeError, KeyError):
+      raise ValueError(f"--sweep {sweep.path}: point {point['name']!r} overrides {key!r}, which "
+                       "is not a config field: fix the name") from None
+    except TypeError as e:
+      raise ValueError(f"--sweep {sweep.path}: point {point['name']!r} sets {key}={value!r}: "
+                       f"{e}") from None
   config.data.cache_dir = str(out / "data")
   return config
 
@@ -340,6 +350,10 @@ def main(argv=None) -> int:
   names = [p["name"] for p in points]
   if len(set(names)) != len(names):
     raise ValueError(f"--sweep {args.sweep}: point names repeat")
+  if args.max_points < 0:
+    raise ValueError(f"--max-points={args.max_points}: give 0 (all) or a positive number")
+  for p in points:  # every point's config is checked before anything trains
+    point_config(sweep, p, out)
   done = read_runs(out / "runs.jsonl")
   todo = [p for p in points if p["name"] not in done]
   if args.max_points:

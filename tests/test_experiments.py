@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -197,3 +198,20 @@ def test_transformer_presets_peak_where_the_papers_schedule_does(experiment):
     config = experiment("transformer", preset)
     peak = config.model.d_model ** -0.5 * config.warmup_steps ** -0.5
     assert config.learning_rate == pytest.approx(peak, rel=1e-6), preset
+
+
+@pytest.mark.parametrize("override,needle", [
+    ('{"model.norm_placment": "post"}', "'model.norm_placment', which is not a config field"),
+    ('{"steps": "many"}', "steps='many'"),
+])
+def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, override,
+                                                                     needle):
+  ablate = script("ablate")
+  sweep_file = tmp_path / "bad.py"
+  sweep_file.write_text(TOY_SWEEP.replace('**{"model.norm_placement": "post"}', f"**{override}"))
+  with pytest.raises(ValueError, match=re.escape(needle)):
+    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "out"))
+  assert not (tmp_path / "out" / "runs").exists()
+  with pytest.raises(ValueError, match="--max-points=-1"):
+    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max-points",
+             "-1")
