@@ -321,3 +321,13 @@ def test_nonsense_training_fields_are_refused_at_start(experiment, field, value,
   with pytest.raises(ValueError, match=re.escape(needle)) as error:
     validate(config, ModelConfig.from_dict(config.model), 1)
   assert str(error.value).startswith(f"{field}=")
+
+
+def test_a_workdir_or_cache_dir_that_is_a_file_is_one_line(tmp_path):
+  a_file = tmp_path / "file"
+  a_file.write_text("")
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir", str(a_file))
+  assert_one_line_error(out, str(a_file))
+  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
+                str(tmp_path / "w"), f"--config.data.cache_dir={a_file}")
+  assert_one_line_error(out, str(a_file))

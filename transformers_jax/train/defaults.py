@@ -82,6 +82,14 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   for field in ("adam_b1", "adam_b2"):
     if not 0 <= config[field] < 1:
       fail(field, "Adam's decay rates lie in [0, 1)")
+  from transformers_jax.data.seq2seq import DIRECTIONS
+  from transformers_jax.train.optim import SCHEDULES
+  if config.lr_schedule not in SCHEDULES:
+    fail("lr_schedule", f"choose one of {', '.join(SCHEDULES)}")
+  if config.data.direction not in DIRECTIONS:
+    fail("data.direction", f"choose one of {', '.join(DIRECTIONS)}")
+  if config.data.max_bytes < 1:
+    fail("data.max_bytes", "must be a positive number of bytes")
   if not config.adam_eps > 0:
     fail("adam_eps", "must be positive")
   if not 0 <= config.min_lr_ratio <= 1:
