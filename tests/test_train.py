@@ -331,3 +331,28 @@ def test_a_workdir_or_cache_dir_that_is_a_file_is_one_line(tmp_path):
   out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
                 str(tmp_path / "w"), f"--config.data.cache_dir={a_file}")
   assert_one_line_error(out, str(a_file))
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_token_file(tmp_path, monkeypatch, capsys):
+  import errno
+  from transformers_jax import cli
+  from transformers_jax.data import ByteTokenizer, prepare_tokens
+
+  from transformers_jax.data import text
+
+  def full(path, write):  # the disk fills while the token file is being written
+    def write_until_full(f):
+      f.write(b"partial")
+      raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    return real_atomic_write(path, write_until_full)
+
+  real_atomic_write = text._atomic_write
+  monkeypatch.setattr(text, "_atomic_write", full)
+  wrapped = cli.user_errors(lambda argv: prepare_tokens(["some text"], ByteTokenizer(),
+                                                         tmp_path / "t.tokens", 256))
+  with pytest.raises(SystemExit) as exit_info:
+    wrapped(["prog"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: No space left on device")
+  assert list(tmp_path.iterdir()) == []
