@@ -27,7 +27,7 @@ from transformers_jax import cli, counting, parallel
 from transformers_jax.modules import attention
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train import optim
-from transformers_jax.train.compile import build_step, synthetic_batch
+from transformers_jax.train.compile import build_step
 from transformers_jax.train.step import create_state
 
 cli.define_config_flag()
@@ -50,7 +50,7 @@ def main(argv):
   tx = optim.make_optimizer(config)
   state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()),
                           config.seed)
-  batch = parallel.put_batch(synthetic_batch(task, model_cfg, config), mesh)
+  batch = parallel.put_batch(task.synthetic_batch(model_cfg, config), mesh)
   t = time.perf_counter()
   state, m = step(state, batch)
   jax.block_until_ready(m)

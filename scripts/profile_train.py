@@ -35,7 +35,7 @@ from absl import flags
 from transformers_jax import cli, counting, parallel
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train import optim
-from transformers_jax.train.compile import build_step, synthetic_batch
+from transformers_jax.train.compile import build_step
 from transformers_jax.train.step import create_state
 
 cli.define_config_flag("experiments/gpt2.py:tiny")
@@ -100,7 +100,7 @@ def main(argv):
   step, _, _, c, mesh, task = build_step(config)
   tx = optim.make_optimizer(config)
   state, _ = create_state(c, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
-  batch = parallel.put_batch(synthetic_batch(task, c, config), mesh)
+  batch = parallel.put_batch(task.synthetic_batch(c, config), mesh)
   compiled = step.lower(state, batch).compile()  # run below: the trace names its operations
   hlo = compiled.as_text()
   cost = compiled.cost_analysis()

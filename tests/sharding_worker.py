@@ -25,7 +25,7 @@ from transformers_jax import parallel  # noqa: E402
 from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
 from transformers_jax.train import optim  # noqa: E402
 from transformers_jax.train.step import create_state, make_train_step  # noqa: E402
-from transformers_jax.train.tasks import build_task  # noqa: E402
+from transformers_jax.tasks import task_data, task_for  # noqa: E402
 
 
 def shard_shapes(state):
@@ -53,8 +53,9 @@ def main():
       for key, value in spec.get("model", {}).items():
         config.model[key] = value
       model_cfg = ModelConfig.from_dict(config.model)
-      task = build_task(config, model_cfg, tmp + "/" + family)
-      batches = [task.train_batch(s) for s in range(spec["steps"])]
+      task = task_for(model_cfg)
+      data = task_data(task, config, model_cfg, tmp + "/" + family)
+      batches = [data.train_batch(s) for s in range(spec["steps"])]
       for name, axes in spec["meshes"].items():
         axes = dict(axes)
         devices = jax.devices()[:axes.pop("devices", 8)]
@@ -62,7 +63,7 @@ def main():
         rules = parallel.rules()
         tx = optim.make_optimizer(config)
         state, shardings = create_state(model_cfg, tx, mesh, rules, config.seed)
-        step = make_train_step(task.name, model_cfg, config, tx, optim.schedule(config), mesh,
+        step = make_train_step(task, model_cfg, config, tx, optim.schedule(config), mesh,
                                rules, shardings)
         losses = []
         for batch in batches:

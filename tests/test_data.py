@@ -372,7 +372,7 @@ def test_nan_pixels_are_named_not_blamed_on_the_learning_rate(tmp_path):
 
 
 def test_small_user_datasets_never_validate_on_a_training_example():
-    from transformers_jax.train.tasks import _split_rows
+    from transformers_jax.tasks.text_data import split_rows as _split_rows
     for n in (2, 5, 19, 20, 45):
         train, val = _split_rows(n, "x.tsv")
         assert val and train and not set(train) & set(val) and sorted(train + val) == list(range(n))

@@ -16,7 +16,7 @@ from transformers_jax import counting, hardware
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 from transformers_jax.train import compile as compile_step
-from transformers_jax.train.tasks import cross_entropy
+from transformers_jax.tasks import cross_entropy
 
 from conftest import ROOT
 from test_parallel import env

@@ -16,6 +16,7 @@ import pytest
 from transformers_jax import parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import init_params
+from transformers_jax.tasks import TASKS
 from transformers_jax.train import optim
 from transformers_jax.train.checkpoint import Checkpoints
 from transformers_jax.train.loop import train
@@ -105,7 +106,7 @@ def test_gradient_accumulation_equals_one_big_batch(experiment):
     config.grad_accum_steps = accum
     tx = optim.make_optimizer(config)
     state, shardings = create_state(model_cfg, tx, mesh, rules, seed=0)
-    step = make_train_step("lm", model_cfg, config, tx, optim.schedule(config), mesh, rules,
+    step = make_train_step(TASKS["lm"], model_cfg, config, tx, optim.schedule(config), mesh, rules,
                            shardings)
     state, metrics = step(state, parallel.put_batch(batch, mesh))
     results.append((jax.device_get(state.params), jax.device_get(metrics)))

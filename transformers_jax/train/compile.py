@@ -15,45 +15,9 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.train import optim
 from transformers_jax.train.defaults import validate
 from transformers_jax.train.step import abstract_state, make_train_step, state_shardings
-from transformers_jax.train.tasks import task_name
+from transformers_jax.tasks import task_for
 
 GIB = hardware.GIB
-
-
-def batch_shapes(task: str, model_cfg: ModelConfig, config) -> dict:
-  B, T = config.batch_size, config.seq_len
-  i32 = np.int32
-  if task == "lm":
-    return {"tokens": ((B, T + 1), i32)}
-  if task == "mlm":
-    return {"inputs": ((B, T), i32), "labels": ((B, T), i32), "weights": ((B, T), np.float32)}
-  if task == "classify_text":
-    return {"tokens": ((B, T), i32), "attention_mask": ((B, T), i32), "labels": ((B,), i32),
-            "weights": ((B,), np.float32)}
-  if task == "seq2seq":
-    return {k: ((B, T), i32) for k in ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask")}
-  size, ch = model_cfg.image_size, model_cfg.num_channels
-  return {"images": ((B, size, size, ch), np.float32), "labels": ((B,), i32),
-          "weights": ((B,), np.float32)}
-
-
-def synthetic_batch(task: str, model_cfg, config) -> dict:
-  """Random inputs of the shapes the train step takes (ids within the vocabulary, labels within
-  the classes, masks all ones), for benchmarks and profiles that time the step alone."""
-  rng = np.random.default_rng(0)
-  out = {}
-  for key, (shape, dtype) in batch_shapes(task, model_cfg, config).items():
-    if key in ("attention_mask", "src_mask", "tgt_mask"):
-      out[key] = np.ones(shape, dtype)
-    elif key == "weights":
-      out[key] = (rng.random(shape) < (0.15 if task == "mlm" else 1.0)).astype(dtype)
-    elif key == "labels" and task != "mlm":
-      out[key] = rng.integers(0, model_cfg.num_classes, shape).astype(dtype)
-    elif dtype == np.int32:
-      out[key] = rng.integers(0, model_cfg.vocab_size, shape).astype(dtype)
-    else:
-      out[key] = rng.random(shape).astype(dtype)
-  return out
 
 
 def devices_for(config) -> list:
@@ -63,11 +27,12 @@ def devices_for(config) -> list:
   return hardware.topology_devices(topology) if topology else jax.devices()
 
 
-def build_step(config, devices=None):
+def build_step(config, devices=None, task=None):
   """Everything a train step needs, from the config alone: (step fn, abstract state, shardings,
-  model config, mesh, task name). Nothing is allocated."""
+  model config, mesh, task); the task defaults to the model's (tasks.task_for). Nothing is
+  allocated."""
   model_cfg = ModelConfig.from_dict(config.model)
-  task = task_name(model_cfg)
+  task = task or task_for(model_cfg)
   mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
   rules = parallel.rules(config.rules.to_dict())
   tx = optim.make_optimizer(config)
@@ -77,20 +42,20 @@ def build_step(config, devices=None):
   return step, abstract, shardings, model_cfg, mesh, task
 
 
-def lower_train_step(config, devices=None):
+def lower_train_step(config, devices=None, task=None):
   """(lowered step, its arguments as sharded ShapeDtypeStructs, model config, mesh), from
   shapes alone: no parameter is allocated."""
-  step, abstract, shardings, model_cfg, mesh, task = build_step(config, devices)
+  step, abstract, shardings, model_cfg, mesh, task = build_step(config, devices, task)
   data = parallel.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
-           for k, (shape, dtype) in batch_shapes(task, model_cfg, config).items()}
+           for k, (shape, dtype) in task.batch_shapes(model_cfg, config).items()}
   args = (abstract_state(abstract, shardings), batch)
   return step.lower(*args), args, model_cfg, mesh
 
 
-def compile_train_step(config, devices=None):
+def compile_train_step(config, devices=None, task=None):
   """(compiled step, model config, mesh) from shapes alone: no parameter is allocated."""
-  lowered, _, model_cfg, mesh = lower_train_step(config, devices)
+  lowered, _, model_cfg, mesh = lower_train_step(config, devices, task)
   return lowered.compile(), model_cfg, mesh
 
 
@@ -144,7 +109,7 @@ def _argument_bytes(args) -> float:
   return total
 
 
-def report(config, devices=None, verbose: bool = True) -> dict:
+def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   """Compile the train step (for `mesh.topology` when set) and describe it as one dict: XLA's
   per-device memory and FLOPs, the model's FLOPs, and for known chips whether it fits.
   Raises OutOfMemory (carrying the same dict, `fits: false`) when the compiler refuses."""
@@ -153,8 +118,9 @@ def report(config, devices=None, verbose: bool = True) -> dict:
   kind = devices[0].device_kind
   chip = hardware.chip_for_topology(topology) if topology else hardware.chip_for_kind(kind)
   model_cfg = ModelConfig.from_dict(config.model)
-  tokens = config.batch_size * (config.seq_len if model_cfg.family != "vit"
-                                else model_cfg.seq_len_max)
+  task = task or task_for(model_cfg)
+  per_example = task.tokens_per_example(model_cfg, config)
+  tokens = config.batch_size * per_example
   out = {"topology": topology or None, "chips": hardware.chips_of(devices),
          "devices": len(devices), "device_kind": kind, "params": counting.count(model_cfg),
          "batch_size": config.batch_size,
@@ -163,7 +129,7 @@ def report(config, devices=None, verbose: bool = True) -> dict:
   start = time.perf_counter()
   sizes = parallel.mesh_shape(config.mesh.to_dict(), len(devices))
   validate(config, model_cfg, sizes["data"] * sizes["fsdp"])
-  lowered, args, model_cfg, mesh = lower_train_step(config, devices)
+  lowered, args, model_cfg, mesh = lower_train_step(config, devices, task)
   out["mesh"] = dict(mesh.shape)
   try:
     compiled = lowered.compile()
@@ -197,8 +163,7 @@ def report(config, devices=None, verbose: bool = True) -> dict:
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   if cost:
     out["xla_flops_per_device_per_step"] = float(cost.get("flops", 0.0))
-  out["model_flops_per_step"] = counting.flops_per_token(
-      model_cfg, config.seq_len if model_cfg.family != "vit" else None) * tokens
+  out["model_flops_per_step"] = counting.flops_per_token(model_cfg, per_example) * tokens
   if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement
     out["step_s_at_50pct_mfu"] = out["model_flops_per_step"] / (
         0.5 * chip.bf16_flops * out["chips"])

@@ -22,7 +22,7 @@ from transformers_jax.train.defaults import validate
 from transformers_jax.train.optim import make_optimizer, schedule
 from transformers_jax.train.step import (abstract_state, create_state, make_eval_step,
                                          make_train_step, residual_rms)
-from transformers_jax.train.tasks import build_task
+from transformers_jax.tasks import task_data, task_for
 
 
 def _check_resume_config(workdir: pathlib.Path, config) -> None:
@@ -91,9 +91,9 @@ def _finite(metrics) -> bool:
   return math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
 
 
-def _eval_metrics(task, eval_step, params, mesh, model_cfg=None) -> dict:
+def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
   totals, rms = None, None
-  for batch in task.eval_batches:
+  for batch in data.eval_batches:
     sums, inter = eval_step(params, parallel.put_batch(_local(batch), mesh))
     sums = jax.device_get(sums)
     totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
@@ -101,45 +101,11 @@ def _eval_metrics(task, eval_step, params, mesh, model_cfg=None) -> dict:
       rms = residual_rms(inter)
   w = max(float(totals["weight"]), 1.0)
   out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
-  if task.name in ("lm", "mlm", "seq2seq"):
+  if task.language_model:
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
-  if task.name == "seq2seq" and model_cfg is not None:
-    out.update(_translation_metrics(task, model_cfg, params))
+  out.update(task.eval_metrics(data, model_cfg, params))
   out["residual_rms"] = rms
   return out
-
-
-def _unpadded(row, mask) -> list[int]:
-  return [int(t) for t, m in zip(row, mask) if m]
-
-
-def _until(ids, stop) -> list[int]:
-  ids = [int(t) for t in ids]
-  return ids[:ids.index(stop)] if stop in ids else ids
-
-
-def _translation_metrics(task, model_cfg, params, max_batches: int = 2) -> dict:
-  """Greedy translations of the first held-out batches (transformers_jax.decode, KV cache):
-  exact match (fraction of outputs equal to the reference) and corpus BLEU (sacrebleu)."""
-  import sacrebleu
-
-  from transformers_jax import decode
-  tok = task.tokenizer
-  hyps, refs = [], []
-  for batch in task.eval_batches[:max_batches]:
-    src_len, tgt_len = batch["src"].shape[1], batch["tgt_out"].shape[1]
-    # every row, padding rows too, so that each batch has the same shapes (one compilation)
-    sources = [_unpadded(s, m) or [tok.eos_id] for s, m in zip(batch["src"], batch["src_mask"])]
-    out = decode.translate(model_cfg, params, sources, tok.bos_id, tok.eos_id, tgt_len,
-                           beam_size=0, source_len=src_len)
-    weights = batch.get("weights", np.ones(len(sources)))
-    for ids, target, w in zip(out.ids(), batch["tgt_out"], weights):
-      if w > 0:
-        hyps.append(tok.decode(ids))
-        refs.append(tok.decode(_until(target, tok.eos_id)))
-  exact = sum(h == r for h, r in zip(hyps, refs)) / max(len(hyps), 1)
-  bleu = sacrebleu.corpus_bleu(hyps, [refs]).score if hyps else 0.0
-  return {"eval_exact_match": exact, "eval_bleu": bleu}
 
 
 def _local(batch: dict) -> dict:
@@ -150,33 +116,9 @@ def _local(batch: dict) -> dict:
   return {k: np.array_split(v, n)[i] for k, v in batch.items()}
 
 
-def _sample_text(task, model_cfg, params, config) -> str | None:
-  """The end-of-run sample: the config's prompt continued (decoder-only), or three held-out
-  sources translated with beam search (encoder-decoder); KV-cached decoding either way."""
-  from transformers_jax import decode
-  tok = task.tokenizer
-  if task.name == "lm":
-    ids = tok.encode(config.sample.prompt)
-    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len:]  # an empty prompt starts a line
-    out = decode.generate(model_cfg, params, [prompt], config.sample.max_new_tokens,
-                          temperature=config.sample.temperature, top_k=config.sample.top_k,
-                          seed=config.seed)
-    prefix = config.sample.prompt if prompt == ids else tok.decode(prompt)
-    return prefix + tok.decode(out.ids()[0])
-  if task.name == "seq2seq":
-    batch = task.eval_batches[0]
-    n = min(3, len(batch["src"]))
-    sources = [_unpadded(s, m) or [tok.eos_id]
-               for s, m in zip(batch["src"][:n], batch["src_mask"][:n])]
-    out = decode.translate(model_cfg, params, sources, tok.bos_id, tok.eos_id,
-                           min(config.sample.max_new_tokens, batch["tgt_out"].shape[1]))
-    return "\n".join(f"{tok.decode(src)} -> {tok.decode(ids)}"
-                     for src, ids in zip(sources, out.ids()))
-  return None
-
-
-def train(config, workdir: str) -> dict:
-  """Train (or resume) the run in `workdir`; returns the final metrics."""
+def train(config, workdir: str, task=None) -> dict:
+  """Train (or resume) the run in `workdir`; returns the final metrics. The objective is the
+  model's (tasks.task_for) unless a Task is given."""
   workdir = pathlib.Path(workdir)
   model_cfg = ModelConfig.from_dict(config.model)
   mesh = parallel.make_mesh(config.mesh.to_dict())
@@ -186,7 +128,8 @@ def train(config, workdir: str) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   _check_resume_config(workdir, config)
 
-  task = build_task(config, model_cfg, workdir)
+  task = task or task_for(model_cfg)
+  data = task_data(task, config, model_cfg, workdir)
   if is_main:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
   tx = make_optimizer(config)
@@ -211,16 +154,17 @@ def train(config, workdir: str) -> dict:
   else:
     note, start = "fresh start", 0
 
-  train_step = make_train_step(task.name, model_cfg, config, tx, schedule(config), mesh,
+  train_step = make_train_step(task, model_cfg, config, tx, schedule(config), mesh,
                                rule_table, shardings)
-  eval_step = make_eval_step(task.name, model_cfg, mesh, rule_table, shardings)
+  eval_step = make_eval_step(task, model_cfg, mesh, rule_table, shardings)
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
   peak, peak_source = metrics_lib.device_peak()
-  tokens_per_step = config.batch_size * task.tokens_per_example
-  flops_per_step = counting.flops_per_token(model_cfg, task.tokens_per_example) * tokens_per_step
+  tokens_per_example = task.tokens_per_example(model_cfg, config)
+  tokens_per_step = config.batch_size * tokens_per_example
+  flops_per_step = counting.flops_per_token(model_cfg, tokens_per_example) * tokens_per_step
   params_count = counting.count(model_cfg)
   if is_main:
-    print(f"{model_cfg.family} model, {params_count:,} parameters; {task.summary}")
+    print(f"{model_cfg.family} model, {params_count:,} parameters; {data.summary}")
     print(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
           f"devices; {note}; MFU peak: {peak_source}", flush=True)
 
@@ -232,7 +176,7 @@ def train(config, workdir: str) -> dict:
   try:
     end = min(config.stop_after or config.steps, config.steps)
     for step in range(start, end):
-      batch = parallel.put_batch(_local(task.train_batch(step)), mesh)
+      batch = parallel.put_batch(_local(data.train_batch(step)), mesh)
       state, metrics = train_step(state, batch)
       # check the previous step while this one runs: a non-finite loss stops the run
       if pending is not None:
@@ -256,14 +200,14 @@ def train(config, workdir: str) -> dict:
         rate = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
         values["tokens_per_s"] = rate
         values["mfu"] = rate / tokens_per_step * flops_per_step / peak if peak else None
-        if task.name in ("lm", "mlm", "seq2seq"):
+        if task.language_model:
           values["perplexity"] = math.exp(min(values["nll"], 50.0))
         writer.write(done, values)
         progress.update(done, values)
         t_last, step_last = now, done
         result.update(values)
       if eval_now:
-        ev = _eval_metrics(task, eval_step, state.params, mesh, model_cfg)
+        ev = _eval_metrics(task, data, eval_step, state.params, mesh, model_cfg)
         writer.write(done, ev)
         progress.note(done, ev)
         result.update(ev)
@@ -282,8 +226,8 @@ def train(config, workdir: str) -> dict:
   checkpoints.close()
   result["step"] = max(start, end)
   if is_main:
-    sample = _sample_text(task, model_cfg, state.params, config) if config.sample.max_new_tokens \
-        else None
+    sample = (task.sample(data, model_cfg, state.params, config)
+              if config.sample.max_new_tokens else None)
     if sample is not None:
       (workdir / "sample.txt").write_text(sample)
       print("\n--- sample ---\n" + sample + "\n--------------")

@@ -13,7 +13,7 @@ from flax import linen as nn
 
 from transformers_jax import parallel
 from transformers_jax.models import build_model, example_inputs
-from transformers_jax.train.tasks import cross_entropy, model_outputs
+from transformers_jax.tasks import cross_entropy
 
 
 @flax.struct.dataclass
@@ -82,13 +82,14 @@ def abstract_state(state, shardings):
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
 
 
-def make_loss_fn(task: str, model_cfg, label_smoothing: float, moe_aux_weight: float):
+def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float):
+  """loss(params, batch, rng) -> (objective, sums) for a Task (transformers_jax.tasks)."""
   train_model = build_model(model_cfg, deterministic=False)
   moe = model_cfg.feed_forward == "moe"
 
   def loss_fn(params, batch, rng):
-    (logits, targets, weights), state = model_outputs(
-        task, train_model, {"params": params}, batch, {"dropout": rng}, ["losses"])
+    (logits, targets, weights), state = task.outputs(
+        train_model, {"params": params}, batch, {"dropout": rng}, ["losses"])
     padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
     sums = cross_entropy(logits, targets, weights, label_smoothing,
                          model_cfg.vocab_size if padded else None)
@@ -156,8 +157,8 @@ def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
 
   def evaluate(params, batch):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
-      (logits, targets, weights), state = model_outputs(
-          task, model, {"params": params}, batch, {}, ["intermediates"])
+      (logits, targets, weights), state = task.outputs(
+          model, {"params": params}, batch, {}, ["intermediates"])
     return cross_entropy(logits, targets, weights), state["intermediates"]
 
   return jax.jit(evaluate, in_shardings=(shardings.params, parallel.batch_sharding(mesh)),

@@ -1,0 +1,105 @@
+"""What an objective is: a Task owns its batch layout, its forward pass and loss terms, whether
+it models language, its data, and optional evaluation and sampling hooks.
+
+The train loop, `--compile_only`, the benchmarks and the profiler ask a Task; none of them
+branches on which objective it is. A new objective is one subclass (see tests/test_tasks.py).
+Losses are sums over weighted positions, so micro-batches add up exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass
+class TaskData:
+  """A task's data for one run: batches are numpy dicts, a pure function of (seed, step),
+  global (every process builds the same batch and keeps its own rows)."""
+
+  train_batch: Callable[[int], dict]  # step -> global batch
+  eval_batches: list  # fixed held-out batches
+  tokenizer: Any = None  # a transformers_jax.data tokenizer, or None (images)
+  summary: str = ""  # one line on what the data is, printed at start
+
+
+class Task:
+  """Base class: subclasses set `name` and implement batch_shapes, outputs and data."""
+
+  name = ""
+  bundled_data = ""  # data.name of the data that needs no --config.data.path
+  language_model = False  # reports perplexity (and decodes text)
+  # masks and weights of a synthetic batch are ones; `synthetic_weight` of positions count
+  synthetic_weight = 1.0
+
+  def batch_shapes(self, model_cfg, config) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """{key: (shape, dtype)} of one global batch."""
+    raise NotImplementedError
+
+  def outputs(self, model, variables, batch, rngs, mutable):
+    """Run `model` on `batch`: ((logits, targets, weights), mutated collections)."""
+    raise NotImplementedError
+
+  def data(self, config, model_cfg, workdir) -> TaskData:
+    """Training and held-out batches for a run in `workdir` (tokenizers are saved there)."""
+    raise NotImplementedError
+
+  def tokens_per_example(self, model_cfg, config) -> int:
+    """Tokens one example puts through the model (for throughput and FLOPs)."""
+    return config.seq_len
+
+  def eval_metrics(self, data: TaskData, model_cfg, params) -> dict:
+    """Metrics beyond loss and accuracy at each evaluation (e.g. BLEU); none by default."""
+    return {}
+
+  def sample(self, data: TaskData, model_cfg, params, config) -> str | None:
+    """What the model makes at the end of a run (text), or None."""
+    return None
+
+  def synthetic_batch(self, model_cfg, config, seed: int = 0) -> dict:
+    """Random inputs of the shapes the train step takes, for benchmarks that time the step
+    alone: ids within the vocabulary, labels within the classes, masks all ones."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, (shape, dtype) in self.batch_shapes(model_cfg, config).items():
+      if key.endswith("mask"):
+        out[key] = np.ones(shape, dtype)
+      elif key == "weights":
+        out[key] = (rng.random(shape) < self.synthetic_weight).astype(dtype)
+      elif key == "labels" and len(shape) == 1:
+        out[key] = rng.integers(0, model_cfg.num_classes, shape).astype(dtype)
+      elif np.issubdtype(dtype, np.integer):
+        out[key] = rng.integers(0, model_cfg.vocab_size, shape).astype(dtype)
+      else:
+        out[key] = rng.random(shape).astype(dtype)
+    return out
+
+
+def cross_entropy(logits, targets, weights, label_smoothing: float = 0.0,
+                  num_classes: int | None = None) -> dict:
+  """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight.
+
+  Written as reductions over the class axis (log-sum-exp, a one-hot product) rather than a
+  gather, so logits split over the vocabulary (`tensor`) are never gathered whole.
+  `num_classes`: the real classes when the last axis is padded (padded logits are masked by
+  the model); label smoothing spreads over the real ones only.
+  """
+  logits = logits.astype(jnp.float32)
+  n = logits.shape[-1]
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  one_hot = jax.nn.one_hot(targets, n, dtype=jnp.float32)
+  nll = lse - jnp.sum(logits * one_hot, axis=-1)
+  loss = nll
+  if label_smoothing:
+    real = num_classes or n
+    mean_logit = (jnp.sum(logits * (jnp.arange(n) < real), axis=-1) / real if real < n
+                  else jnp.mean(logits, axis=-1))
+    loss = (1.0 - label_smoothing) * nll - label_smoothing * (mean_logit - lse)
+  w = weights.astype(jnp.float32)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return {"loss": jnp.sum(loss * w), "nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w),
+          "weight": jnp.sum(w)}

@@ -1,0 +1,45 @@
+"""Next-token prediction (decoder-only): text in, the same text one token later out."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from transformers_jax import data as D
+from transformers_jax.tasks.base import Task, TaskData
+from transformers_jax.tasks.text_data import token_arrays
+
+
+class LanguageModeling(Task):
+  name = "lm"
+  bundled_data = "corpus"
+  language_model = True
+
+  def batch_shapes(self, model_cfg, config):
+    return {"tokens": ((config.batch_size, config.seq_len + 1), np.int32)}
+
+  def outputs(self, model, variables, batch, rngs, mutable):
+    tokens = batch["tokens"]
+    out, state = model.apply(variables, tokens[:, :-1], rngs=rngs, mutable=mutable)
+    weights = batch.get("weights", jnp.ones(tokens[:, 1:].shape, jnp.float32))
+    return (out["logits"], tokens[:, 1:], weights), state
+
+  def data(self, config, model_cfg, workdir):
+    tok, train, val, summary = token_arrays(config, model_cfg, workdir, specials=False)
+    train_b, val_b = D.LMBatches(train), D.LMBatches(val)
+    B, T, seed = config.batch_size, config.seq_len, config.seed
+    evals = [{"tokens": x} for x in val_b.eval_batches(B, T, config.eval_batches)]
+    return TaskData(lambda step: {"tokens": train_b.batch(step, B, T, seed)}, evals, tok,
+                    summary)
+
+  def sample(self, data, model_cfg, params, config):
+    """The config's prompt continued with the KV cache."""
+    from transformers_jax import decode
+    tok = data.tokenizer
+    ids = tok.encode(config.sample.prompt)
+    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len:]  # an empty prompt starts a line
+    out = decode.generate(model_cfg, params, [prompt], config.sample.max_new_tokens,
+                          temperature=config.sample.temperature, top_k=config.sample.top_k,
+                          seed=config.seed)
+    prefix = config.sample.prompt if prompt == ids else tok.decode(prompt)
+    return prefix + tok.decode(out.ids()[0])

@@ -1,0 +1,47 @@
+"""Masked language modelling (encoder with the MLM head): a fraction of tokens is chosen, 80% of
+them replaced by [MASK], 10% by a random token, 10% kept; the loss is on the chosen ones."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformers_jax import data as D
+from transformers_jax.tasks.base import Task, TaskData
+from transformers_jax.tasks.text_data import token_arrays
+
+
+class MaskedLM(Task):
+  name = "mlm"
+  bundled_data = "corpus"
+  language_model = True
+  synthetic_weight = 0.15
+
+  def batch_shapes(self, model_cfg, config):
+    B, T = config.batch_size, config.seq_len
+    return {"inputs": ((B, T), np.int32), "labels": ((B, T), np.int32),
+            "weights": ((B, T), np.float32)}
+
+  def outputs(self, model, variables, batch, rngs, mutable):
+    out, state = model.apply(variables, batch["inputs"], rngs=rngs, mutable=mutable)
+    return (out["logits"], batch["labels"], batch["weights"]), state
+
+  def data(self, config, model_cfg, workdir):
+    tok, train, val, summary = token_arrays(config, model_cfg, workdir, specials=True)
+    if tok.mask_id is None:
+      raise ValueError("data.tokenizer: masked LM needs a [MASK] token; use byte or bpe")
+    train_b, val_b = D.LMBatches(train), D.LMBatches(val)
+    B, T, seed = config.batch_size, config.seq_len, config.seed
+    p = config.data.mlm_probability
+
+    def masked(tokens, rng):
+      inputs, labels, weights = D.mask_tokens(tokens, rng, tok.vocab_size, tok.mask_id,
+                                              tok.special_ids, p)
+      return {"inputs": inputs, "labels": labels, "weights": weights}
+
+    def train_batch(step):
+      return masked(train_b.batch(step, B, T, seed)[:, :T],
+                    np.random.default_rng([seed, step, 1]))
+
+    evals = [masked(x[:, :T], np.random.default_rng([seed, i, 2]))
+             for i, x in enumerate(val_b.eval_batches(B, T, config.eval_batches))]
+    return TaskData(train_batch, evals, tok, summary)
