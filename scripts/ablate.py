@@ -127,7 +127,7 @@ def summarize(curve, eval_curve, steps: int, start_loss: float, target: float,
 
 
 def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
-  from transformers_jax.train.checkpoint import Checkpoints
+  from transformers_jax.runs import Checkpoints
   from transformers_jax.train.loop import TrainingDiverged, train
 
   config = point_config(sweep, point, out)

@@ -14,7 +14,7 @@ from transformers_jax.convert import export_hf, import_hf
 from transformers_jax.interop import load_hf
 from transformers_jax.models import build_model
 from transformers_jax.modules.block import scan_to_loop
-from transformers_jax.train.checkpoint import Checkpoints
+from transformers_jax.runs import Checkpoints
 
 from conftest import ROOT
 
@@ -89,3 +89,25 @@ def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
   written = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert tokenizer.pad_id not in (None, 0)
   assert written["pad_token_id"] == tokenizer.pad_id
+
+
+def test_training_in_a_converted_run_starts_from_its_parameters(tmp_path):
+  from transformers_jax.runs import PARAMS_ONLY, Run
+  from transformers_jax.train.loop import train
+  import_hf(FIXTURES / "vit_classifier", tmp_path / "run")
+  run = Run(tmp_path / "run")
+  assert run.checkpoints(async_save=False).kind(0) == PARAMS_ONLY
+  imported, _ = run.load_params()
+  rng = np.random.default_rng(0)
+  np.savez(tmp_path / "images.npz", images=rng.random((40, 12, 12, 3)).astype(np.float32),
+           labels=rng.integers(0, 5, 40))
+  config = run.config()
+  config.update_from_flattened_dict({
+      "steps": 2, "batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 1,
+      "checkpoint_every": 2, "warmup_steps": 0, "learning_rate": 1e-9,
+      "data.path": str(tmp_path / "images.npz")})
+  result = train(config, str(run.path))
+  assert result["step"] == 2 and run.latest_step() == 2
+  trained, _ = run.load_params()
+  for a, b in zip(jax.tree_util.tree_leaves(trained), jax.tree_util.tree_leaves(imported)):
+    np.testing.assert_allclose(a, b, atol=1e-6)  # two steps at a learning rate of 1e-9

@@ -276,10 +276,9 @@ def test_sharded_decoding_equals_one_device():
 
 
 def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
-  from transformers_jax.cli import UserError
   from transformers_jax.config import experiment_config
-  from transformers_jax.decode.runs import load_run
-  from transformers_jax.train.checkpoint import Checkpoints
+  from transformers_jax.runs import load_run
+  from transformers_jax.runs import Checkpoints, RunError
 
   cfg, params = lm
   (tmp_path / "config.json").write_text(experiment_config(**cfg.to_dict()).to_json())
@@ -293,20 +292,22 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   expected = decode.generate(cfg, params, [[1, 2, 3]], 30).ids()[0]
   assert out.stdout.strip() == ",".join(map(str, expected))
   assert "lowered to 14" in out.stderr  # 16 positions, 3 of them the prompt's
-  with pytest.raises(UserError, match="--step=5: .* checkpoints at steps 3"):
+  with pytest.raises(RunError, match="--step=5: .* checkpoints at steps 3"):
     load_run(tmp_path, step=5)
 
 
 def test_load_run_errors_name_the_fix(lm, tmp_path):
   from transformers_jax.cli import UserError
   from transformers_jax.config import experiment_config
-  from transformers_jax.decode.runs import load_run, parse_ids
+  from transformers_jax.cli import parse_ids
+  from transformers_jax.runs import load_run
+  from transformers_jax.runs import RunError
 
   assert parse_ids("1, 2,3", "prompt_ids") == [1, 2, 3]
   with pytest.raises(UserError, match="comma-separated integers"):
     parse_ids("1,x", "prompt_ids")
-  with pytest.raises(UserError, match="has no config.json"):
+  with pytest.raises(RunError, match="has no config.json"):
     load_run(tmp_path)
   (tmp_path / "config.json").write_text(experiment_config(**lm[0].to_dict()).to_json())
-  with pytest.raises(UserError, match="no checkpoint yet"):
+  with pytest.raises(RunError, match="no checkpoint yet"):
     load_run(tmp_path)

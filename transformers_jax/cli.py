@@ -68,6 +68,14 @@ def user_errors(main):
   return wrapped
 
 
+def parse_ids(text: str, flag: str) -> list[int]:
+  """Comma-separated token ids given to --flag."""
+  try:
+    return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+  except ValueError:
+    raise UserError(f"--{flag}={text!r}: give comma-separated integers, e.g. 1,2,3") from None
+
+
 def _gist(text: str) -> str:
   """The last line of an error text that says something, without a traceback's class prefix."""
   text = text.strip().strip("'\"").replace("\\n", "\n")

@@ -21,10 +21,10 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
-from transformers_jax.config import ModelConfig, config_from_json, experiment_config
+from transformers_jax.config import ModelConfig, experiment_config
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
-from transformers_jax.train.checkpoint import Checkpoints
+from transformers_jax.runs import Run
 
 flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")
@@ -57,19 +57,15 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   config = experiment_config(**fields)
   model_cfg = ModelConfig.from_dict(config.model)
   config.seq_len = min(config.seq_len, model_cfg.max_len)
-  out = pathlib.Path(workdir)
-  ckpt_dir = out / "checkpoints"
-  if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
-    raise cli.UserError(f"{out} already holds checkpoints: convert into a new --workdir")
-  out.mkdir(parents=True, exist_ok=True)
-  checkpoints = Checkpoints(ckpt_dir, async_save=False)
-  checkpoints.save(0, {"params": params})
-  checkpoints.close()
-  (out / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
-  (out / "config.py").write_text(CONFIG_PY)
+  run = Run(workdir)
+  if run.checkpoint_dir.exists() and any(run.checkpoint_dir.iterdir()):
+    raise cli.UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
+  run.save_params(params, step=0)
+  run.write_config(config)
+  (run.path / "config.py").write_text(CONFIG_PY)
   tokenizer = pathlib.Path(source) / "tokenizer.json"
   if tokenizer.is_file():
-    shutil.copy(tokenizer, out / "tokenizer.json")
+    shutil.copy(tokenizer, run.tokenizer_path)
   return fields
 
 
@@ -89,28 +85,21 @@ def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> N
 
 
 def export_hf(workdir, target, overwrite: bool = False) -> str:
-  run = pathlib.Path(workdir)
-  if not (run / "config.json").is_file():
-    raise cli.UserError(f"{run} has no config.json: pass a run directory")
-  _check_target(run, pathlib.Path(target), overwrite)
-  config = config_from_json(run / "config.json")
-  model_cfg = ModelConfig.from_dict(config.model)
-  checkpoints = Checkpoints(run / "checkpoints", async_save=False)
-  step = checkpoints.latest_step()
-  if step is None:
-    raise cli.UserError(f"{run} has no checkpoint to export")
-  params = jax.tree_util.tree_map(np.asarray, checkpoints.restore(step, None)["params"])
-  checkpoints.close()
+  run = Run(workdir)
+  if not run.config_path.is_file():
+    raise cli.UserError(f"{run.path} has no config.json: pass a run directory")
+  _check_target(run.path, pathlib.Path(target), overwrite)
+  model_cfg = run.model_config()
+  params, _ = run.load_params()
+  params = jax.tree_util.tree_map(np.asarray, params)
   if model_cfg.scan_layers:
     params = scan_to_loop(params)
   extra = {}
-  if (run / "tokenizer.json").is_file():  # the ids the run's tokenizer gives its specials
-    from transformers_jax.data import load_tokenizer
-    pad = load_tokenizer(run / "tokenizer.json").pad_id
-    if pad is not None:
-      extra["pad_token_id"] = int(pad)
+  tok = run.tokenizer()
+  if tok is not None and tok.pad_id is not None:  # the id the run's tokenizer pads with
+    extra["pad_token_id"] = int(tok.pad_id)
   architecture = save_hf(target, model_cfg, params, extra_config=extra)
-  tokenizer = run / "tokenizer.json"
+  tokenizer = run.tokenizer_path
   if tokenizer.is_file() and '"model"' in tokenizer.read_text()[:10_000]:  # an HF tokenizer file
     shutil.copy(tokenizer, pathlib.Path(target) / "tokenizer.json")
   return architecture

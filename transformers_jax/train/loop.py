@@ -14,9 +14,9 @@ import numpy as np
 from flax import linen as nn
 
 from transformers_jax import counting, parallel
+from transformers_jax.runs import PARAMS_ONLY, Run, config_differences
 from transformers_jax.cli import UserError
 from transformers_jax.config import ModelConfig
-from transformers_jax.train import checkpoint as ckpt_lib
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.defaults import validate
 from transformers_jax.train.optim import make_optimizer, schedule
@@ -25,28 +25,21 @@ from transformers_jax.train.step import (abstract_state, create_state, make_eval
 from transformers_jax.tasks import task_data, task_for
 
 
-def _check_resume_config(workdir: pathlib.Path, config) -> None:
-  saved = ckpt_lib.read_saved_config(workdir)
+def _check_resume_config(run: Run, config) -> None:
+  saved = run.saved_config()
   if saved is None:
     return
-  diffs = ckpt_lib.config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
+  diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
   if diffs:
-    raise UserError(f"{workdir} holds a run of a different model ({'; '.join(diffs)}): "
+    raise UserError(f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "
                     "use a new --workdir or the saved model config")
 
 
-def _load_init_from(path: str, params):
-  """Copy parameters whose path and shape match from another run's latest checkpoint."""
-  source = pathlib.Path(path)
-  ckpt_dir = source / "checkpoints" if (source / "checkpoints").is_dir() else source
-  manager = ckpt_lib.Checkpoints(ckpt_dir, async_save=False)
-  step = manager.latest_step()
-  if step is None:
-    raise UserError(f"init_from={path}: no checkpoint found there")
-  restored = manager.restore(step, None)["params"]
-  manager.close()
+def _copy_matching(params, source, step=None):
+  """Parameters whose path and shape match taken from `source` (a nested dict of arrays), the
+  rest kept: (params, names loaded, names left fresh)."""
   flat_src = {jax.tree_util.keystr(k, simple=True, separator="/"): v
-              for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
+              for k, v in jax.tree_util.tree_flatten_with_path(source)[0]}
   loaded, fresh = [], []
 
   def take(keypath, leaf):
@@ -58,7 +51,17 @@ def _load_init_from(path: str, params):
     fresh.append(name)
     return leaf
 
-  params = jax.tree_util.tree_map_with_path(take, params)
+  return jax.tree_util.tree_map_with_path(take, params), loaded, fresh
+
+
+def _init_from_run(path: str, params):
+  """Copy parameters whose path and shape match from another run's latest checkpoint."""
+  source = pathlib.Path(path)
+  run = Run(source.parent if source.name == "checkpoints" else source)
+  if run.latest_step() is None:
+    raise UserError(f"init_from={path}: no checkpoint found there")
+  restored, step = run.load_params()
+  params, loaded, fresh = _copy_matching(params, restored)
   return params, loaded, fresh, step
 
 
@@ -119,24 +122,29 @@ def _local(batch: dict) -> dict:
 def train(config, workdir: str, task=None) -> dict:
   """Train (or resume) the run in `workdir`; returns the final metrics. The objective is the
   model's (tasks.task_for) unless a Task is given."""
-  workdir = pathlib.Path(workdir)
+  run = Run(workdir)
+  workdir = run.path
   model_cfg = ModelConfig.from_dict(config.model)
   mesh = parallel.make_mesh(config.mesh.to_dict())
   rule_table = parallel.rules(config.rules.to_dict())
   validate(config, model_cfg, mesh.shape["data"] * mesh.shape["fsdp"])
   is_main = jax.process_index() == 0
   workdir.mkdir(parents=True, exist_ok=True)
-  _check_resume_config(workdir, config)
+  _check_resume_config(run, config)
 
   task = task or task_for(model_cfg)
   data = task_data(task, config, model_cfg, workdir)
   if is_main:
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
+    run.write_config(config)
   tx = make_optimizer(config)
   state, shardings = create_state(model_cfg, tx, mesh, rule_table, config.seed)
-  checkpoints = ckpt_lib.Checkpoints(workdir / "checkpoints", config.keep_checkpoints)
+  checkpoints = run.checkpoints(config.keep_checkpoints)
   start = checkpoints.latest_step()
-  if start is not None:
+  if start is not None and checkpoints.kind(start) == PARAMS_ONLY:  # e.g. a converted model
+    target = {"params": abstract_state(state, shardings).params}
+    state = state.replace(params=checkpoints.restore(start, target)["params"])
+    note = f"started from the parameters-only checkpoint at step {start} (fresh optimizer)"
+  elif start is not None:
     try:
       state = checkpoints.restore(start, abstract_state(state, shardings))
     except (ValueError, KeyError) as e:
@@ -146,7 +154,7 @@ def train(config, workdir: str, task=None) -> dict:
                       "with (grad_clip, weight_decay …) or use a new --workdir") from None
     note = f"resumed from step {start}"
   elif config.init_from:
-    params, loaded, fresh, src_step = _load_init_from(config.init_from, state.params)
+    params, loaded, fresh, src_step = _init_from_run(config.init_from, state.params)
     state = state.replace(params=params)
     note = (f"initialised {len(loaded)} tensors from {config.init_from} (step {src_step}); "
             f"{len(fresh)} new: {', '.join(sorted({f.split('/')[0] for f in fresh})) or '-'}")
