@@ -27,7 +27,7 @@ PRESETS = {
     "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
 }
 
-# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
+# Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
     "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
                  log_every=20, eval_every=100, checkpoint_every=100),

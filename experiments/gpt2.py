@@ -28,7 +28,7 @@ PRESETS = {
 }
 
 
-# Training fields per preset (the rest default as in transformers_jax/train/defaults.py).
+# Training fields per preset (the rest default as in transformers_jax/train_config.py).
 TRAINING = {
     "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
                  log_every=20, eval_every=100, checkpoint_every=100),

@@ -40,7 +40,7 @@ PRESETS = {
     "175b": dict(num_layers=96, d_model=12288, num_heads=96, published_params=175_000_000_000),
 }
 
-# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
+# Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {}
 
 

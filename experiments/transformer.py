@@ -31,7 +31,7 @@ PRESETS = {
                 published_params=213_000_000),
 }
 
-# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
+# Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
     "tiny": dict(steps=400, batch_size=32, seq_len=64, learning_rate=2e-3, warmup_steps=40,
                  log_every=40, eval_every=200, checkpoint_every=200,

@@ -36,7 +36,7 @@ PRESETS = {
                 published_params=632_045_800),
 }
 
-# Training fields per preset (the rest as in transformers_jax/train/defaults.py).
+# Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
     "tiny": dict(steps=300, batch_size=32, learning_rate=2e-3, warmup_steps=30, log_every=30,
                  eval_every=150, checkpoint_every=150, eval_batches=12),

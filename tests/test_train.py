@@ -139,7 +139,7 @@ def test_weight_decay_mask():
 
 def schedule_values(**fields):
   from ml_collections import ConfigDict
-  from transformers_jax.train.defaults import training_fields
+  from transformers_jax.train_config import training_fields
   c = training_fields()
   c.update(fields)
   s = optim.schedule(c)
@@ -312,7 +312,7 @@ def test_a_rule_override_replicates_a_logical_axis():
     ("data.mlm_probability", 1.5, "(0, 1]"), ("sample.temperature", float("nan"), "finite"),
     ("sample.top_k", -1, ">= 0"), ("min_lr_ratio", 2.0, "[0, 1]")])
 def test_nonsense_training_fields_are_refused_at_start(experiment, field, value, needle):
-  from transformers_jax.train.defaults import validate
+  from transformers_jax.train_config import validate
   config = experiment("gpt2", "tiny")
   *parents, name = field.split(".")
   node = config

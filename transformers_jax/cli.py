@@ -100,7 +100,7 @@ def parse_flags(argv):
                 overrides[-1] if overrides else "--config")
     hint = re.search(r"Did you mean .*\?", said)
     message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
-    message += "; the fields are in transformers_jax/train/defaults.py and config.py"
+    message += "; the fields are in transformers_jax/train_config.py and config.py"
   except OSError:  # the config file cannot be read
     given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
     if given is None and "--config" in argv[:-1]:

@@ -269,10 +269,10 @@ def experiment_config(published_params: int = 0, published_source: str = "",
                       **model) -> ml_collections.ConfigDict:
   """The full experiment config every file in experiments/ returns from `get_config(arg)`.
 
-  Training fields (see train/defaults.py) at the top level, `model` holds ModelConfig fields,
+  Training fields (see train_config.py) at the top level, `model` holds ModelConfig fields,
   `published` the figure a preset is checked against (0 = none).
   """
-  from transformers_jax.train.defaults import training_fields
+  from transformers_jax.train_config import training_fields
 
   config = training_fields()
   config.model = model_config_dict(**model)

@@ -13,7 +13,7 @@ import numpy as np
 from transformers_jax import counting, hardware, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import optim
-from transformers_jax.train.defaults import validate
+from transformers_jax.train_config import validate
 from transformers_jax.train.step import abstract_state, make_train_step, state_shardings
 from transformers_jax.tasks import task_for
 

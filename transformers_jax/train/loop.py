@@ -18,7 +18,7 @@ from transformers_jax.runs import PARAMS_ONLY, Run, config_differences
 from transformers_jax.cli import UserError
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train.defaults import validate
+from transformers_jax.train_config import validate
 from transformers_jax.train.optim import make_optimizer, schedule
 from transformers_jax.train.step import (abstract_state, create_state, make_eval_step,
                                          make_train_step, residual_rms)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+from transformers_jax.train_config import SCHEDULES
 DECAYED = ("kernel", "wi", "wi_1", "wo")  # matmul weights (dense kernels, MoE expert weights)
 
 

@@ -9,6 +9,10 @@ import ml_collections
 from transformers_jax.parallel import rule_names
 
 
+# Learning-rate schedules after the linear warmup (train/optim.py builds them).
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+
+
 def training_fields() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.steps = 1000  # optimizer updates (the schedule spans these)
@@ -83,7 +87,6 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     if not 0 <= config[field] < 1:
       fail(field, "Adam's decay rates lie in [0, 1)")
   from transformers_jax.data.seq2seq import DIRECTIONS
-  from transformers_jax.train.optim import SCHEDULES
   if config.lr_schedule not in SCHEDULES:
     fail("lr_schedule", f"choose one of {', '.join(SCHEDULES)}")
   if config.data.direction not in DIRECTIONS:
