@@ -21,7 +21,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
-from transformers_jax.config import ModelConfig, experiment_config
+from transformers_jax.config import DTYPES, ModelConfig, experiment_config
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
 from transformers_jax.runs import Run
@@ -30,7 +30,7 @@ flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")
 flags.DEFINE_string("workdir", None, "This project's run directory (written by --from_hf, read "
                     "by --to_hf).")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype on import.")
+flags.DEFINE_enum("dtype", "float32", list(DTYPES), "Parameter dtype on import.")
 flags.DEFINE_bool("scan_layers", False, "Store the imported blocks in the scanned layout.")
 flags.DEFINE_bool("overwrite", False, "--to_hf: write into a folder that already holds files "
                   "(its config.json and weights are replaced; never the run's own folder).")

@@ -202,13 +202,7 @@ def shard_params(cfg, params, mesh, rules=None):
   """Place parameters on `mesh` as the logical-axis rules say (default parallel.rules(), the
   training layout)."""
   from transformers_jax import parallel
-  from transformers_jax.models import example_inputs
-  cfg = as_model_config(cfg)
-  rules = parallel.rules() if rules is None else rules
-  model = build_model(cfg)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs(cfg)))
-  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed["params"]), mesh, rules)
-  return jax.device_put(params, shardings)
+  return jax.device_put(params, parallel.param_shardings(as_model_config(cfg), mesh, rules))
 
 
 def _place(mesh, args, rows: int):

@@ -566,7 +566,8 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
   The parameters are numpy arrays of `dtype` (recorded as the fields' `param_dtype`); the tree
   matches `param_shapes(ModelConfig(**fields))`.
   """
-  from transformers_jax.modules.common import DTYPES
+  from transformers_jax.config import DTYPES
+  from transformers_jax.modules.common import dtype_of
   directory = pathlib.Path(directory)
   if dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -608,7 +609,7 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
 
   expected = _expected_shapes(c)
   flat: dict[tuple[str, ...], np.ndarray] = {}
-  np_dtype = DTYPES[dtype]
+  np_dtype = dtype_of(dtype)
   for rule in _rules(c, architecture, ""):
     missing = [n for n in rule.hf if n not in tensors]
     if missing:

@@ -10,11 +10,11 @@ from transformers_jax.modules.attention import Attention
 from transformers_jax.modules.feed_forward import FeedForward, MoE
 from transformers_jax.modules.norms import Norm
 
-REMAT_POLICIES = {
-    "full": None,  # save nothing: recompute the whole block in the backward pass
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+
+def remat_policy(name: str):
+  """What a rematerialised block keeps for the backward pass: config.REMAT_POLICIES names
+  "full" (nothing: recompute the whole block) or one of jax.checkpoint_policies."""
+  return None if name == "full" else getattr(jax.checkpoint_policies, name)
 
 
 class Block(nn.Module):
@@ -90,7 +90,7 @@ class Stack(nn.Module):
     c = self.cfg
     block = Block
     if c.remat != "none":
-      block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+      block = nn.remat(Block, policy=remat_policy(c.remat), prevent_cse=not c.scan_layers)
     kw = dict(cfg=c, causal=self.causal, cross=self.cross, deterministic=self.deterministic,
               decode=self.decode)
     args = (mask, positions, context, context_mask)

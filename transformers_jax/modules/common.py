@@ -7,11 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
 def dtype_of(name: str):
-  return DTYPES[name]
+  """A dtype named in the config (config.DTYPES) as JAX's dtype object."""
+  return jnp.dtype(name)
 
 
 def normal(std: float, names: tuple[str | None, ...]):
