@@ -286,7 +286,7 @@ def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
       ax = axes[i][j]
       here = [r for r in runs if r["placement"] == p and r["warmup"] == w]
       for r in here:
-        for stack, values in r["residual_rms"].items():
+        for values in r["residual_rms"].values():
           ax.plot(range(1, len(values) + 1), values, NORM_STYLES.get(r["norm"], ":"),
                   marker=".", color=colors[r["depth"]], label=f"depth {r['depth']}, {r['norm']}")
       ax.set_yscale("log")

@@ -94,7 +94,7 @@ def main(argv):
     cached[p] = (tn - t1) / n
     prefill[p] = t1
     tokens = jnp.asarray(prompts(1, p), jnp.int32)
-    uncached[p] = best_time(lambda: forward(params, tokens).block_until_ready(),
+    uncached[p] = best_time(lambda t=tokens: forward(params, t).block_until_ready(),
                             FLAGS.uncached_repeats)
     print(f"position {p}: cached {cached[p] * 1e3:.1f} ms/token, uncached "
           f"{uncached[p] * 1e3:.1f} ms/token", file=sys.stderr, flush=True)

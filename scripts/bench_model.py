@@ -80,7 +80,7 @@ def main():
   result["loop_ratio"] = cs[f"loop_{hi}"] / cs[f"loop_{lo}"]
   print(json.dumps(result))
   c = result["count_gpt3_175b"]
-  print(f"\n| measurement | value |\n|---|---:|")
+  print("\n| measurement | value |\n|---|---:|")
   print(f"| count GPT-3 175B ({c['params']:,} params) | {c['seconds']:.2f} s, peak RSS "
         f"{c['peak_rss_mb']:.0f} MB (after importing JAX: {c['baseline_rss_mb']:.0f} MB) |")
   for key, secs in cs.items():

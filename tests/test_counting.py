@@ -1,7 +1,6 @@
 """Parameter counts: published figures, the analytic formula, the CLI."""
 
 import json
-import math
 import random
 import subprocess
 import sys

@@ -134,7 +134,6 @@ def test_mesh_shapes():
 
 def test_axis_that_does_not_divide_is_refused_before_compiling():
   import jax
-  from flax import linen as nn
   c = ModelConfig(num_layers=1, d_model=48, num_heads=6, vocab_size=100)
   model = build_model(c)
   boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs(c))["params"])

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -138,7 +137,6 @@ def test_weight_decay_mask():
 
 
 def schedule_values(**fields):
-  from ml_collections import ConfigDict
   from transformers_jax.train_config import training_fields
   c = training_fields()
   c.update(fields)

@@ -8,7 +8,8 @@ field has a default and a line saying what it does; `None` means "derived" (see 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import ml_collections
 

@@ -12,7 +12,7 @@ The batch is split over data × fsdp.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np

@@ -30,7 +30,8 @@ import json
 import math
 import pathlib
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -9,7 +9,8 @@ Losses are sums over weighted positions, so micro-batches add up exactly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

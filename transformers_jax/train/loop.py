@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import signal
@@ -11,7 +10,6 @@ import time
 
 import jax
 import numpy as np
-from flax import linen as nn
 
 from transformers_jax import counting, parallel
 from transformers_jax.runs import PARAMS_ONLY, Run, config_differences

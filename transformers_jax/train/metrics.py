@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from transformers_jax import hardware
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
   """FLOP/s of a large float32 matmul on this CPU (all its cores), best of `repeats` (a shared
   host's noise only ever slows a run down, so the best is the closest to the true peak)."""
