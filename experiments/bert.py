@@ -13,24 +13,54 @@ with `num_classes` for `BertForSequenceClassification`.
 
 from transformers_jax.config import preset_config
 
-BERT = dict(family="encoder", vocab_size=30522, max_len=512, type_vocab_size=2,
-            positions="learned", norm_placement="post", norm="layernorm", norm_eps=1e-12,
-            embed_norm=True, activation="gelu", tie_embeddings=True, use_bias=True,
-            dropout=0.1, attention_dropout=0.1, head="pooler",
-            vocab_multiple=128)  # 30,592 stored rows: the vocabulary splits over `tensor`
+BERT = dict(
+    family="encoder",
+    vocab_size=30522,
+    max_len=512,
+    type_vocab_size=2,
+    positions="learned",
+    norm_placement="post",
+    norm="layernorm",
+    norm_eps=1e-12,
+    embed_norm=True,
+    activation="gelu",
+    tie_embeddings=True,
+    use_bias=True,
+    dropout=0.1,
+    attention_dropout=0.1,
+    head="pooler",
+    vocab_multiple=128,
+)  # 30,592 stored rows: the vocabulary splits over `tensor`
 SOURCE = "Hugging Face BertModel (embeddings + encoder + pooler)"
 
 PRESETS = {
-    "tiny": dict(num_layers=2, d_model=64, num_heads=4, vocab_size=260, max_len=128,
-                 dropout=0.0, attention_dropout=0.0, head="mlm", vocab_multiple=1),
+    "tiny": dict(
+        num_layers=2,
+        d_model=64,
+        num_heads=4,
+        vocab_size=260,
+        max_len=128,
+        dropout=0.0,
+        attention_dropout=0.0,
+        head="mlm",
+        vocab_multiple=1,
+    ),
     "base": dict(num_layers=12, d_model=768, num_heads=12, published_params=109_482_240),
     "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
 }
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
-    "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
-                 log_every=20, eval_every=100, checkpoint_every=100),
+    "tiny": dict(
+        steps=200,
+        batch_size=16,
+        seq_len=64,
+        learning_rate=3e-3,
+        warmup_steps=20,
+        log_every=20,
+        eval_every=100,
+        checkpoint_every=100,
+    ),
 }
 
 

@@ -12,15 +12,25 @@ V*d + 1024*d + L*(12d^2 + 13d) + 2d.
 
 from transformers_jax.config import preset_config
 
-GPT2 = dict(family="decoder", vocab_size=50257, max_len=1024, positions="learned",
-            norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
-            tie_embeddings=True, use_bias=True, dropout=0.1, vocab_multiple=128)
+GPT2 = dict(
+    family="decoder",
+    vocab_size=50257,
+    max_len=1024,
+    positions="learned",
+    norm_placement="pre",
+    norm="layernorm",
+    norm_eps=1e-5,
+    activation="gelu_tanh",
+    tie_embeddings=True,
+    use_bias=True,
+    dropout=0.1,
+    vocab_multiple=128,
+)
 SOURCE = "released GPT-2 checkpoints (Radford et al. 2019)"
 
 PRESETS = {
     "tiny": dict(num_layers=2, d_model=64, num_heads=4, vocab_size=256, max_len=128, dropout=0.0),
-    "cpu": dict(num_layers=4, d_model=128, num_heads=4, vocab_size=256, max_len=256,
-                dropout=0.0),
+    "cpu": dict(num_layers=4, d_model=128, num_heads=4, vocab_size=256, max_len=256, dropout=0.0),
     "small": dict(num_layers=12, d_model=768, num_heads=12, published_params=124_439_808),
     "medium": dict(num_layers=24, d_model=1024, num_heads=16, published_params=354_823_168),
     "large": dict(num_layers=36, d_model=1280, num_heads=20, published_params=774_030_080),
@@ -30,11 +40,27 @@ PRESETS = {
 
 # Training fields per preset (the rest default as in transformers_jax/train_config.py).
 TRAINING = {
-    "tiny": dict(steps=200, batch_size=16, seq_len=64, learning_rate=3e-3, warmup_steps=20,
-                 log_every=20, eval_every=100, checkpoint_every=100),
+    "tiny": dict(
+        steps=200,
+        batch_size=16,
+        seq_len=64,
+        learning_rate=3e-3,
+        warmup_steps=20,
+        log_every=20,
+        eval_every=100,
+        checkpoint_every=100,
+    ),
     # the README's quick start: a 4 x 128 byte-level GPT, a few minutes on a 2-core CPU
-    "cpu": dict(steps=500, batch_size=16, seq_len=128, learning_rate=2e-3, warmup_steps=50,
-                log_every=25, eval_every=250, checkpoint_every=250),
+    "cpu": dict(
+        steps=500,
+        batch_size=16,
+        seq_len=128,
+        learning_rate=2e-3,
+        warmup_steps=50,
+        log_every=25,
+        eval_every=250,
+        checkpoint_every=250,
+    ),
 }
 
 

@@ -23,9 +23,20 @@ that counting 175B with eval_shape takes seconds.
 
 from transformers_jax.config import preset_config
 
-GPT3 = dict(family="decoder", vocab_size=50257, max_len=2048, positions="learned",
-            norm_placement="pre", norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
-            tie_embeddings=True, use_bias=True, scan_layers=True, vocab_multiple=128)
+GPT3 = dict(
+    family="decoder",
+    vocab_size=50257,
+    max_len=2048,
+    positions="learned",
+    norm_placement="pre",
+    norm="layernorm",
+    norm_eps=1e-5,
+    activation="gelu_tanh",
+    tie_embeddings=True,
+    use_bias=True,
+    scan_layers=True,
+    vocab_multiple=128,
+)
 SOURCE = "GPT-3 paper, Table 2.1 (nominal size)"
 
 PRESETS = {
@@ -35,8 +46,9 @@ PRESETS = {
     "xl": dict(num_layers=24, d_model=2048, num_heads=16, published_params=1_300_000_000),
     "2.7b": dict(num_layers=32, d_model=2560, num_heads=32, published_params=2_700_000_000),
     "6.7b": dict(num_layers=32, d_model=4096, num_heads=32, published_params=6_700_000_000),
-    "13b": dict(num_layers=40, d_model=5140, num_heads=40, head_dim=128,
-                published_params=13_000_000_000),
+    "13b": dict(
+        num_layers=40, d_model=5140, num_heads=40, head_dim=128, published_params=13_000_000_000
+    ),
     "175b": dict(num_layers=96, d_model=12288, num_heads=96, published_params=175_000_000_000),
 }
 

@@ -22,20 +22,39 @@ BASE = "gpt2.py:tiny"
 TARGET_LOSS = 2.8  # train loss (nats per byte); a 200-step depth-2 run reaches ~2.4
 
 COMMON = {
-    "batch_size": 16, "seq_len": 64, "learning_rate": 3e-3, "lr_schedule": "cosine",
-    "log_every": 5, "eval_every": 100, "eval_batches": 8, "checkpoint_every": 100,
+    "batch_size": 16,
+    "seq_len": 64,
+    "learning_rate": 3e-3,
+    "lr_schedule": "cosine",
+    "log_every": 5,
+    "eval_every": 100,
+    "eval_batches": 8,
+    "checkpoint_every": 100,
     "sample.max_new_tokens": 0,
-    "model.d_model": 64, "model.num_heads": 4, "model.max_len": 128, "model.scan_layers": True,
+    "model.d_model": 64,
+    "model.num_heads": 4,
+    "model.max_len": 128,
+    "model.scan_layers": True,
 }
 STEPS = 200
 DEPTHS = (2, 6, 12)
 WARMUPS = (0, 40)
 
-SCALE = dict(COMMON, **{  # the same sweep, 4x wider, longer and bigger-batched
-    "batch_size": 64, "seq_len": 256, "learning_rate": 1e-3, "log_every": 25, "eval_every": 500,
-    "eval_batches": 16, "checkpoint_every": 500,
-    "model.d_model": 256, "model.num_heads": 8, "model.max_len": 256,
-})
+SCALE = dict(
+    COMMON,
+    **{  # the same sweep, 4x wider, longer and bigger-batched
+        "batch_size": 64,
+        "seq_len": 256,
+        "learning_rate": 1e-3,
+        "log_every": 25,
+        "eval_every": 500,
+        "eval_batches": 16,
+        "checkpoint_every": 500,
+        "model.d_model": 256,
+        "model.num_heads": 8,
+        "model.max_len": 256,
+    },
+)
 SCALE_STEPS = 2000
 SCALE_DEPTHS = (2, 6, 12, 24)
 SCALE_WARMUPS = (0, 200)
@@ -47,9 +66,15 @@ NORMS = ("layernorm", "rmsnorm")
 
 def point(placement, norm, depth, warmup, common, steps, residual=True) -> dict:
   name = f"{placement}-{norm}-L{depth}-w{warmup}" + ("" if residual else "-noresidual")
-  overrides = {**common, "steps": steps, "warmup_steps": warmup,
-               "model.norm_placement": placement, "model.norm": norm,
-               "model.num_layers": depth, "model.residual": residual}
+  overrides = {
+      **common,
+      "steps": steps,
+      "warmup_steps": warmup,
+      "model.norm_placement": placement,
+      "model.norm": norm,
+      "model.num_layers": depth,
+      "model.residual": residual,
+  }
   return {"name": name, "overrides": overrides}
 
 
@@ -57,8 +82,13 @@ def points(scale: bool = False) -> list[dict]:
   common, steps = (SCALE, SCALE_STEPS) if scale else (COMMON, STEPS)
   depths = SCALE_DEPTHS if scale else DEPTHS
   warmups = SCALE_WARMUPS if scale else WARMUPS
-  out = [point(p, n, d, w, common, steps)
-         for d in depths for p in PLACEMENTS for n in NORMS for w in warmups]
+  out = [
+      point(p, n, d, w, common, steps)
+      for d in depths
+      for p in PLACEMENTS
+      for n in NORMS
+      for w in warmups
+  ]
   for d in (SCALE_NO_RESIDUAL_DEPTHS if scale else (12,)):
     out.append(point("pre", "layernorm", d, warmups[-1], common, steps, residual=False))
   return out

@@ -20,26 +20,54 @@ labels) have exactly these parameters. `tiny` classifies the bundled 8 x 8 digit
 
 from transformers_jax.config import preset_config
 
-VIT = dict(family="vit", image_size=224, patch_size=16, num_channels=3, num_classes=1000,
-           positions="learned", pool="cls", norm_placement="pre", norm="layernorm",
-           norm_eps=1e-6, activation="gelu", use_bias=True, head="classifier")
+VIT = dict(
+    family="vit",
+    image_size=224,
+    patch_size=16,
+    num_channels=3,
+    num_classes=1000,
+    positions="learned",
+    pool="cls",
+    norm_placement="pre",
+    norm="layernorm",
+    norm_eps=1e-6,
+    activation="gelu",
+    use_bias=True,
+    head="classifier",
+)
 SOURCE = "timm / Hugging Face ViTForImageClassification, 1,000 classes"
 
 PRESETS = {
-    "tiny": dict(num_layers=2, d_model=64, num_heads=4, image_size=8, patch_size=2,
-                 num_channels=1, num_classes=10),
+    "tiny": dict(
+        num_layers=2,
+        d_model=64,
+        num_heads=4,
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        num_classes=10,
+    ),
     "ti16": dict(num_layers=12, d_model=192, num_heads=3, published_params=5_717_416),
     "s16": dict(num_layers=12, d_model=384, num_heads=6, published_params=22_050_664),
     "b16": dict(num_layers=12, d_model=768, num_heads=12, published_params=86_567_656),
     "l16": dict(num_layers=24, d_model=1024, num_heads=16, published_params=304_326_632),
-    "h14": dict(num_layers=32, d_model=1280, num_heads=16, patch_size=14,
-                published_params=632_045_800),
+    "h14": dict(
+        num_layers=32, d_model=1280, num_heads=16, patch_size=14, published_params=632_045_800
+    ),
 }
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
-    "tiny": dict(steps=300, batch_size=32, learning_rate=2e-3, warmup_steps=30, log_every=30,
-                 eval_every=150, checkpoint_every=150, eval_batches=12),
+    "tiny": dict(
+        steps=300,
+        batch_size=32,
+        learning_rate=2e-3,
+        warmup_steps=30,
+        log_every=30,
+        eval_every=150,
+        checkpoint_every=150,
+        eval_batches=12,
+    ),
 }
 
 

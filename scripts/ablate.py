@@ -34,8 +34,13 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green",
-                    "none": "tab:purple", "pre (no residual)": "tab:red"}
+PLACEMENT_COLORS = {
+    "pre": "tab:blue",
+    "post": "tab:orange",
+    "sandwich": "tab:green",
+    "none": "tab:purple",
+    "pre (no residual)": "tab:red",
+}
 NORM_STYLES = {"layernorm": "-", "rmsnorm": "--"}
 
 
@@ -57,12 +62,14 @@ def load_sweep(path) -> object:
 def base_config(sweep):
   """The sweep's BASE `<file>:<preset>`, the file found beside the sweep or in experiments/."""
   from transformers_jax.config import load_config_module
+
   file, _, preset = sweep.BASE.partition(":")
   for folder in (sweep.path.parent, ROOT / "experiments"):
     if (folder / file).is_file():
       return load_config_module(str(folder / file)).get_config(preset or None)
-  raise FileNotFoundError(f"BASE={sweep.BASE!r}: {file} is neither beside the sweep nor in "
-                          "experiments/")
+  raise FileNotFoundError(
+      f"BASE={sweep.BASE!r}: {file} is neither beside the sweep nor in " "experiments/"
+  )
 
 
 def point_config(sweep, point: dict, out: pathlib.Path):
@@ -74,11 +81,14 @@ def point_config(sweep, point: dict, out: pathlib.Path):
     try:
       config.update_from_flattened_dict({key: value})
     except (AttributeError, KeyError):
-      raise ValueError(f"--sweep {sweep.path}: point {point['name']!r} overrides {key!r}, which "
-                       "is not a config field: fix the name") from None
+      raise ValueError(
+          f"--sweep {sweep.path}: point {point['name']!r} overrides {key!r}, which "
+          "is not a config field: fix the name"
+      ) from None
     except TypeError as e:
-      raise ValueError(f"--sweep {sweep.path}: point {point['name']!r} sets {key}={value!r}: "
-                       f"{e}") from None
+      raise ValueError(
+          f"--sweep {sweep.path}: point {point['name']!r} sets {key}={value!r}: " f"{e}"
+      ) from None
   config.data.cache_dir = str(out / "data")
   return config
 
@@ -87,8 +97,13 @@ def describe(config) -> dict:
   """The fields the table and plots group by."""
   m = config.model
   placement = m.norm_placement if m.residual else f"{m.norm_placement} (no residual)"
-  return {"placement": placement, "norm": m.norm, "depth": m.num_layers,
-          "warmup": config.warmup_steps, "residual": m.residual}
+  return {
+      "placement": placement,
+      "norm": m.norm,
+      "depth": m.num_layers,
+      "warmup": config.warmup_steps,
+      "residual": m.residual,
+  }
 
 
 # ----------------------------------------------------------------------------- one run
@@ -107,8 +122,14 @@ def read_metrics(workdir: pathlib.Path) -> list[dict]:
   return [by_key[k] for k in sorted(by_key)]
 
 
-def summarize(curve, eval_curve, steps: int, start_loss: float, target: float,
-              failure: tuple[float, int] | None) -> dict:
+def summarize(
+    curve,
+    eval_curve,
+    steps: int,
+    start_loss: float,
+    target: float,
+    failure: tuple[float, int] | None,
+) -> dict:
   """Final losses, divergence and steps-to-target from the logged [step, loss] curves."""
   tail = [loss for step, loss in curve if step > steps - max(1, steps // 10)]
   final = sum(tail) / len(tail) if tail and failure is None else None
@@ -121,9 +142,13 @@ def summarize(curve, eval_curve, steps: int, start_loss: float, target: float,
     reason = f"final loss {final:.3f} above start {start_loss:.3f}"
   else:
     reason = ""
-  return {"train_loss": final,
-          "val_loss": eval_curve[-1][1] if eval_curve and failure is None else None,
-          "diverged": bool(reason), "diverged_reason": reason, "steps_to_target": reached}
+  return {
+      "train_loss": final,
+      "val_loss": eval_curve[-1][1] if eval_curve and failure is None else None,
+      "diverged": bool(reason),
+      "diverged_reason": reason,
+      "steps_to_target": reached,
+  }
 
 
 def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
@@ -137,8 +162,11 @@ def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> 
   resumed_from = Checkpoints(ckpt_dir).latest_step() if ckpt_dir.exists() else None
   failure, result = None, {}
   t = time.perf_counter()
-  with open(workdir / "train.log", "a") as log, contextlib.redirect_stdout(log), \
-       contextlib.redirect_stderr(log):
+  with (
+      open(workdir / "train.log", "a") as log,
+      contextlib.redirect_stdout(log),
+      contextlib.redirect_stderr(log),
+  ):
     try:
       result = train(config, str(workdir))
     except TrainingDiverged as e:
@@ -149,15 +177,23 @@ def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> 
   curve = [[r["step"], r["loss"]] for r in rows if "loss" in r]
   eval_curve = [[r["step"], r["eval_loss"]] for r in rows if "eval_loss" in r]
   rms = result.get("residual_rms") or next(
-      (r["residual_rms"] for r in reversed(rows) if "residual_rms" in r), {})
+      (r["residual_rms"] for r in reversed(rows) if "residual_rms" in r), {}
+  )
   start = math.log(config.model.vocab_size)
-  record = {"name": point["name"], **describe(config), "steps": config.steps,
-            **summarize(curve, eval_curve, config.steps, start, sweep.TARGET_LOSS, failure),
-            "target_loss": sweep.TARGET_LOSS, "start_loss": start, "wall_s": round(wall, 2),
-            "resumed_from": resumed_from, "residual_rms": rms if failure is None else {},
-            "curve": [[s, round(v, 4)] for s, v in curve],
-            "eval_curve": [[s, round(v, 4)] for s, v in eval_curve],
-            "overrides": point["overrides"]}
+  record = {
+      "name": point["name"],
+      **describe(config),
+      "steps": config.steps,
+      **summarize(curve, eval_curve, config.steps, start, sweep.TARGET_LOSS, failure),
+      "target_loss": sweep.TARGET_LOSS,
+      "start_loss": start,
+      "wall_s": round(wall, 2),
+      "resumed_from": resumed_from,
+      "residual_rms": rms if failure is None else {},
+      "curve": [[s, round(v, 4)] for s, v in curve],
+      "eval_curve": [[s, round(v, 4)] for s, v in eval_curve],
+      "overrides": point["overrides"],
+  }
   if not keep_checkpoints:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
   return record
@@ -196,14 +232,17 @@ def write_table(runs: list[dict], path: pathlib.Path, target: float) -> None:
   lines = [
       "| run | placement | norm | depth | warmup | train loss | val loss | diverged | "
       f"steps to ≤ {target} | wall time |",
-      "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+      "|---|---|---|---:|---:|---:|---:|---|---:|---:|",
+  ]
   for r in runs:
     div = f"yes: {r['diverged_reason']}" if r["diverged"] else "no"
     reach = "not reached" if r["steps_to_target"] is None else str(r["steps_to_target"])
     wall = _clock(r["wall_s"]) + ("*" if r.get("resumed_from") else "")
-    lines.append(f"| {r['name']} | {r['placement']} | {r['norm']} | {r['depth']} | "
-                 f"{r['warmup']} | {_fmt(r['train_loss'])} | {_fmt(r['val_loss'])} | {div} | "
-                 f"{reach} | {wall} |")
+    lines.append(
+        f"| {r['name']} | {r['placement']} | {r['norm']} | {r['depth']} | "
+        f"{r['warmup']} | {_fmt(r['train_loss'])} | {_fmt(r['val_loss'])} | {div} | "
+        f"{reach} | {wall} |"
+    )
   steps = sorted({r["steps"] for r in runs})
   lines += [
       "",
@@ -212,7 +251,8 @@ def write_table(runs: list[dict], path: pathlib.Path, target: float) -> None:
       "last 10% of steps; val loss: final held-out evaluation (nats per token). diverged: "
       "non-finite loss, or final train loss above ln(vocab), the untrained model's loss. "
       f"steps to ≤ {target}: first logged step with train loss ≤ {target}. "
-      "Wall time includes compilation (* = resumed; time of the finishing invocation only)."]
+      "Wall time includes compilation (* = resumed; time of the finishing invocation only).",
+  ]
   path.write_text("\n".join(lines) + "\n")
 
 
@@ -226,6 +266,7 @@ def save_png(fig, path: pathlib.Path) -> None:
   """A small PNG: 80 dpi, quantised to a 64-colour palette (line plots need no more)."""
   import io
   from PIL import Image
+
   buf = io.BytesIO()
   fig.savefig(buf, dpi=80, format="png")
   buf.seek(0)
@@ -234,11 +275,19 @@ def save_png(fig, path: pathlib.Path) -> None:
 
 def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   depths, warmups = _grid(runs)
-  fig, axes = plt.subplots(len(warmups), len(depths), figsize=(4.2 * len(depths),
-                           3.2 * len(warmups)), sharex=True, sharey=True, squeeze=False)
+  fig, axes = plt.subplots(
+      len(warmups),
+      len(depths),
+      figsize=(4.2 * len(depths), 3.2 * len(warmups)),
+      sharex=True,
+      sharey=True,
+      squeeze=False,
+  )
   finite = [v for r in runs for _, v in r["curve"] if math.isfinite(v)]
   low = min(finite, default=0.0)
   high = max(min(max(r["start_loss"] for r in runs), low + 2.0), target + 0.2)  # the tail matters
@@ -249,9 +298,14 @@ def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
         if r["depth"] != d or r["warmup"] != w or not r["curve"]:
           continue
         steps, losses = zip(*r["curve"])
-        line, = ax.plot(steps, losses, NORM_STYLES.get(r["norm"], ":"), lw=1.2,
-                        color=PLACEMENT_COLORS.get(r["placement"], "black"),
-                        label=f"{r['placement']}, {r['norm']}")
+        (line,) = ax.plot(
+            steps,
+            losses,
+            NORM_STYLES.get(r["norm"], ":"),
+            lw=1.2,
+            color=PLACEMENT_COLORS.get(r["placement"], "black"),
+            label=f"{r['placement']}, {r['norm']}",
+        )
         if r["diverged"]:
           ax.plot(steps[-1], losses[-1], "x", color=line.get_color(), ms=9, mew=2)
       ax.axhline(target, color="grey", lw=0.6, ls=":")
@@ -264,8 +318,11 @@ def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
         ax.set_ylabel("train loss")
       if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper right")
-  fig.suptitle(f"train loss (logged batches) by depth; y axis cut at {high:.1f}; dotted: target "
-               f"{target}; x: diverged", fontsize=11)
+  fig.suptitle(
+      f"train loss (logged batches) by depth; y axis cut at {high:.1f}; dotted: target "
+      f"{target}; x: diverged",
+      fontsize=11,
+  )
   fig.tight_layout()
   save_png(fig, path)
   plt.close(fig)
@@ -273,22 +330,35 @@ def plot_curves(runs: list[dict], path: pathlib.Path, target: float) -> None:
 
 def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   from matplotlib import cm, ticker
+
   depths, warmups = _grid(runs)
   placements = list(dict.fromkeys(r["placement"] for r in runs))
   colors = {d: cm.viridis(k / max(1, len(depths) - 1) * 0.85) for k, d in enumerate(depths)}
-  fig, axes = plt.subplots(len(warmups), len(placements), figsize=(3.6 * len(placements),
-                           3.0 * len(warmups)), sharey=True, squeeze=False)
+  fig, axes = plt.subplots(
+      len(warmups),
+      len(placements),
+      figsize=(3.6 * len(placements), 3.0 * len(warmups)),
+      sharey=True,
+      squeeze=False,
+  )
   for i, w in enumerate(warmups):
     for j, p in enumerate(placements):
       ax = axes[i][j]
       here = [r for r in runs if r["placement"] == p and r["warmup"] == w]
       for r in here:
         for values in r["residual_rms"].values():
-          ax.plot(range(1, len(values) + 1), values, NORM_STYLES.get(r["norm"], ":"),
-                  marker=".", color=colors[r["depth"]], label=f"depth {r['depth']}, {r['norm']}")
+          ax.plot(
+              range(1, len(values) + 1),
+              values,
+              NORM_STYLES.get(r["norm"], ":"),
+              marker=".",
+              color=colors[r["depth"]],
+              label=f"depth {r['depth']}, {r['norm']}",
+          )
       ax.set_yscale("log")
       ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
       ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
@@ -302,10 +372,17 @@ def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
       if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6)
       else:
-        ax.text(0.5, 0.5, "diverged: no RMS" if here else "not run", ha="center", va="center",
-                transform=ax.transAxes)
-  fig.suptitle("RMS of the residual stream after each block, end of training (held-out batch)",
-               fontsize=11)
+        ax.text(
+            0.5,
+            0.5,
+            "diverged: no RMS" if here else "not run",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
+  fig.suptitle(
+      "RMS of the residual stream after each block, end of training (held-out batch)", fontsize=11
+  )
   fig.tight_layout()
   save_png(fig, path)
   plt.close(fig)
@@ -330,18 +407,31 @@ def _work(point) -> float:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--sweep", required=True, help="sweep file, e.g. experiments/norm_ablation.py")
+  parser.add_argument(
+      "--sweep", required=True, help="sweep file, e.g. experiments/norm_ablation.py"
+  )
   parser.add_argument("--out", required=True, help="output folder")
   parser.add_argument("--scale", action="store_true", help="the larger sweep, for an accelerator")
-  parser.add_argument("--max-points", type=int, default=0,
-                      help="run at most this many unfinished points, then stop (0 = all)")
-  parser.add_argument("--report-only", action="store_true",
-                      help="rewrite the table and plots from runs.jsonl; train nothing")
-  parser.add_argument("--keep-checkpoints", action="store_true",
-                      help="keep finished points' checkpoints (deleted by default)")
+  parser.add_argument(
+      "--max-points",
+      type=int,
+      default=0,
+      help="run at most this many unfinished points, then stop (0 = all)",
+  )
+  parser.add_argument(
+      "--report-only",
+      action="store_true",
+      help="rewrite the table and plots from runs.jsonl; train nothing",
+  )
+  parser.add_argument(
+      "--keep-checkpoints",
+      action="store_true",
+      help="keep finished points' checkpoints (deleted by default)",
+  )
   args = parser.parse_args(argv)
 
   from absl import logging
+
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   sweep = load_sweep(args.sweep)
   out = pathlib.Path(args.out)
@@ -357,10 +447,13 @@ def main(argv=None) -> int:
   done = read_runs(out / "runs.jsonl")
   todo = [p for p in points if p["name"] not in done]
   if args.max_points:
-    todo = todo[:args.max_points]
+    todo = todo[: args.max_points]
   finished = sum(p["name"] in done for p in points)
-  print(f"{len(points)} points: {finished} finished, {0 if args.report_only else len(todo)} to "
-        f"run now; results in {out}", flush=True)
+  print(
+      f"{len(points)} points: {finished} finished, {0 if args.report_only else len(todo)} to "
+      f"run now; results in {out}",
+      flush=True,
+  )
   total_work = sum(_work(p) for p in todo)
   work_done, t0 = 0.0, time.perf_counter()
   try:
@@ -370,20 +463,30 @@ def main(argv=None) -> int:
       work_done += _work(p)
       elapsed = time.perf_counter() - t0
       left = elapsed / work_done * (total_work - work_done)
-      status = "DIVERGED " + record["diverged_reason"] if record["diverged"] else \
-          f"train {_fmt(record['train_loss'])} val {_fmt(record['val_loss'])}"
+      status = (
+          "DIVERGED " + record["diverged_reason"]
+          if record["diverged"]
+          else f"train {_fmt(record['train_loss'])} val {_fmt(record['val_loss'])}"
+      )
       resumed = f", resumed from step {record['resumed_from']}" if record["resumed_from"] else ""
-      print(f"[{finished + k}/{len(points)}] {p['name']}: {status} in {_clock(record['wall_s'])}"
-            f"{resumed} | elapsed {_clock(elapsed)}, ~{_clock(left)} left", flush=True)
+      print(
+          f"[{finished + k}/{len(points)}] {p['name']}: {status} in {_clock(record['wall_s'])}"
+          f"{resumed} | elapsed {_clock(elapsed)}, ~{_clock(left)} left",
+          flush=True,
+      )
   finally:
     runs = write_outputs(sweep, points, out)
-  print(f"wrote {len(runs)} runs: table.md, loss_curves.png, residual_rms.png, runs.jsonl "
-        f"({_clock(time.perf_counter() - t0)})", flush=True)
+  print(
+      f"wrote {len(runs)} runs: table.md, loss_curves.png, residual_rms.png, runs.jsonl "
+      f"({_clock(time.perf_counter() - t0)})",
+      flush=True,
+  )
   return 0
 
 
 if __name__ == "__main__":
   from transformers_jax.cli import UserError
+
   try:
     sys.exit(main())
   except (UserError, ValueError, FileNotFoundError) as e:  # interrupted, bad sweep, bad config

@@ -42,16 +42,27 @@ FLAGS = flags.FLAGS
 
 
 def gpt2_small(max_len: int, scan: bool) -> ModelConfig:
-  return ModelConfig(family="decoder", num_layers=12, d_model=768, num_heads=12, vocab_size=50257,
-                     max_len=max_len, positions="learned", norm_placement="pre",
-                     activation="gelu_tanh", tie_embeddings=True, scan_layers=scan)
+  return ModelConfig(
+      family="decoder",
+      num_layers=12,
+      d_model=768,
+      num_heads=12,
+      vocab_size=50257,
+      max_len=max_len,
+      positions="learned",
+      norm_placement="pre",
+      activation="gelu_tanh",
+      tie_embeddings=True,
+      scan_layers=scan,
+  )
 
 
 def random_params(cfg, seed: int = 0):
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map(
       lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32) * cfg.init_std),
-      param_shapes(cfg))
+      param_shapes(cfg),
+  )
 
 
 def best_time(fn, repeats: int) -> float:
@@ -94,10 +105,15 @@ def main(argv):
     cached[p] = (tn - t1) / n
     prefill[p] = t1
     tokens = jnp.asarray(prompts(1, p), jnp.int32)
-    uncached[p] = best_time(lambda t=tokens: forward(params, t).block_until_ready(),
-                            FLAGS.uncached_repeats)
-    print(f"position {p}: cached {cached[p] * 1e3:.1f} ms/token, uncached "
-          f"{uncached[p] * 1e3:.1f} ms/token", file=sys.stderr, flush=True)
+    uncached[p] = best_time(
+        lambda t=tokens: forward(params, t).block_until_ready(), FLAGS.uncached_repeats
+    )
+    print(
+        f"position {p}: cached {cached[p] * 1e3:.1f} ms/token, uncached "
+        f"{uncached[p] * 1e3:.1f} ms/token",
+        file=sys.stderr,
+        flush=True,
+    )
 
   throughput, end_to_end = {}, {}
   for b in batches:
@@ -110,16 +126,23 @@ def main(argv):
   ms = lambda d: {str(k): round(v * 1e3, 2) for k, v in d.items()}  # noqa: E731
   result = {
       "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
-                f"{os.cpu_count()} cores visible)",
-      "model": dict(layers=cfg.num_layers, d_model=cfg.d_model, heads=cfg.num_heads,
-                    vocab=cfg.vocab_size, max_len=cfg.max_len, scan_layers=cfg.scan_layers,
-                    parameters=int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(
-                        params))), dtype=cfg.dtype),
+      f"{os.cpu_count()} cores visible)",
+      "model": dict(
+          layers=cfg.num_layers,
+          d_model=cfg.d_model,
+          heads=cfg.num_heads,
+          vocab=cfg.vocab_size,
+          max_len=cfg.max_len,
+          scan_layers=cfg.scan_layers,
+          parameters=int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params))),
+          dtype=cfg.dtype,
+      ),
       "new_tokens_per_timing": n,
       "cached_ms_per_token": ms(cached),
       "uncached_ms_per_token": ms(uncached),
-      "cached_over_uncached_speedup": {str(p): round(uncached[p] / cached[p], 1)
-                                       for p in positions},
+      "cached_over_uncached_speedup": {
+          str(p): round(uncached[p] / cached[p], 1) for p in positions
+      },
       "prefill_plus_first_token_ms": ms(prefill),
       "tokens_per_s": {f"batch_{b}": round(v, 1) for b, v in throughput.items()},
       "end_to_end_tokens_per_s": {f"batch_{b}": round(v, 1) for b, v in end_to_end.items()},

@@ -41,18 +41,28 @@ def main() -> None:
   # this process only asks which backend there is: leave the GPU's memory to the benchmarks
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax
+
   on_gpu = jax.default_backend() == "gpu"
   if not on_gpu and not a.allow_cpu:
-    fail(f"no GPU (JAX's backend is {jax.default_backend()}): run this on a GPU machine, or "
-         "pass --allow_cpu to try the script with XLA attention")
+    fail(
+        f"no GPU (JAX's backend is {jax.default_backend()}): run this on a GPU machine, or "
+        "pass --allow_cpu to try the script with XLA attention"
+    )
   results = []
   for preset in a.presets.split(","):
-    cmd = [sys.executable, str(ROOT / "scripts/bench_train.py"),
-           "--config", f"experiments/gpt2.py:{preset}", f"--steps={a.steps}",
-           f"--config.batch_size={a.batch_size}", f"--config.seq_len={a.seq_len}",
-           f"--config.model.max_len={a.seq_len}", "--config.model.dropout=0.0",
-           "--config.model.dtype=bfloat16",
-           f"--config.model.attention_impl={'cudnn' if on_gpu else 'fused'}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts/bench_train.py"),
+        "--config",
+        f"experiments/gpt2.py:{preset}",
+        f"--steps={a.steps}",
+        f"--config.batch_size={a.batch_size}",
+        f"--config.seq_len={a.seq_len}",
+        f"--config.model.max_len={a.seq_len}",
+        "--config.model.dropout=0.0",
+        "--config.model.dtype=bfloat16",
+        f"--config.model.attention_impl={'cudnn' if on_gpu else 'fused'}",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
       lines = out.stderr.strip().splitlines() or ["(no output)"]
@@ -61,8 +71,10 @@ def main() -> None:
     row.update(preset=preset, dtype="bfloat16", attention="cudnn" if on_gpu else "xla")
     results.append(row)
     mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
-    print(f"gpt2 {preset}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.1f} ms, "
-          f"MFU {mfu} of {row['peak_tflops_per_s'] or 0:.4g} TFLOP/s ({row['device']})")
+    print(
+        f"gpt2 {preset}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.1f} ms, "
+        f"MFU {mfu} of {row['peak_tflops_per_s'] or 0:.4g} TFLOP/s ({row['device']})"
+    )
   pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(a.out).write_text(json.dumps({"jax": jax.__version__, "runs": results}, indent=1))
   print(f"wrote {a.out}")

@@ -34,8 +34,9 @@ print(json.dumps({"params": n, "seconds": dt, "peak_rss_mb": peak / 1024,
 
 
 def count_175b() -> dict:
-  out = subprocess.run([sys.executable, "-c", COUNT_175B], capture_output=True, text=True,
-                       check=True)
+  out = subprocess.run(
+      [sys.executable, "-c", COUNT_175B], capture_output=True, text=True, check=True
+  )
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -46,8 +47,9 @@ def compile_seconds(layers: int, scan: bool) -> float:
   from transformers_jax.config import ModelConfig
   from transformers_jax.models import build_model, param_shapes
 
-  cfg = ModelConfig(num_layers=layers, d_model=128, num_heads=4, vocab_size=256, max_len=64,
-                    scan_layers=scan)
+  cfg = ModelConfig(
+      num_layers=layers, d_model=128, num_heads=4, vocab_size=256, max_len=64, scan_layers=scan
+  )
   model = build_model(cfg)
   params = param_shapes(cfg)
   tokens = jax.ShapeDtypeStruct((2, 64), jnp.int32)
@@ -68,12 +70,18 @@ def main():
   args = parser.parse_args()
   depths = [int(x) for x in args.layers.split(",")]
   import jax
-  result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "count_gpt3_175b": count_175b(), "compile_seconds": {}}
+
+  result = {
+      "device": jax.devices()[0].device_kind,
+      "jax": jax.__version__,
+      "count_gpt3_175b": count_175b(),
+      "compile_seconds": {},
+  }
   for scan in (True, False):
     for layers in depths:
       result["compile_seconds"][f"{'scan' if scan else 'loop'}_{layers}"] = round(
-          compile_seconds(layers, scan), 3)
+          compile_seconds(layers, scan), 3
+      )
   cs = result["compile_seconds"]
   lo, hi = depths[0], depths[-1]
   result["scan_ratio"] = cs[f"scan_{hi}"] / cs[f"scan_{lo}"]
@@ -81,8 +89,10 @@ def main():
   print(json.dumps(result))
   c = result["count_gpt3_175b"]
   print("\n| measurement | value |\n|---|---:|")
-  print(f"| count GPT-3 175B ({c['params']:,} params) | {c['seconds']:.2f} s, peak RSS "
-        f"{c['peak_rss_mb']:.0f} MB (after importing JAX: {c['baseline_rss_mb']:.0f} MB) |")
+  print(
+      f"| count GPT-3 175B ({c['params']:,} params) | {c['seconds']:.2f} s, peak RSS "
+      f"{c['peak_rss_mb']:.0f} MB (after importing JAX: {c['baseline_rss_mb']:.0f} MB) |"
+  )
   for key, secs in cs.items():
     print(f"| compile fwd+bwd, {key.replace('_', ', ')} layers | {secs:.2f} s |")
   print(f"| {hi} / {lo} layers, scanned | {result['scan_ratio']:.2f}x |")

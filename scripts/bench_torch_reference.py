@@ -25,6 +25,7 @@ from torch import nn
 
 
 class Block(nn.Module):
+
   def __init__(self, d, heads):
     super().__init__()
     self.heads = heads
@@ -42,6 +43,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+
   def __init__(self, vocab, seq_len, d, layers, heads):
     super().__init__()
     self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
@@ -58,8 +60,15 @@ class GPT(nn.Module):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  for name, default in [("d_model", 256), ("layers", 4), ("heads", 4), ("seq_len", 256),
-                        ("batch_size", 16), ("vocab", 256), ("steps", 20)]:
+  for name, default in [
+      ("d_model", 256),
+      ("layers", 4),
+      ("heads", 4),
+      ("seq_len", 256),
+      ("batch_size", 16),
+      ("vocab", 256),
+      ("steps", 20),
+  ]:
     p.add_argument(f"--{name}", type=int, default=default)
   p.add_argument("--profile", action="store_true")
   a = p.parse_args()
@@ -67,8 +76,11 @@ def main():
   model = GPT(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)
   decay = [q for q in model.parameters() if q.dim() >= 2]
   no_decay = [q for q in model.parameters() if q.dim() < 2]
-  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                           {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.95))
+  opt = torch.optim.AdamW(
+      [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+      lr=1e-3,
+      betas=(0.9, 0.95),
+  )
   x = torch.randint(0, a.vocab, (a.batch_size, a.seq_len + 1))
 
   def step():
@@ -82,6 +94,7 @@ def main():
     step()
   if a.profile:
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU]) as prof:
       for _ in range(3):
         step()
@@ -92,11 +105,19 @@ def main():
     step()
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)  # as scripts/bench_train.py: the median step
-  print(json.dumps({"framework": f"torch {torch.__version__} eager", "threads":
-                    torch.get_num_threads(), "step_s": step_s,
-                    "step_s_min": min(times), "step_s_max": max(times),
-                    "tokens_per_s": a.batch_size * a.seq_len / step_s,
-                    "params": sum(q.numel() for q in model.parameters())}))
+  print(
+      json.dumps(
+          {
+              "framework": f"torch {torch.__version__} eager",
+              "threads": torch.get_num_threads(),
+              "step_s": step_s,
+              "step_s_min": min(times),
+              "step_s_max": max(times),
+              "tokens_per_s": a.batch_size * a.seq_len / step_s,
+              "params": sum(q.numel() for q in model.parameters()),
+          }
+      )
+  )
 
 
 if __name__ == "__main__":

@@ -32,10 +32,13 @@ from transformers_jax.train.step import create_state
 
 cli.define_config_flag()
 flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step and one warm-up step).")
-flags.DEFINE_bool("free_attention_core", False,
-                  "Diagnostic, not a model: replace softmax(q k^T) v by v, so the step times "
-                  "everything but the attention core (a floor for any attention kernel). "
-                  "Decoder family only.")
+flags.DEFINE_bool(
+    "free_attention_core",
+    False,
+    "Diagnostic, not a model: replace softmax(q k^T) v by v, so the step times "
+    "everything but the attention core (a floor for any attention kernel). "
+    "Decoder family only.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -43,13 +46,14 @@ def main(argv):
   config = FLAGS.config
   if FLAGS.free_attention_core:
     if config.model.family != "decoder":
-      raise cli.UserError("--free_attention_core: decoder family only (its attention is "
-                          "self-attention, where v has the output's shape)")
+      raise cli.UserError(
+          "--free_attention_core: decoder family only (its attention is "
+          "self-attention, where v has the output's shape)"
+      )
     attention._attend = lambda q, k, v, *rest: jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
   step, _, shardings, model_cfg, mesh, task = build_step(config)
   tx = optim.make_optimizer(config)
-  state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()),
-                          config.seed)
+  state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
   batch = parallel.put_batch(task.synthetic_batch(model_cfg, config), mesh)
   t = time.perf_counter()
   state, m = step(state, batch)
@@ -68,16 +72,29 @@ def main(argv):
   tokens = config.batch_size * tokens_per_example
   flops = counting.flops_per_token(model_cfg, tokens_per_example) * tokens
   peak, source = metrics_lib.device_peak()
-  print(json.dumps({
-      "config": flags.FLAGS["config"].config_filename, "family": model_cfg.family,
-      "params": counting.count(model_cfg), "batch_size": config.batch_size,
-      "seq_len": tokens_per_example, "device": jax.devices()[0].device_kind,
-      "devices": jax.device_count(), "compile_plus_first_step_s": round(compile_s, 3),
-      "step_s": step_s, "step_s_min": min(times), "step_s_max": max(times), "tokens_per_s": tokens / step_s,
-      "model_tflops_per_s": flops / step_s / 1e12,
-      "peak_tflops_per_s": peak / 1e12 if peak else None, "peak_source": source,
-      "mfu": flops / step_s / peak if peak else None,
-      "free_attention_core": FLAGS.free_attention_core}))
+  print(
+      json.dumps(
+          {
+              "config": flags.FLAGS["config"].config_filename,
+              "family": model_cfg.family,
+              "params": counting.count(model_cfg),
+              "batch_size": config.batch_size,
+              "seq_len": tokens_per_example,
+              "device": jax.devices()[0].device_kind,
+              "devices": jax.device_count(),
+              "compile_plus_first_step_s": round(compile_s, 3),
+              "step_s": step_s,
+              "step_s_min": min(times),
+              "step_s_max": max(times),
+              "tokens_per_s": tokens / step_s,
+              "model_tflops_per_s": flops / step_s / 1e12,
+              "peak_tflops_per_s": peak / 1e12 if peak else None,
+              "peak_source": source,
+              "mfu": flops / step_s / peak if peak else None,
+              "free_attention_core": FLAGS.free_attention_core,
+          }
+      )
+  )
 
 
 if __name__ == "__main__":

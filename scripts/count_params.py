@@ -25,12 +25,19 @@ def rows():
       config = module.get_config(preset)
       c = ModelConfig.from_dict(config.model)
       n = counting.count(c)
-      layers = (f"{c.encoder_layers}+{c.decoder_layers}" if c.family == "encoder_decoder"
-                else str(c.num_layers))
+      layers = (
+          f"{c.encoder_layers}+{c.decoder_layers}"
+          if c.family == "encoder_decoder"
+          else str(c.num_layers)
+      )
       published = int(config.published.params)
       yield {
-          "preset": f"{name}.py:{preset}", "layers": layers, "d_model": c.d_model,
-          "heads": c.num_heads, "params": n, "analytic": counting.analytic_count(c),
+          "preset": f"{name}.py:{preset}",
+          "layers": layers,
+          "d_model": c.d_model,
+          "heads": c.num_heads,
+          "params": n,
+          "analytic": counting.analytic_count(c),
           "published": published or None,
           "difference": (n - published) / published if published else None,
       }
@@ -46,8 +53,10 @@ def main():
   for r in table:
     pub = f"{r['published']:,}" if r["published"] else "—"
     diff = f"{r['difference']:+.2%}" if r["difference"] is not None else "—"
-    print(f"| {r['preset']} | {r['layers']} | {r['d_model']} | {r['heads']} | "
-          f"{r['params']:,} | {pub} | {diff} |")
+    print(
+        f"| {r['preset']} | {r['layers']} | {r['d_model']} | {r['heads']} | "
+        f"{r['params']:,} | {pub} | {diff} |"
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,14 @@ def measure(length: int, d_model: int, heads: int, min_time: float = 0.5) -> dic
   from transformers_jax.config import ModelConfig
   from transformers_jax.modules.attention import Attention
 
-  cfg = ModelConfig(family="decoder", d_model=d_model, num_heads=heads, max_len=length,
-                    positions="none", vocab_size=256)
+  cfg = ModelConfig(
+      family="decoder",
+      d_model=d_model,
+      num_heads=heads,
+      max_len=length,
+      positions="none",
+      vocab_size=256,
+  )
   layer = Attention(cfg, causal=True)
   x = jax.random.normal(jax.random.PRNGKey(0), (1, length, d_model), jnp.float32)
   params = layer.init(jax.random.PRNGKey(1), x)
@@ -44,29 +50,44 @@ def measure(length: int, d_model: int, heads: int, min_time: float = 0.5) -> dic
     t = time.perf_counter()
     jax.block_until_ready(compiled(params, x))
     times.append(time.perf_counter() - t)
-  return {"length": length, "time_s": min(times), "temp_bytes": int(temp),
-          "score_matrix_bytes": heads * length * length * 4}
+  return {
+      "length": length,
+      "time_s": min(times),
+      "temp_bytes": int(temp),
+      "score_matrix_bytes": heads * length * length * 4,
+  }
 
 
 def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   T = [r["length"] for r in rows]
   fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
-  for ax, key, scale, label in ((a, "time_s", 1e3, "forward time (ms)"),
-                                (b, "temp_bytes", 2 ** -20, "scratch memory (MiB)")):
+  for ax, key, scale, label in (
+      (a, "time_s", 1e3, "forward time (ms)"),
+      (b, "temp_bytes", 2**-20, "scratch memory (MiB)"),
+  ):
     y = [r[key] * scale for r in rows]
     ax.loglog(T, y, "o-", base=2, label="measured")
     ax.loglog(T, [y[-1] * (t / T[-1]) ** 2 for t in T], "k:", base=2, label="∝ T² (through last)")
-    ax.loglog(T, [y[-1] * (t / T[-1]) for t in T], "k--", base=2, lw=0.8,
-              label="∝ T (through last)")
+    ax.loglog(
+        T, [y[-1] * (t / T[-1]) for t in T], "k--", base=2, lw=0.8, label="∝ T (through last)"
+    )
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-  b.loglog(T, [r["score_matrix_bytes"] * 2 ** -20 for r in rows], "s", base=2, mfc="none",
-           label="H×T×T float32 scores")
+  b.loglog(
+      T,
+      [r["score_matrix_bytes"] * 2**-20 for r in rows],
+      "s",
+      base=2,
+      mfc="none",
+      label="H×T×T float32 scores",
+  )
   b.legend(fontsize=8)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
@@ -83,9 +104,12 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "lesson"))
   args = parser.parse_args(argv)
   import jax
+
   device = jax.devices()[0]
-  print(f"one causal attention layer, d_model {args.d_model}, {args.heads} heads, batch 1, "
-        f"{device.platform} ({device.device_kind})")
+  print(
+      f"one causal attention layer, d_model {args.d_model}, {args.heads} heads, batch 1, "
+      f"{device.platform} ({device.device_kind})"
+  )
   print(f"{'T':>6} {'time':>10} {'x':>5} {'memory':>10} {'x':>5} {'H*T*T scores':>13}")
   rows, length = [], args.min_len
   while length <= args.max_len:
@@ -93,18 +117,29 @@ def main(argv=None) -> None:
     prev = rows[-1] if rows else None
     tx = f"{r['time_s'] / prev['time_s']:5.1f}" if prev else "    -"
     mx = f"{r['temp_bytes'] / max(prev['temp_bytes'], 1):5.1f}" if prev else "    -"
-    print(f"{length:6} {r['time_s'] * 1e3:8.2f}ms {tx} {r['temp_bytes'] / 2**20:7.1f}MiB {mx} "
-          f"{r['score_matrix_bytes'] / 2**20:10.1f}MiB", flush=True)
+    print(
+        f"{length:6} {r['time_s'] * 1e3:8.2f}ms {tx} {r['temp_bytes'] / 2**20:7.1f}MiB {mx} "
+        f"{r['score_matrix_bytes'] / 2**20:10.1f}MiB",
+        flush=True,
+    )
     rows.append(r)
     length *= 2
   print("each doubling of T: the score matrix and, once it dominates, time and memory grow 4x")
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  meta = {"d_model": args.d_model, "heads": args.heads, "batch": 1,
-          "device": f"{device.platform} ({device.device_kind})", "rows": rows}
+  meta = {
+      "d_model": args.d_model,
+      "heads": args.heads,
+      "batch": 1,
+      "device": f"{device.platform} ({device.device_kind})",
+      "rows": rows,
+  }
   (out / "attention_cost.json").write_text(json.dumps(meta, indent=1) + "\n")
-  plot(rows, out / "attention_cost.png",
-       f"one attention layer (d_model {args.d_model}, {args.heads} heads), {meta['device']}")
+  plot(
+      rows,
+      out / "attention_cost.png",
+      f"one attention layer (d_model {args.d_model}, {args.heads} heads), {meta['device']}",
+  )
   print(f"wrote {out / 'attention_cost.png'} and attention_cost.json")
 
 

@@ -23,10 +23,12 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAMILIES = {  # file: (family, what it learns, what its accuracy counts)
     "gpt2": ("decoder-only", "next byte of Python source and pydoc text", "next-byte accuracy"),
-    "bert": ("encoder-only", "masked bytes of the same text (15% chosen)",
-             "masked-byte accuracy"),
-    "transformer": ("encoder-decoder", "numbers: digits to English words",
-                    "next-token accuracy (teacher forcing)"),
+    "bert": ("encoder-only", "masked bytes of the same text (15% chosen)", "masked-byte accuracy"),
+    "transformer": (
+        "encoder-decoder",
+        "numbers: digits to English words",
+        "next-token accuracy (teacher forcing)",
+    ),
     "vit": ("ViT", "8x8 digit images, 10 classes", "image accuracy (chance 0.10)"),
 }
 
@@ -36,6 +38,7 @@ def run_family(file: str, workdir: pathlib.Path, steps: int = 0) -> dict:
   from transformers_jax import counting
   from transformers_jax.config import load_config_module
   from transformers_jax.train.loop import train
+
   logging.set_verbosity(logging.WARNING)
   config = load_config_module(str(ROOT / "experiments" / f"{file}.py")).get_config("tiny")
   config.unlock()
@@ -46,36 +49,55 @@ def run_family(file: str, workdir: pathlib.Path, steps: int = 0) -> dict:
   config.sample.max_new_tokens = 0
   workdir.mkdir(parents=True, exist_ok=True)
   t = time.perf_counter()
-  with open(workdir / "train.log", "a") as log, contextlib.redirect_stdout(log), \
-       contextlib.redirect_stderr(log):
+  with (
+      open(workdir / "train.log", "a") as log,
+      contextlib.redirect_stdout(log),
+      contextlib.redirect_stderr(log),
+  ):
     train(config, str(workdir))
   wall = time.perf_counter() - t
   rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
   losses = [r for r in rows if "loss" in r]
   final = [r for r in rows if "eval_loss" in r][-1]  # also when a finished run was rerun
   family, task, accuracy = FAMILIES[file]
-  return {"file": file, "family": family, "task": task, "accuracy_of": accuracy,
-          "params": counting.count(config.model), "steps": config.steps,
-          "first_step": losses[0]["step"], "first_loss": losses[0]["loss"],
-          "last_loss": losses[-1]["loss"], "eval_loss": final["eval_loss"],
-          "eval_accuracy": final["eval_accuracy"], "wall_s": wall}
+  return {
+      "file": file,
+      "family": family,
+      "task": task,
+      "accuracy_of": accuracy,
+      "params": counting.count(config.model),
+      "steps": config.steps,
+      "first_step": losses[0]["step"],
+      "first_loss": losses[0]["loss"],
+      "last_loss": losses[-1]["loss"],
+      "eval_loss": final["eval_loss"],
+      "eval_accuracy": final["eval_accuracy"],
+      "wall_s": wall,
+  }
 
 
 def line(r: dict) -> str:
-  return (f"{r['family']:<15} {r['file'] + '.py:tiny':<19} {r['params']:>8,} params  "
-          f"{r['steps']:>3} steps  train loss {r['first_loss']:.2f} (step {r['first_step']}) -> "
-          f"{r['last_loss']:.2f}  val loss {r['eval_loss']:.2f}  {r['accuracy_of']} "
-          f"{r['eval_accuracy']:.3f}  {r['wall_s']:.0f}s  [{r['task']}]")
+  return (
+      f"{r['family']:<15} {r['file'] + '.py:tiny':<19} {r['params']:>8,} params  "
+      f"{r['steps']:>3} steps  train loss {r['first_loss']:.2f} (step {r['first_step']}) -> "
+      f"{r['last_loss']:.2f}  val loss {r['eval_loss']:.2f}  {r['accuracy_of']} "
+      f"{r['eval_accuracy']:.3f}  {r['wall_s']:.0f}s  [{r['task']}]"
+  )
 
 
 def write_table(results: list[dict], path: pathlib.Path) -> None:
-  lines = ["| family | preset | parameters | learns | steps | train loss (first → last) | "
-           "val loss | val accuracy | wall time |", "|---|---|---:|---|---:|---|---:|---|---:|"]
+  lines = [
+      "| family | preset | parameters | learns | steps | train loss (first → last) | "
+      "val loss | val accuracy | wall time |",
+      "|---|---|---:|---|---:|---|---:|---|---:|",
+  ]
   for r in results:
-    lines.append(f"| {r['family']} | {r['file']}.py:tiny | {r['params']:,} | {r['task']} | "
-                 f"{r['steps']} | {r['first_loss']:.2f} (step {r['first_step']}) → "
-                 f"{r['last_loss']:.2f} | {r['eval_loss']:.2f} | {r['eval_accuracy']:.3f} "
-                 f"({r['accuracy_of']}) | {r['wall_s']:.0f}s |")
+    lines.append(
+        f"| {r['family']} | {r['file']}.py:tiny | {r['params']:,} | {r['task']} | "
+        f"{r['steps']} | {r['first_loss']:.2f} (step {r['first_step']}) → "
+        f"{r['last_loss']:.2f} | {r['eval_loss']:.2f} | {r['eval_accuracy']:.3f} "
+        f"({r['accuracy_of']}) | {r['wall_s']:.0f}s |"
+    )
   path.write_text("\n".join(lines) + "\n")
 
 

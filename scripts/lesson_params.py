@@ -11,9 +11,13 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GPT2_SIZES = (("small", 12, 768), ("medium", 24, 1024), ("large", 36, 1280), ("XL", 48, 1600))
-LABELS = {"token_embedding": "token embedding", "position_embedding": "position embedding",
-          "attention": "attention (12 blocks)", "feed_forward": "feed-forward (12 blocks)",
-          "norms": "layer norms (24 + final)"}
+LABELS = {
+    "token_embedding": "token embedding",
+    "position_embedding": "position embedding",
+    "attention": "attention (12 blocks)",
+    "feed_forward": "feed-forward (12 blocks)",
+    "norms": "layer norms (24 + final)",
+}
 
 
 def gpt2_parameters(n_layers, d, vocab=50257, context=1024):
@@ -27,44 +31,57 @@ def gpt2_parameters(n_layers, d, vocab=50257, context=1024):
 
 def preset_config(file: str, preset: str):
   from transformers_jax.config import load_config_module
+
   return load_config_module(str(ROOT / "experiments" / f"{file}.py")).get_config(preset)
 
 
 def preset_count(file: str, preset: str) -> int:
   from transformers_jax import counting
+
   return counting.count(preset_config(file, preset).model)
 
 
 def main() -> None:
   from transformers_jax import counting
+
   for name, layers, d in GPT2_SIZES:
-    print(f"GPT-2 {name:6} {layers:2} blocks, d = {d:4}: {gpt2_parameters(layers, d):>13,} "
-          "parameters")
+    print(
+        f"GPT-2 {name:6} {layers:2} blocks, d = {d:4}: {gpt2_parameters(layers, d):>13,} "
+        "parameters"
+    )
   print()
   print("the same models built by this project (eval_shape of experiments/gpt2.py presets):")
   for name, layers, d in GPT2_SIZES:
     config = preset_config("gpt2", name.lower())
     n, published = counting.count(config.model), int(config.published.params)
     same = "equal" if n == gpt2_parameters(layers, d) else "DIFFERS"
-    print(f"  gpt2.py:{name.lower():6} {n:>15,}  formula {same}, released checkpoint "
-          f"{published:,}")
+    print(
+        f"  gpt2.py:{name.lower():6} {n:>15,}  formula {same}, released checkpoint "
+        f"{published:,}"
+    )
   print()
   estimate = gpt2_parameters(96, 12288, context=2048)
   print("Try this 2: GPT-3, 96 blocks, d = 12,288, 50,257 tokens, 2,048 positions")
-  print(f"  formula:                      {estimate:>17,} parameters, {estimate / 175e9 - 1:+.2%} "
-        "against 175 billion")
+  print(
+      f"  formula:                      {estimate:>17,} parameters, {estimate / 175e9 - 1:+.2%} "
+      "against 175 billion"
+  )
   n = preset_count("gpt3", "175b")
-  print(f"  eval_shape of gpt3.py:175b:   {n:>17,} parameters, {n / 175e9 - 1:+.2%} "
-        f"({'equal to' if n == estimate else 'differs from'} the formula)")
+  print(
+      f"  eval_shape of gpt3.py:175b:   {n:>17,} parameters, {n / 175e9 - 1:+.2%} "
+      f"({'equal to' if n == estimate else 'differs from'} the formula)"
+  )
   print()
   s = counting.summary(preset_config("gpt2", "small"))
   total = s["total"]
   print(f"where GPT-2 small's {total:,} parameters live:")
   for key, value in s["breakdown"].items():
     print(f"  {LABELS.get(key, key):<26} {value:>12,}  {value / total:6.1%}")
-  print(f"  in the blocks: {s['blocks_share']:.1%} of all parameters (about two thirds); the "
-        f"feed-forward network is {s['feed_forward_share_of_blocks']:.1%} of each block (about "
-        "two thirds)")
+  print(
+      f"  in the blocks: {s['blocks_share']:.1%} of all parameters (about two thirds); the "
+      f"feed-forward network is {s['feed_forward_share_of_blocks']:.1%} of each block (about "
+      "two thirds)"
+  )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ GAPS = (0, 1, 2, 4, 8, 16)
 
 def sinusoid_rows(positions=range(6), d_model: int = 8) -> list[list[float]]:
   from transformers_jax.modules.positions import sinusoidal_table
+
   return sinusoidal_table(max(positions) + 1, d_model)[list(positions)].tolist()
 
 
 def sinusoid_dots(at: int = 10, d_model: int = 16, gaps=GAPS) -> list[float]:
   from transformers_jax.modules.positions import sinusoidal_table
+
   table = sinusoidal_table(at + max(gaps) + 1, d_model).astype(np.float64)
   return [float(table[at] @ table[at + g]) for g in gaps]
 
@@ -37,6 +39,7 @@ def rope_score(m: int, n: int, q, k, theta: float = 10000.0) -> float:
   """q rotated to position m, dotted with k rotated to position n (one head, float32)."""
   import jax.numpy as jnp
   from transformers_jax.modules.positions import apply_rope
+
   qm = apply_rope(jnp.asarray(q, jnp.float32)[None, None, None], jnp.array([[m]]), theta)
   kn = apply_rope(jnp.asarray(k, jnp.float32)[None, None, None], jnp.array([[n]]), theta)
   return float(jnp.sum(qm * kn))
@@ -58,8 +61,10 @@ def print_sinusoids() -> None:
 
 def print_rope(head_dim: int = 16) -> None:
   ones = np.ones(head_dim)
-  print(f"RoPE (head_dim {head_dim}, theta 10000), query = key = ones: the score depends only on "
-        "the offset")
+  print(
+      f"RoPE (head_dim {head_dim}, theta 10000), query = key = ones: the score depends only on "
+      "the offset"
+  )
   print("offset  from 10  from 100  from 1000  formula sum 2cos(offset*theta_i)")
   for gap in GAPS:
     scores = [rope_score(p + gap, p, ones, ones) for p in (10, 100, 1000)]
@@ -84,6 +89,7 @@ def print_matrix(words, w) -> None:
 
 def print_shuffle(d_model: int = 8) -> None:
   from transformers_jax.modules.positions import sinusoidal_table
+
   rng = np.random.default_rng(7)
   vocab = {"dog": 0, "bites": 1, "man": 2}
   emb = rng.normal(size=(3, d_model))
@@ -96,12 +102,16 @@ def print_shuffle(d_model: int = 8) -> None:
     wb = attention_weights(emb[[vocab[t] for t in b]] + add, wq, wk)
     print_matrix(a, wa)
     print_matrix(b, wb)
-    print(f"  'dog' attends to 'man' with {wa[0, 2]:.3f} in the first order and {wb[2, 0]:.3f} "
-          "in the second")
+    print(
+        f"  'dog' attends to 'man' with {wa[0, 2]:.3f} in the first order and {wb[2, 0]:.3f} "
+        "in the second"
+    )
     print()
   for positions in ("none", "learned"):
-    print(f"project encoder, positions={positions}: largest change of a word's output when "
-          f"the sentence is reversed: {encoder_shuffle_gap(positions):.1e}")
+    print(
+        f"project encoder, positions={positions}: largest change of a word's output when "
+        f"the sentence is reversed: {encoder_shuffle_gap(positions):.1e}"
+    )
 
 
 def encoder_shuffle_gap(positions: str) -> float:
@@ -109,8 +119,19 @@ def encoder_shuffle_gap(positions: str) -> float:
   import jax
   from transformers_jax.config import ModelConfig
   from transformers_jax.models import build_model
-  c = ModelConfig(family="encoder", head="mlm", positions=positions, num_layers=2, d_model=32,
-                  num_heads=4, vocab_size=8, max_len=8, dropout=0.0, attention_dropout=0.0)
+
+  c = ModelConfig(
+      family="encoder",
+      head="mlm",
+      positions=positions,
+      num_layers=2,
+      d_model=32,
+      num_heads=4,
+      vocab_size=8,
+      max_len=8,
+      dropout=0.0,
+      attention_dropout=0.0,
+  )
   model = build_model(c)
   x = np.array([[1, 2, 3]], np.int32)  # dog bites man
   params = model.init(jax.random.PRNGKey(0), x)

@@ -28,13 +28,36 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "hf"
 SEED = 0
 
-GPT2 = dict(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-            bos_token_id=None, eos_token_id=None, initializer_range=0.1)
-BERT = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=48, max_position_embeddings=32, type_vocab_size=2,
-            initializer_range=0.1)
-VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-           image_size=12, patch_size=4, num_channels=3, initializer_range=0.1)
+GPT2 = dict(
+    vocab_size=128,
+    n_positions=32,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    bos_token_id=None,
+    eos_token_id=None,
+    initializer_range=0.1,
+)
+BERT = dict(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=32,
+    type_vocab_size=2,
+    initializer_range=0.1,
+)
+VIT = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    image_size=12,
+    patch_size=4,
+    num_channels=3,
+    initializer_range=0.1,
+)
 VIT_LABELS = 5
 
 
@@ -70,8 +93,10 @@ def build(name: str):
 def inputs(name: str) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(SEED)
   if name == "gpt2":
-    return {"tokens": rng.integers(0, GPT2["vocab_size"], (2, 10)).astype(np.int32),
-            "prompt": rng.integers(0, GPT2["vocab_size"], (1, 5)).astype(np.int32)}
+    return {
+        "tokens": rng.integers(0, GPT2["vocab_size"], (2, 10)).astype(np.int32),
+        "prompt": rng.integers(0, GPT2["vocab_size"], (1, 5)).astype(np.int32),
+    }
   if name.startswith("bert"):
     tokens = rng.integers(1, BERT["vocab_size"], (2, 10)).astype(np.int32)
     mask = np.ones((2, 10), np.int32)
@@ -91,12 +116,21 @@ def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   with torch.no_grad():
     if name == "gpt2":
       out["logits"] = model(t["tokens"]).logits
-      generated = model.generate(t["prompt"], max_new_tokens=8, do_sample=False,
-                                 attention_mask=torch.ones_like(t["prompt"]), pad_token_id=0)
-      out["greedy"] = generated[:, x["prompt"].shape[1]:]
+      generated = model.generate(
+          t["prompt"],
+          max_new_tokens=8,
+          do_sample=False,
+          attention_mask=torch.ones_like(t["prompt"]),
+          pad_token_id=0,
+      )
+      out["greedy"] = generated[:, x["prompt"].shape[1] :]
     elif name.startswith("bert"):
-      o = model(input_ids=t["tokens"], attention_mask=t["attention_mask"],
-                token_type_ids=t["token_types"], output_hidden_states=True)
+      o = model(
+          input_ids=t["tokens"],
+          attention_mask=t["attention_mask"],
+          token_type_ids=t["token_types"],
+          output_hidden_states=True,
+      )
       out["hidden"] = o.hidden_states[-1]
       if name == "bert":
         out["pooled"] = o.pooler_output
@@ -124,8 +158,10 @@ def write(name: str) -> pathlib.Path:
   count = sum(p.numel() for p in model.parameters())
   np.savez(directory / "reference.npz", **x, **y, hf_param_count=np.int64(count))
   size = sum(f.stat().st_size for f in directory.iterdir())
-  print(f"{name:15s} {count:7d} parameters, {size / 1024:6.1f} KiB: "
-        f"{', '.join(sorted(p.name for p in directory.iterdir()))}")
+  print(
+      f"{name:15s} {count:7d} parameters, {size / 1024:6.1f} KiB: "
+      f"{', '.join(sorted(p.name for p in directory.iterdir()))}"
+  )
   return directory
 
 

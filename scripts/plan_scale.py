@@ -27,19 +27,34 @@ flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.")
 flags.DEFINE_integer("timeout", 900, "Seconds one compile may take before it is given up.")
 FLAGS = flags.FLAGS
 
-COMMON = ["--config.model.dtype=bfloat16", "--config.model.scan_layers=True",
-          "--config.mesh.preset=", "--config.mesh.expert=1"]
+COMMON = [
+    "--config.model.dtype=bfloat16",
+    "--config.model.scan_layers=True",
+    "--config.mesh.preset=",
+    "--config.mesh.expert=1",
+]
 
 
-def row(name, config, topology, batch, seq_len, fsdp, tensor=1, data=1, remat="full",
-        extra=()):
+def row(name, config, topology, batch, seq_len, fsdp, tensor=1, data=1, remat="full", extra=()):
   """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step."""
-  return {"name": name, "config": config, "topology": topology, "remat": remat,
-          "args": [f"--config={config}", f"--config.mesh.topology={topology}",
-                   f"--config.batch_size={batch}", f"--config.seq_len={seq_len}",
-                   f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
-                   f"--config.mesh.tensor={tensor}", f"--config.model.remat={remat}",
-                   *COMMON, *extra]}
+  return {
+      "name": name,
+      "config": config,
+      "topology": topology,
+      "remat": remat,
+      "args": [
+          f"--config={config}",
+          f"--config.mesh.topology={topology}",
+          f"--config.batch_size={batch}",
+          f"--config.seq_len={seq_len}",
+          f"--config.mesh.data={data}",
+          f"--config.mesh.fsdp={fsdp}",
+          f"--config.mesh.tensor={tensor}",
+          f"--config.model.remat={remat}",
+          *COMMON,
+          *extra,
+      ],
+  }
 
 
 ROWS = [
@@ -56,20 +71,47 @@ ROWS = [
     row("gpt3-6.7b v5p-64", "experiments/gpt3.py:6.7b", "v5p:4x4x4", 64, 2048, 64),
     # GPT-3 13B's listed d_model, 5,140, is 4 x 5 x 257: no FSDP axis wider than 20 divides it.
     # These rows use 5,120 (its 40 heads x 128), as most reimplementations do.
-    row("gpt3-13b (d_model 5,120) v5p-64", "experiments/gpt3.py:13b", "v5p:4x4x4", 64, 2048, 64,
-        extra=["--config.model.d_model=5120"]),
-    row("gpt3-13b (d_model 5,120) v5e-256", "experiments/gpt3.py:13b", "v5e:16x16", 256, 2048,
-        256, extra=["--config.model.d_model=5120"]),
+    row(
+        "gpt3-13b (d_model 5,120) v5p-64",
+        "experiments/gpt3.py:13b",
+        "v5p:4x4x4",
+        64,
+        2048,
+        64,
+        extra=["--config.model.d_model=5120"],
+    ),
+    row(
+        "gpt3-13b (d_model 5,120) v5e-256",
+        "experiments/gpt3.py:13b",
+        "v5e:16x16",
+        256,
+        2048,
+        256,
+        extra=["--config.model.d_model=5120"],
+    ),
     row("gpt3-175b v5p-64", "experiments/gpt3.py:175b", "v5p:4x4x4", 64, 2048, 16, tensor=4),
     # the compiler refuses this one (exit 3): 2.8 TB of parameters and Adam state on 64 x 16 GB
     row("gpt3-175b v5e-64", "experiments/gpt3.py:175b", "v5e:8x8", 64, 2048, 16, tensor=4),
-    row("gpt3-175b v5p-1024", "experiments/gpt3.py:175b", "v5p:8x8x16", 1536, 2048, 256,
-        tensor=4),
+    row("gpt3-175b v5p-1024", "experiments/gpt3.py:175b", "v5p:8x8x16", 1536, 2048, 256, tensor=4),
     # BERT-large (512 tokens), ViT-H/14 (257 tokens per image), Transformer big (256 + 256)
-    row("bert-large v5e-8", "experiments/bert.py:large", "v5e:2x4", 256, 512, 8,
-        extra=["--config.model.head=mlm"]),
-    row("bert-large v5p-8", "experiments/bert.py:large", "v5p:2x2x2", 256, 512, 8,
-        extra=["--config.model.head=mlm"]),
+    row(
+        "bert-large v5e-8",
+        "experiments/bert.py:large",
+        "v5e:2x4",
+        256,
+        512,
+        8,
+        extra=["--config.model.head=mlm"],
+    ),
+    row(
+        "bert-large v5p-8",
+        "experiments/bert.py:large",
+        "v5p:2x2x2",
+        256,
+        512,
+        8,
+        extra=["--config.model.head=mlm"],
+    ),
     row("vit-h14 v5e-16", "experiments/vit.py:h14", "v5e:4x4", 512, 257, 16),
     row("vit-h14 v5p-8", "experiments/vit.py:h14", "v5p:2x2x2", 512, 257, 8),
     row("transformer-big v5e-8", "experiments/transformer.py:big", "v5e:2x4", 128, 256, 8),
@@ -84,9 +126,14 @@ def compile_row(r) -> dict:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout)
   except subprocess.TimeoutExpired:
     return {"name": r["name"], "error": f"compile took over {FLAGS.timeout} s"}
-  out = {"name": r["name"], "config": r["config"], "remat": r["remat"],
-         "command": "python -m transformers_jax.train --compile_only " + " ".join(r["args"]),
-         "exit_code": done.returncode, "wall_s": round(time.perf_counter() - start, 1)}
+  out = {
+      "name": r["name"],
+      "config": r["config"],
+      "remat": r["remat"],
+      "command": "python -m transformers_jax.train --compile_only " + " ".join(r["args"]),
+      "exit_code": done.returncode,
+      "wall_s": round(time.perf_counter() - start, 1),
+  }
   text = done.stdout.strip()
   if text.startswith("{"):
     out.update(json.loads(text))
@@ -104,7 +151,8 @@ def markdown(results: list[dict]) -> str:
   lines = [
       "| preset | topology | chips | mesh (data×fsdp×tensor) | batch × tokens | per-chip peak "
       "GiB | HBM GiB | fits | compile s | model TFLOP/step | step at 50% MFU |",
-      "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|"]
+      "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|",
+  ]
   for r in results:
     if "error" in r and "chips" not in r:
       lines.append(f"| {r['name']} | — | — | — | — | error: {r['error']} | | | | | |")
@@ -116,13 +164,14 @@ def markdown(results: list[dict]) -> str:
     tflop = r.get("model_flops_per_step")
     preset = r["config"].split("/")[-1]
     if "(" in r["name"]:  # a row that changes the preset says how
-      preset += " " + r["name"][r["name"].index("("):r["name"].index(")") + 1]
+      preset += " " + r["name"][r["name"].index("(") : r["name"].index(")") + 1]
     lines.append(
         f"| {preset} | {r['topology']} | {r['chips']} | {mesh_text} | "
         f"{r['batch_size']:,} × {per_seq:,} | {gib(r.get('per_device_peak_estimate_gib'))} | "
         f"{gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | "
         f"{r.get('compile_s', '—')} | {'—' if tflop is None else f'{tflop / 1e12:,.0f}'} | "
-        f"{'—' if step is None else f'{step:.2f} s'} |")
+        f"{'—' if step is None else f'{step:.2f} s'} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -139,8 +188,11 @@ def main(argv):
     print(f"compiling {r['name']} ...", flush=True)
     done[r["name"]] = compile_row(r)
     result = done[r["name"]]
-    print(f"  fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
-          f"GiB compile={result.get('compile_s')} s {result.get('error', '')}", flush=True)
+    print(
+        f"  fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
+        f"GiB compile={result.get('compile_s')} s {result.get('error', '')}",
+        flush=True,
+    )
     ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
     path.write_text(json.dumps(ordered, indent=1) + "\n")
     (out / "tpu.md").write_text(markdown(ordered))

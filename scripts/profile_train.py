@@ -141,17 +141,25 @@ def main(argv):
   busy = {key: covered(v) * 1e-6 / FLAGS.steps for key, v in spans.items()}
   total = sum(by_op.values())
   if not total:
-    raise cli.UserError("no operation of the compiled step was found in the profiler's trace: "
-                        "this script reads XLA:CPU's per-operation events (run it on a CPU)")
+    raise cli.UserError(
+        "no operation of the compiled step was found in the profiler's trace: "
+        "this script reads XLA:CPU's per-operation events (run it on a CPU)"
+    )
   tokens_per_example = config.seq_len if c.family != "vit" else c.seq_len_max
   tokens = config.batch_size * tokens_per_example
   peak, peak_source = metrics_lib.device_peak()
   step_s = float(np.median(times))
   result = {
-      "model": {"family": c.family, "d_model": c.d_model, "layers": c.num_layers,
-                "heads": c.num_heads, "seq_len": tokens_per_example,
-                "batch_size": config.batch_size, "vocab": c.vocab_size,
-                "attention_impl": c.attention_impl},
+      "model": {
+          "family": c.family,
+          "d_model": c.d_model,
+          "layers": c.num_layers,
+          "heads": c.num_heads,
+          "seq_len": tokens_per_example,
+          "batch_size": config.batch_size,
+          "vocab": c.vocab_size,
+          "attention_impl": c.attention_impl,
+      },
       "step_s": step_s,
       "tokens_per_s": tokens / step_s,
       "operations_s": total,
@@ -166,28 +174,40 @@ def main(argv):
       "xla_flops": cost.get("flops"),
       "model_flops": counting.flops_per_token(c, tokens_per_example) * tokens,
       "xla_bytes_accessed": cost.get("bytes accessed"),
-      "peak_flops_per_s": peak, "peak_source": peak_source,
+      "peak_flops_per_s": peak,
+      "peak_source": peak_source,
       "matmul_floor_s": cost.get("flops") / peak if peak and cost.get("flops") else None,
       "top_operations": [
-          {"op": op, "s": s, "part": label[op][0],
-           "hlo": re.sub(r",? ?metadata=.*", "", lines[op])[:120]}
-          for op, s in by_op.most_common(12)],
+          {
+              "op": op,
+              "s": s,
+              "part": label[op][0],
+              "hlo": re.sub(r",? ?metadata=.*", "", lines[op])[:120],
+          }
+          for op, s in by_op.most_common(12)
+      ],
   }
   if FLAGS.json:
     print(json.dumps(result, indent=1))
     return
-  print(f"step {step_s:.3f} s (median of {FLAGS.steps}), {tokens / step_s:,.0f} tokens/s; "
-        f"{result['operations_per_step']:,} operations, {total:.3f} s summed; some operation "
-        f"running {busy['all']:.3f} s, a matmul {busy.get('matmul', 0.0):.3f} s, nothing "
-        f"{result['idle_s']:.3f} s")
+  print(
+      f"step {step_s:.3f} s (median of {FLAGS.steps}), {tokens / step_s:,.0f} tokens/s; "
+      f"{result['operations_per_step']:,} operations, {total:.3f} s summed; some operation "
+      f"running {busy['all']:.3f} s, a matmul {busy.get('matmul', 0.0):.3f} s, nothing "
+      f"{result['idle_s']:.3f} s"
+  )
   if result["matmul_floor_s"] is not None:
-    print(f"XLA cost analysis: {result['xla_flops'] / 1e9:.1f} GFLOP (model count "
-          f"{result['model_flops'] / 1e9:.1f}), {result['xla_bytes_accessed'] / 1e9:.2f} GB "
-          f"accessed; matmul floor at the peak ({peak / 1e9:.0f} GFLOP/s) "
-          f"{result['matmul_floor_s']:.3f} s")
+    print(
+        f"XLA cost analysis: {result['xla_flops'] / 1e9:.1f} GFLOP (model count "
+        f"{result['model_flops'] / 1e9:.1f}), {result['xla_bytes_accessed'] / 1e9:.2f} GB "
+        f"accessed; matmul floor at the peak ({peak / 1e9:.0f} GFLOP/s) "
+        f"{result['matmul_floor_s']:.3f} s"
+    )
   print()
-  print("| part | operations | summed s | busy s | share of summed |\n"
-        "| --- | ---: | ---: | ---: | ---: |")
+  print(
+      "| part | operations | summed s | busy s | share of summed |\n"
+      "| --- | ---: | ---: | ---: | ---: |"
+  )
   for part, s in parts.most_common():
     print(f"| {part} | {counts[part]:.0f} | {s:.3f} | {busy[part]:.3f} | {s / total:.0%} |")
   for kind, s in kinds.most_common():

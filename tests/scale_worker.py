@@ -13,9 +13,11 @@ import jax
 from transformers_jax.config import load_config_module
 from transformers_jax.train.compile import compile_train_step
 
-MESHES = {"fsdp8": ({"data": 1, "fsdp": 8}, 8), "fsdp4_tensor2": ({"data": 1, "fsdp": 4,
-                                                                     "tensor": 2}, 8),
-          "one": ({"data": 1}, 1)}
+MESHES = {
+    "fsdp8": ({"data": 1, "fsdp": 8}, 8),
+    "fsdp4_tensor2": ({"data": 1, "fsdp": 4, "tensor": 2}, 8),
+    "one": ({"data": 1}, 1),
+}
 
 
 def temp_bytes(family: str, mesh: str, batch: int) -> int:
@@ -30,8 +32,10 @@ def temp_bytes(family: str, mesh: str, batch: int) -> int:
 
 def main():
   spec = json.loads(sys.argv[1])
-  out = {f: {m: {b: temp_bytes(f, m, b) for b in spec["batches"]} for m in spec["meshes"]}
-         for f in spec["families"]}
+  out = {
+      f: {m: {b: temp_bytes(f, m, b) for b in spec["batches"]} for m in spec["meshes"]}
+      for f in spec["families"]
+  }
   print(json.dumps(out))
 
 

@@ -12,8 +12,9 @@ import pathlib
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + \
-    " --xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -34,8 +35,10 @@ def shard_shapes(state):
   for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
     name = jax.tree_util.keystr(path, simple=True, separator="/")
     in_first_block = "layer_0/" in name or "layers/" in name
-    if name.endswith("token_embed/embedding") or (in_first_block and name.endswith(
-        ("query/kernel", "key/kernel", "wi/kernel", "wo/kernel", "out/kernel"))):
+    if name.endswith("token_embed/embedding") or (
+        in_first_block
+        and name.endswith(("query/kernel", "key/kernel", "wi/kernel", "wo/kernel", "out/kernel"))
+    ):
       out[name] = [list(leaf.shape), list(leaf.addressable_shards[0].data.shape)]
   return out
 
@@ -58,13 +61,14 @@ def main():
       batches = [data.train_batch(s) for s in range(spec["steps"])]
       for name, axes in spec["meshes"].items():
         axes = dict(axes)
-        devices = jax.devices()[:axes.pop("devices", 8)]
+        devices = jax.devices()[: axes.pop("devices", 8)]
         mesh = parallel.make_mesh(axes, devices)
         rules = parallel.rules()
         tx = optim.make_optimizer(config)
         state, shardings = create_state(model_cfg, tx, mesh, rules, config.seed)
-        step = make_train_step(task, model_cfg, config, tx, optim.schedule(config), mesh,
-                               rules, shardings)
+        step = make_train_step(
+            task, model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
+        )
         losses = []
         for batch in batches:
           state, metrics = step(state, parallel.put_batch(batch, mesh))

@@ -45,8 +45,9 @@ def test_import_writes_a_run_and_export_gives_the_same_weights(tmp_path):
   assert export_hf(tmp_path / "run", tmp_path / "back") == "GPT2LMHeadModel"
   back_fields, back = load_hf(tmp_path / "back")
   leaves_equal(back, params)
-  assert {k: v for k, v in back_fields.items() if k != "scan_layers"} == \
-      {k: v for k, v in fields.items() if k != "scan_layers"}
+  assert {k: v for k, v in back_fields.items() if k != "scan_layers"} == {
+      k: v for k, v in fields.items() if k != "scan_layers"
+  }
   # an export never replaces files it was not asked to: not the run's own, not another model's
   config_before = (tmp_path / "run" / "config.json").read_text()
   for target in (tmp_path / "run", tmp_path / "run" / "inner", tmp_path / "back"):
@@ -57,9 +58,20 @@ def test_import_writes_a_run_and_export_gives_the_same_weights(tmp_path):
 
 
 def test_convert_cli_errors_are_one_line(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "transformers_jax.convert", "--from_hf",
-                        str(tmp_path), "--workdir", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=ROOT)
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.convert",
+          "--from_hf",
+          str(tmp_path),
+          "--workdir",
+          str(tmp_path / "o"),
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
   assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].startswith("error: ")
   assert "config.json" in out.stderr
@@ -68,20 +80,47 @@ def test_convert_cli_errors_are_one_line(tmp_path):
 def test_generate_on_converted_gpt2_equals_the_reference_greedy_continuation(tmp_path):
   ref = np.load(FIXTURES / "gpt2" / "reference.npz", allow_pickle=False)
   prompt, greedy = ref["prompt"][0].tolist(), ref["greedy"][0].tolist()
-  out = subprocess.run([sys.executable, "-m", "transformers_jax.convert", "--from_hf",
-                        str(FIXTURES / "gpt2"), "--workdir", str(tmp_path / "run")],
-                       capture_output=True, text=True, cwd=ROOT)
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.convert",
+          "--from_hf",
+          str(FIXTURES / "gpt2"),
+          "--workdir",
+          str(tmp_path / "run"),
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
-  out = subprocess.run([sys.executable, "-m", "transformers_jax.generate", "--workdir",
-                        str(tmp_path / "run"), "--prompt_ids", ",".join(map(str, prompt)),
-                        "--print_ids", "--temperature", "0", "--max_new_tokens",
-                        str(len(greedy))], capture_output=True, text=True, cwd=ROOT)
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.generate",
+          "--workdir",
+          str(tmp_path / "run"),
+          "--prompt_ids",
+          ",".join(map(str, prompt)),
+          "--print_ids",
+          "--temperature",
+          "0",
+          "--max_new_tokens",
+          str(len(greedy)),
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert [int(t) for t in out.stdout.strip().splitlines()[-1].split(",")] == greedy
 
 
 def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
   from transformers_jax.data import make_tokenizer
+
   import_hf(FIXTURES / "bert_mlm", tmp_path / "run")
   tokenizer = make_tokenizer("byte", 260, specials=True)
   tokenizer.save(tmp_path / "run" / "tokenizer.json")
@@ -94,18 +133,31 @@ def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
 def test_training_in_a_converted_run_starts_from_its_parameters(tmp_path):
   from transformers_jax.runs import PARAMS_ONLY, Run
   from transformers_jax.train.loop import train
+
   import_hf(FIXTURES / "vit_classifier", tmp_path / "run")
   run = Run(tmp_path / "run")
   assert run.checkpoints(async_save=False).kind(0) == PARAMS_ONLY
   imported, _ = run.load_params()
   rng = np.random.default_rng(0)
-  np.savez(tmp_path / "images.npz", images=rng.random((40, 12, 12, 3)).astype(np.float32),
-           labels=rng.integers(0, 5, 40))
+  np.savez(
+      tmp_path / "images.npz",
+      images=rng.random((40, 12, 12, 3)).astype(np.float32),
+      labels=rng.integers(0, 5, 40),
+  )
   config = run.config()
-  config.update_from_flattened_dict({
-      "steps": 2, "batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 1,
-      "checkpoint_every": 2, "warmup_steps": 0, "learning_rate": 1e-9,
-      "data.path": str(tmp_path / "images.npz")})
+  config.update_from_flattened_dict(
+      {
+          "steps": 2,
+          "batch_size": 4,
+          "log_every": 1,
+          "eval_every": 0,
+          "eval_batches": 1,
+          "checkpoint_every": 2,
+          "warmup_steps": 0,
+          "learning_rate": 1e-9,
+          "data.path": str(tmp_path / "images.npz"),
+      }
+  )
   result = train(config, str(run.path))
   assert result["step"] == 2 and run.latest_step() == 2
   trained, _ = run.load_params()

@@ -27,9 +27,19 @@ EXACT = {
     ("vit", "h14"): 632_045_800,
 }
 NOMINAL = {  # (file, preset): (nominal size, tolerance)
-    **{("gpt3", p): (n, 0.02) for p, n in [
-        ("small", 125e6), ("medium", 350e6), ("large", 760e6), ("xl", 1.3e9), ("2.7b", 2.7e9),
-        ("6.7b", 6.7e9), ("13b", 13e9), ("175b", 175e9)]},
+    **{
+        ("gpt3", p): (n, 0.02)
+        for p, n in [
+            ("small", 125e6),
+            ("medium", 350e6),
+            ("large", 760e6),
+            ("xl", 1.3e9),
+            ("2.7b", 2.7e9),
+            ("6.7b", 6.7e9),
+            ("13b", 13e9),
+            ("175b", 175e9),
+        ]
+    },
     ("transformer", "base"): (65e6, 0.03),
     ("transformer", "big"): (213e6, 0.03),
 }
@@ -49,8 +59,10 @@ def test_exact_published_counts(experiment, file, preset):
   assert counting.count(experiment(file, preset).model) == EXACT[(file, preset)]
 
 
-@pytest.mark.parametrize("preset,layers,d", [("small", 12, 768), ("medium", 24, 1024),
-                                             ("large", 36, 1280), ("xl", 48, 1600)])
+@pytest.mark.parametrize(
+    "preset,layers,d",
+    [("small", 12, 768), ("medium", 24, 1024), ("large", 36, 1280), ("xl", 48, 1600)],
+)
 def test_gpt2_equals_lesson_formula(experiment, preset, layers, d):
   assert counting.count(experiment("gpt2", preset).model) == lesson_gpt2_parameters(layers, d)
 
@@ -87,20 +99,41 @@ def random_config(rng: random.Random) -> ModelConfig:
   ff = rng.choice(["dense", "moe"])
   scan = rng.random() < 0.3
   return ModelConfig(
-      family=family, num_layers=rng.randint(1, 3), num_encoder_layers=rng.choice([None, 1, 2]),
-      num_decoder_layers=rng.choice([None, 1, 3]), d_model=8 * heads * rng.choice([1, 2]),
-      num_heads=heads, num_kv_heads=kv, head_dim=rng.choice([None, 4, 6]),
-      d_ff=rng.choice([None, 24]), vocab_size=rng.choice([50, 97]), max_len=rng.choice([16, 32]),
-      type_vocab_size=rng.choice([0, 2]), positions=rng.choice(["sinusoidal", "learned", "none"]),
+      family=family,
+      num_layers=rng.randint(1, 3),
+      num_encoder_layers=rng.choice([None, 1, 2]),
+      num_decoder_layers=rng.choice([None, 1, 3]),
+      d_model=8 * heads * rng.choice([1, 2]),
+      num_heads=heads,
+      num_kv_heads=kv,
+      head_dim=rng.choice([None, 4, 6]),
+      d_ff=rng.choice([None, 24]),
+      vocab_size=rng.choice([50, 97]),
+      max_len=rng.choice([16, 32]),
+      type_vocab_size=rng.choice([0, 2]),
+      positions=rng.choice(["sinusoidal", "learned", "none"]),
       norm_placement=rng.choice(["pre", "post", "sandwich", "none"]),
-      norm=rng.choice(["layernorm", "rmsnorm"]), norm_scale=rng.random() < 0.8,
-      norm_bias=rng.choice([None, True, False]), final_norm=rng.choice([None, True, False]),
-      embed_norm=rng.random() < 0.3, activation=rng.choice(["relu", "gelu", "swiglu", "geglu"]),
-      use_bias=rng.random() < 0.5, feed_forward=ff, num_experts=rng.choice([2, 4]),
-      top_k=1 + int(rng.random() < 0.5), moe_every=1 if scan else rng.choice([1, 2]),
-      tie_embeddings=rng.random() < 0.5, share_embeddings=rng.random() < 0.5, head=head,
-      num_classes=rng.choice([3, 5]), image_size=8, patch_size=rng.choice([2, 4]),
-      num_channels=rng.choice([1, 3]), pool=rng.choice(["cls", "mean"]), scan_layers=scan)
+      norm=rng.choice(["layernorm", "rmsnorm"]),
+      norm_scale=rng.random() < 0.8,
+      norm_bias=rng.choice([None, True, False]),
+      final_norm=rng.choice([None, True, False]),
+      embed_norm=rng.random() < 0.3,
+      activation=rng.choice(["relu", "gelu", "swiglu", "geglu"]),
+      use_bias=rng.random() < 0.5,
+      feed_forward=ff,
+      num_experts=rng.choice([2, 4]),
+      top_k=1 + int(rng.random() < 0.5),
+      moe_every=1 if scan else rng.choice([1, 2]),
+      tie_embeddings=rng.random() < 0.5,
+      share_embeddings=rng.random() < 0.5,
+      head=head,
+      num_classes=rng.choice([3, 5]),
+      image_size=8,
+      patch_size=rng.choice([2, 4]),
+      num_channels=rng.choice([1, 3]),
+      pool=rng.choice(["cls", "mean"]),
+      scan_layers=scan,
+  )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -134,23 +167,47 @@ def test_flops_per_token_convention(experiment):
 
 def test_params_cli_json():
   out = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.params", "--config",
-       str(ROOT / "experiments/gpt2.py") + ":small", "--json"],
-      capture_output=True, text=True, check=True, cwd=ROOT)
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.params",
+          "--config",
+          str(ROOT / "experiments/gpt2.py") + ":small",
+          "--json",
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=ROOT,
+  )
   s = json.loads(out.stdout)
   assert s["total"] == s["analytic"] == s["published"] == 124_439_808
   assert s["active_per_token"] == s["total"]
-  assert set(s["breakdown"]) == {"token_embedding", "position_embedding", "attention",
-                                 "feed_forward", "norms"}
+  assert set(s["breakdown"]) == {
+      "token_embedding",
+      "position_embedding",
+      "attention",
+      "feed_forward",
+      "norms",
+  }
   assert sum(s["breakdown"].values()) == s["total"]
   assert s["flops_per_token"] > 6 * s["total"] * 0.5
 
 
 def test_params_cli_bad_config_is_one_line():
   out = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.params", "--config",
-       str(ROOT / "experiments/gpt2.py") + ":tiny", "--config.model.num_heads=5"],
-      capture_output=True, text=True, cwd=ROOT)
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.params",
+          "--config",
+          str(ROOT / "experiments/gpt2.py") + ":tiny",
+          "--config.model.num_heads=5",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
   assert out.returncode == 2
   assert out.stderr.strip().count("\n") == 0 and "model.num_heads" in out.stderr
   assert "Traceback" not in out.stderr

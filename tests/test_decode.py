@@ -28,7 +28,8 @@ def init(cfg, seed=0):
   """Random parameters (normal, std init_std) of `cfg`'s shapes: nothing traced or compiled."""
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map(
-      lambda s: jnp.asarray(rng.normal(0.0, cfg.init_std, s.shape), s.dtype), param_shapes(cfg))
+      lambda s: jnp.asarray(rng.normal(0.0, cfg.init_std, s.shape), s.dtype), param_shapes(cfg)
+  )
 
 
 def full_logits(cfg, params, prompts, tokens):
@@ -40,15 +41,16 @@ def full_logits(cfg, params, prompts, tokens):
   if cfg.family == "decoder":
     seqs = np.zeros((len(prompts), max(map(len, prompts)) + M - 1), np.int32)
     for b, p in enumerate(prompts):
-      seqs[b, :len(p) + M - 1] = list(p) + list(tokens[b, :-1])
+      seqs[b, : len(p) + M - 1] = list(p) + list(tokens[b, :-1])
     logits = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(seqs))["logits"])
-    return np.stack([logits[b, len(p) - 1:len(p) - 1 + M] for b, p in enumerate(prompts)])
+    return np.stack([logits[b, len(p) - 1 : len(p) - 1 + M] for b, p in enumerate(prompts)])
   src = np.zeros((len(prompts), max(map(len, prompts))), np.int32)
   for b, p in enumerate(prompts):
-    src[b, :len(p)] = p
+    src[b, : len(p)] = p
   tgt = np.concatenate([np.full((len(prompts), 1), BOS), tokens[:, :-1]], axis=1)
-  return np.asarray(jax.jit(model.apply)({"params": params}, src, tgt, (src > 0).astype(np.int32))[
-      "logits"])
+  return np.asarray(
+      jax.jit(model.apply)({"params": params}, src, tgt, (src > 0).astype(np.int32))["logits"]
+  )
 
 
 def run(cfg, params, inputs, max_new, **kw):
@@ -59,13 +61,16 @@ def run(cfg, params, inputs, max_new, **kw):
 
 
 # ------------------------------------------------------------------ cache == full forward
-@pytest.mark.parametrize("family,extra", [
-    ("decoder", dict(positions="learned")),
-    ("decoder", dict(positions="rope", num_kv_heads=2)),
-    ("decoder", dict(positions="sinusoidal", num_kv_heads=1, scan_layers=True)),
-    ("encoder_decoder", dict(positions="sinusoidal")),
-    ("encoder_decoder", dict(positions="rope", num_kv_heads=2, scan_layers=True)),
-])
+@pytest.mark.parametrize(
+    "family,extra",
+    [
+        ("decoder", dict(positions="learned")),
+        ("decoder", dict(positions="rope", num_kv_heads=2)),
+        ("decoder", dict(positions="sinusoidal", num_kv_heads=1, scan_layers=True)),
+        ("encoder_decoder", dict(positions="sinusoidal")),
+        ("encoder_decoder", dict(positions="rope", num_kv_heads=2, scan_layers=True)),
+    ],
+)
 def test_cached_logits_equal_full_forward_at_every_step(family, extra):
   """Prompts of different lengths in one batch, every positional encoding, GQA and MQA, looped
   and scanned layers: each step's logits equal a forward pass over the sequence so far."""
@@ -91,9 +96,16 @@ def test_cross_attention_keys_are_cached_once():
   cache = decode.init_cache(model, src, jnp.zeros((1, 4), jnp.int32))
   assert "cross_key" not in cache["decoder"]["layer_0"].get("cross_attn", {})
   encoded = jax.jit(lambda src: model.apply({"params": params}, src, mask, method="encode"))(src)
-  step = jax.jit(lambda cache, enc, tok: model.apply(  # noqa: E731
-      {"params": params, "cache": cache}, enc, tok, mask, method="decode_logits",
-      mutable=["cache"]))
+  step = jax.jit(
+      lambda cache, enc, tok: model.apply(  # noqa: E731
+          {"params": params, "cache": cache},
+          enc,
+          tok,
+          mask,
+          method="decode_logits",
+          mutable=["cache"],
+      )
+  )
   _, state = step(cache, encoded, jnp.asarray([[BOS]]))
   cross = state["cache"]["decoder"]["layer_0"]["cross_attn"]
   assert cross["cross_key"].shape == (1, cfg.kv_heads, 5, 8)
@@ -121,7 +133,7 @@ def test_greedy_equals_top_k_1_sample_and_beam_1(lm):
   g = decode.generate(cfg, params, PROMPTS, 40, stop_tokens=[stop], pad_id=0)
   first = list(greedy.tokens[0]).index(stop)
   assert g.stopped[0] and g.lengths[0] == first and g.ids()[0] == list(greedy.tokens[0, :first])
-  assert (g.tokens[0, first + 1:] == 0).all()
+  assert (g.tokens[0, first + 1 :] == 0).all()
   for b in range(3):
     if not g.stopped[b]:
       np.testing.assert_array_equal(g.tokens[b], greedy.tokens[b])
@@ -156,9 +168,18 @@ def bigram_model(table):
   norms, every block weight zero (each block is the identity), one-hot embeddings and an
   unembedding holding log `table`[last token]."""
   V = table.shape[0]
-  cfg = ModelConfig(num_layers=1, d_model=V, num_heads=1, vocab_size=V, max_len=8,
-                    positions="none", norm_placement="none", final_norm=False,
-                    tie_embeddings=False, use_bias=False)
+  cfg = ModelConfig(
+      num_layers=1,
+      d_model=V,
+      num_heads=1,
+      vocab_size=V,
+      max_len=8,
+      positions="none",
+      norm_placement="none",
+      final_norm=False,
+      tie_embeddings=False,
+      use_bias=False,
+  )
   params = jax.tree_util.tree_map(jnp.zeros_like, init(cfg))
   params["embed"]["token_embed"]["embedding"] = jnp.eye(V)
   params["lm_head"]["kernel"] = jnp.log(jnp.asarray(table, jnp.float32))
@@ -196,23 +217,26 @@ def test_translation_beam_score_is_the_length_penalised_log_probability():
 
 
 # ------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("prompts,kw,message", [
-    ([list(range(17))], {}, "17 tokens but model.max_len=16"),
-    ([[1, 2], []], {}, "prompt 2 is empty"),
-    ([], {}, "no prompts"),
-    ([[1, 50]], {}, "token id 50, outside the vocabulary"),
-    ([[1, -1]], {}, "token id -1"),
-    ([1, 2, 3], {}, "a list of prompts"),
-    ([[1]], dict(temperature=-1.0), "temperature"),
-    ([[1]], dict(temperature=float("nan")), "temperature=nan: must be a finite"),
-    ([[1]], dict(temperature=float("inf")), "temperature=inf"),
-    ([[1]], dict(beam_size=2, alpha=float("nan")), "alpha=nan"),
-    ([[1]], dict(top_p=float("nan")), "top_p"),
-    ([[1]], dict(top_p=0.0), "top_p"),
-    ([[1]], dict(top_k=51), "top_k"),
-    ([[1]], dict(stop_tokens=[99]), "stop token 99"),
-    ([[1]], dict(max_new_tokens=0), "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "prompts,kw,message",
+    [
+        ([list(range(17))], {}, "17 tokens but model.max_len=16"),
+        ([[1, 2], []], {}, "prompt 2 is empty"),
+        ([], {}, "no prompts"),
+        ([[1, 50]], {}, "token id 50, outside the vocabulary"),
+        ([[1, -1]], {}, "token id -1"),
+        ([1, 2, 3], {}, "a list of prompts"),
+        ([[1]], dict(temperature=-1.0), "temperature"),
+        ([[1]], dict(temperature=float("nan")), "temperature=nan: must be a finite"),
+        ([[1]], dict(temperature=float("inf")), "temperature=inf"),
+        ([[1]], dict(beam_size=2, alpha=float("nan")), "alpha=nan"),
+        ([[1]], dict(top_p=float("nan")), "top_p"),
+        ([[1]], dict(top_p=0.0), "top_p"),
+        ([[1]], dict(top_k=51), "top_k"),
+        ([[1]], dict(stop_tokens=[99]), "stop token 99"),
+        ([[1]], dict(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
 def test_bad_prompts_and_settings_are_refused(lm, prompts, kw, message):
   cfg, params = lm
   kw = {"max_new_tokens": 4, **kw}
@@ -268,10 +292,10 @@ print("ok")
 
 def test_sharded_decoding_equals_one_device():
   """4 CPU devices, data 2 x tensor 2, GQA + RoPE: the same tokens and logits as one device."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
-                       cwd=ROOT, env=env)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+      [sys.executable, "-c", SHARDED], capture_output=True, text=True, cwd=ROOT, env=env
+  )
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 
@@ -285,8 +309,20 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   ckpt = Checkpoints(tmp_path / "checkpoints", async_save=False)
   ckpt.save(3, {"params": params})
   ckpt.close()
-  cmd = [sys.executable, "-m", "transformers_jax.generate", "--workdir", str(tmp_path),
-         "--prompt_ids", "1,2,3", "--print_ids", "--temperature", "0", "--max_new_tokens", "30"]
+  cmd = [
+      sys.executable,
+      "-m",
+      "transformers_jax.generate",
+      "--workdir",
+      str(tmp_path),
+      "--prompt_ids",
+      "1,2,3",
+      "--print_ids",
+      "--temperature",
+      "0",
+      "--max_new_tokens",
+      "30",
+  ]
   out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   expected = decode.generate(cfg, params, [[1, 2, 3]], 30).ids()[0]

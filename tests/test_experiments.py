@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, lesson_positional_encoding
 
-TOY_SWEEP = '''
+TOY_SWEEP = """
 BASE = "gpt2.py:tiny"
 TARGET_LOSS = 5.4
 COMMON = {"steps": 6, "log_every": 2, "eval_every": 0, "eval_batches": 2, "checkpoint_every": 3,
@@ -24,7 +24,7 @@ def points(scale=False):
   return [{"name": "ok", "overrides": dict(COMMON)},
           {"name": "blows-up", "overrides": dict(COMMON, learning_rate=1e12,
                                                  **{"model.norm_placement": "post"})}]
-'''
+"""
 
 
 def script(name):
@@ -48,6 +48,7 @@ def jsonl(path):
 def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
   ablate = script("ablate")
   from transformers_jax.train.loop import train
+
   sweep_file = tmp_path / "toy.py"
   sweep_file.write_text(TOY_SWEEP)
   out = tmp_path / "out"
@@ -76,6 +77,7 @@ def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
   assert "| ok | pre | layernorm | 1 | 0 |" in table and "| blows-up | post |" in table
   assert "yes: loss" in table
   import matplotlib.image
+
   for name in ("loss_curves.png", "residual_rms.png"):
     data = (out / name).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -111,11 +113,23 @@ def test_norm_ablation_grid():
   sweep = ablate.load_sweep(ROOT / "experiments" / "norm_ablation.py")
   points = sweep.points()
   assert len(points) == 3 * 2 * 3 * 2 + 1 == len({p["name"] for p in points})
-  seen = {(p["overrides"]["model.norm_placement"], p["overrides"]["model.norm"],
-           p["overrides"]["model.num_layers"], p["overrides"]["warmup_steps"],
-           p["overrides"]["model.residual"]) for p in points}
-  assert {(pl, n, d, w, True) for pl in ("pre", "post", "sandwich")
-          for n in ("layernorm", "rmsnorm") for d in (2, 6, 12) for w in (0, 40)} < seen
+  seen = {
+      (
+          p["overrides"]["model.norm_placement"],
+          p["overrides"]["model.norm"],
+          p["overrides"]["model.num_layers"],
+          p["overrides"]["warmup_steps"],
+          p["overrides"]["model.residual"],
+      )
+      for p in points
+  }
+  assert {
+      (pl, n, d, w, True)
+      for pl in ("pre", "post", "sandwich")
+      for n in ("layernorm", "rmsnorm")
+      for d in (2, 6, 12)
+      for w in (0, 40)
+  } < seen
   assert [x for x in seen if not x[-1]] == [("pre", "layernorm", 12, 40, False)]
   scaled = sweep.points(scale=True)
   assert max(p["overrides"]["model.num_layers"] for p in scaled) > 12
@@ -144,11 +158,14 @@ def test_positions_script_equals_the_formula():
     positions.print_sinusoids()
   assert out.getvalue() == lesson_printout()
   rows = positions.sinusoid_rows(range(50), 16)
-  np.testing.assert_allclose(rows, [lesson_positional_encoding(p, 16) for p in range(50)],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      rows, [lesson_positional_encoding(p, 16) for p in range(50)], atol=1e-6
+  )
   here = lesson_positional_encoding(10, 16)
-  expected = [sum(a * b for a, b in zip(here, lesson_positional_encoding(10 + g, 16)))
-              for g in positions.GAPS]
+  expected = [
+      sum(a * b for a, b in zip(here, lesson_positional_encoding(10 + g, 16)))
+      for g in positions.GAPS
+  ]
   np.testing.assert_allclose(positions.sinusoid_dots(), expected, atol=1e-5)
   ones = np.ones(16)
   for gap in positions.GAPS:
@@ -158,7 +175,8 @@ def test_positions_script_equals_the_formula():
     assert positions.rope_formula(gap) == pytest.approx(2 * expected[positions.GAPS.index(gap)])
     for start in (0, 37, 1000):
       assert positions.rope_score(start + gap, start, ones, ones) == pytest.approx(
-          formula, abs=2e-3)
+          formula, abs=2e-3
+      )
 
 
 def test_params_script_prints_the_lesson_counts():
@@ -167,16 +185,29 @@ def test_params_script_prints_the_lesson_counts():
   with contextlib.redirect_stdout(out):
     params.main()
   text = out.getvalue()
-  for line in ("GPT-2 small  12 blocks, d =  768:   124,439,808 parameters",
-               "GPT-2 XL     48 blocks, d = 1600: 1,557,611,200 parameters"):
+  for line in (
+      "GPT-2 small  12 blocks, d =  768:   124,439,808 parameters",
+      "GPT-2 XL     48 blocks, d = 1600: 1,557,611,200 parameters",
+  ):
     assert line in text
   assert "DIFFERS" not in text and "differs" not in text
   assert text.count("174,604,259,328") == 2  # the formula and eval_shape of gpt3.py:175b
 
 
 def test_attention_cost_grows_with_length(tmp_path):
-  text = run_main(script("lesson_attention_cost"), "--min-len", "64", "--max-len", "256",
-                  "--d-model", "32", "--heads", "2", "--out", str(tmp_path))
+  text = run_main(
+      script("lesson_attention_cost"),
+      "--min-len",
+      "64",
+      "--max-len",
+      "256",
+      "--d-model",
+      "32",
+      "--heads",
+      "2",
+      "--out",
+      str(tmp_path),
+  )
   assert "   256 " in text
   rows = json.loads((tmp_path / "attention_cost.json").read_text())["rows"]
   assert [r["length"] for r in rows] == [64, 128, 256]
@@ -186,8 +217,16 @@ def test_attention_cost_grows_with_length(tmp_path):
 
 
 def test_families_script_prints_one_line_per_family(tmp_path):
-  text = run_main(script("lesson_families"), "vit", "--steps", "4", "--workdir", str(tmp_path),
-                  "--out", str(tmp_path))
+  text = run_main(
+      script("lesson_families"),
+      "vit",
+      "--steps",
+      "4",
+      "--workdir",
+      str(tmp_path),
+      "--out",
+      str(tmp_path),
+  )
   lines = text.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("ViT") and "4 steps" in lines[0]
   assert "| ViT | vit.py:tiny | 102,218 |" in (tmp_path / "families.md").read_text()
@@ -196,16 +235,18 @@ def test_families_script_prints_one_line_per_family(tmp_path):
 def test_transformer_presets_peak_where_the_papers_schedule_does(experiment):
   for preset in ("base", "big"):
     config = experiment("transformer", preset)
-    peak = config.model.d_model ** -0.5 * config.warmup_steps ** -0.5
+    peak = config.model.d_model**-0.5 * config.warmup_steps**-0.5
     assert config.learning_rate == pytest.approx(peak, rel=1e-6), preset
 
 
-@pytest.mark.parametrize("override,needle", [
-    ('{"model.norm_placment": "post"}', "'model.norm_placment', which is not a config field"),
-    ('{"steps": "many"}', "steps='many'"),
-])
-def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, override,
-                                                                     needle):
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ('{"model.norm_placment": "post"}', "'model.norm_placment', which is not a config field"),
+        ('{"steps": "many"}', "steps='many'"),
+    ],
+)
+def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, override, needle):
   ablate = script("ablate")
   sweep_file = tmp_path / "bad.py"
   sweep_file.write_text(TOY_SWEEP.replace('**{"model.norm_placement": "post"}', f"**{override}"))
@@ -213,5 +254,4 @@ def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, o
     run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "out"))
   assert not (tmp_path / "out" / "runs").exists()
   with pytest.raises(ValueError, match="--max-points=-1"):
-    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max-points",
-             "-1")
+    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max-points", "-1")

@@ -25,8 +25,13 @@ from conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 NAMES = ["gpt2", "bert", "bert_mlm", "vit", "vit_classifier"]
-HEADS = {"gpt2": "lm", "bert": "pooler", "bert_mlm": "mlm", "vit": "pooler",
-         "vit_classifier": "classifier"}
+HEADS = {
+    "gpt2": "lm",
+    "bert": "pooler",
+    "bert_mlm": "mlm",
+    "vit": "pooler",
+    "vit_classifier": "classifier",
+}
 TOL = 1e-4
 
 
@@ -45,8 +50,10 @@ def forward(fields, params, ref):
 
 
 def leaves(tree):
-  return {jax.tree_util.keystr(k): np.asarray(v)
-          for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+      jax.tree_util.keystr(k): np.asarray(v)
+      for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def copy_fixture(name, tmp_path):
@@ -136,8 +143,11 @@ def test_vit_patch_kernel_is_the_convolution():
 def test_vit_model_without_pooler_loads_with_head_none(tmp_path):
   d = copy_fixture("vit", tmp_path)
   tensors = load_file(d / "model.safetensors")
-  save_file({k: v for k, v in tensors.items() if not k.startswith("pooler.")},
-            d / "model.safetensors", metadata={"format": "pt"})
+  save_file(
+      {k: v for k, v in tensors.items() if not k.startswith("pooler.")},
+      d / "model.safetensors",
+      metadata={"format": "pt"},
+  )
   fields, params = load_hf(d)
   assert fields["head"] == "none" and "pooler" not in params
   out = forward(fields, params, reference("vit"))
@@ -160,8 +170,9 @@ def test_untied_gpt2_and_original_checkpoint_names(tmp_path):
   assert fields["tie_embeddings"] is False
   np.testing.assert_array_equal(params["lm_head"]["kernel"], head.T)
   out = forward(fields, params, reference("gpt2"))
-  np.testing.assert_allclose(np.asarray(out["logits"]), np.asarray(out["hidden"]) @ head.T,
-                             atol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(out["logits"]), np.asarray(out["hidden"]) @ head.T, atol=1e-4
+  )
 
 
 def test_old_bert_names_and_pretraining_extras(tmp_path):
@@ -173,17 +184,21 @@ def test_old_bert_names_and_pretraining_extras(tmp_path):
     tensors.update(load_file(path))
     path.unlink()
   (d / "model.safetensors.index.json").unlink()
-  tensors = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
-                                                                      "LayerNorm.beta"): v
-             for k, v in tensors.items()}
+  tensors = {
+      k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+          "LayerNorm.bias", "LayerNorm.beta"
+      ): v
+      for k, v in tensors.items()
+  }
   tensors["bert.embeddings.position_ids"] = np.arange(32, dtype=np.int64)[None]
   tensors["cls.seq_relationship.weight"] = np.zeros((2, 32), np.float32)
   tensors["bert.pooler.dense.weight"] = np.zeros((32, 32), np.float32)
   save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
   fields, params = load_hf(d)
   ref = reference("bert_mlm")
-  np.testing.assert_allclose(np.asarray(forward(fields, params, ref)["logits"]), ref["logits"],
-                             atol=TOL)
+  np.testing.assert_allclose(
+      np.asarray(forward(fields, params, ref)["logits"]), ref["logits"], atol=TOL
+  )
 
 
 def test_load_as_bfloat16():
@@ -203,8 +218,9 @@ def assert_one_line(error, *words):
 def test_error_unsupported_architecture(tmp_path):
   d = copy_fixture("gpt2", tmp_path)
   config = json.loads((d / "config.json").read_text())
-  (d / "config.json").write_text(json.dumps(
-      {**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+  (d / "config.json").write_text(
+      json.dumps({**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+  )
   with pytest.raises(interop.UnsupportedArchitecture) as e:
     load_hf(d)
   assert isinstance(e.value, ValueError)
@@ -255,7 +271,7 @@ def test_error_pickle_checkpoint_is_named_and_not_read(tmp_path):
 def test_error_truncated_file(tmp_path, keep):
   d = copy_fixture("gpt2", tmp_path)
   data = (d / "model.safetensors").read_bytes()
-  (d / "model.safetensors").write_bytes(data[:int(len(data) * keep)])
+  (d / "model.safetensors").write_bytes(data[: int(len(data) * keep)])
   with pytest.raises(interop.CorruptCheckpoint) as e:
     load_hf(d)
   assert_one_line(e, "model.safetensors", "truncated or corrupt")
@@ -299,8 +315,7 @@ def test_error_unexpected_tensors(tmp_path):
 
 
 def test_error_export_unsupported_config(tmp_path):
-  c = ModelConfig(family="decoder", num_layers=1, d_model=16, num_heads=2, vocab_size=20,
-                  max_len=8)
+  c = ModelConfig(family="decoder", num_layers=1, d_model=16, num_heads=2, vocab_size=20, max_len=8)
   params = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), param_shapes(c))
   with pytest.raises(interop.UnsupportedConfig) as e:
     save_hf(tmp_path, c.replace(norm="rmsnorm"), params)
@@ -319,8 +334,9 @@ def test_error_export_unsupported_config(tmp_path):
 
 def test_missing_config_keys_take_the_reference_librarys_defaults(tmp_path):
   # GPT2Config: activation_function defaults to gelu_new (tanh GELU), n_positions to 1024
-  c = ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=1, max_len=1024,
-                  activation="gelu_tanh")
+  c = ModelConfig(
+      vocab_size=64, d_model=32, num_heads=2, num_layers=1, max_len=1024, activation="gelu_tanh"
+  )
   params = build_model(c).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
   save_hf(tmp_path, c, params)
   config = json.loads((tmp_path / "config.json").read_text())
@@ -337,9 +353,13 @@ def test_untied_bert_mlm_uses_the_decoders_own_bias(tmp_path):
   c = ModelConfig(**fields)
   shapes = param_shapes(c)
   rng = np.random.default_rng(0)
-  params = {**params, "mlm_decoder": {"kernel": rng.normal(
-      size=shapes["mlm_decoder"]["kernel"].shape).astype(np.float32)},
-            "mlm_bias": rng.normal(size=shapes["mlm_bias"].shape).astype(np.float32)}
+  params = {
+      **params,
+      "mlm_decoder": {
+          "kernel": rng.normal(size=shapes["mlm_decoder"]["kernel"].shape).astype(np.float32)
+      },
+      "mlm_bias": rng.normal(size=shapes["mlm_bias"].shape).astype(np.float32),
+  }
   save_hf(tmp_path, c, params)
   tensors = load_file(str(tmp_path / "model.safetensors"))
   np.testing.assert_array_equal(tensors["cls.predictions.decoder.bias"], params["mlm_bias"])
@@ -354,8 +374,9 @@ def test_error_shard_outside_the_model_folder(tmp_path):
   model = tmp_path / "model"
   shutil.copytree(FIXTURES / "gpt2", model)
   (model / "model.safetensors").rename(tmp_path / "outside.safetensors")
-  (model / "model.safetensors.index.json").write_text(json.dumps(
-      {"weight_map": {"wte.weight": "../outside.safetensors"}}))
+  (model / "model.safetensors.index.json").write_text(
+      json.dumps({"weight_map": {"wte.weight": "../outside.safetensors"}})
+  )
   with pytest.raises(interop.CorruptCheckpoint, match="outside the model folder"):
     load_hf(model)
 

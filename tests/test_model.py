@@ -50,6 +50,7 @@ def test_family_jit_forward_and_gradient(experiment, file, preset):
   def loss_and_grad(p):
     def loss(p):
       return jnp.mean(jnp.square(model.apply({"params": p}, *inputs)["logits"]))
+
     return jax.value_and_grad(loss)(p)
 
   value, grads = loss_and_grad(params)
@@ -135,11 +136,14 @@ def test_sinusoidal_matches_formula_and_falls_with_distance():
 
 
 # ------------------------------------------------------------------ scan, GQA, MoE, remat, cache
-@pytest.mark.parametrize("family,extra", [
-    ("decoder", {}),
-    ("encoder_decoder", dict(positions="sinusoidal")),
-    ("decoder", dict(feed_forward="moe", num_experts=4, top_k=2, positions="rope")),
-])
+@pytest.mark.parametrize(
+    "family,extra",
+    [
+        ("decoder", {}),
+        ("encoder_decoder", dict(positions="sinusoidal")),
+        ("decoder", dict(feed_forward="moe", num_experts=4, top_k=2, positions="rope")),
+    ],
+)
 def test_scanned_equals_looped(family, extra):
   c = ModelConfig(family=family, scan_layers=True, **SMALL, **extra)
   inputs = (tokens(1),) * (2 if family == "encoder_decoder" else 1)
@@ -174,15 +178,18 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
   for layer in ("layer_0", "layer_1"):
     attn = q["decoder"][layer]["self_attn"]
     for name in ("key", "value"):
-      attn[name] = {"kernel": jnp.repeat(attn[name]["kernel"], 2, axis=1),
-                    "bias": jnp.repeat(attn[name]["bias"], 2, axis=0)}
+      attn[name] = {
+          "kernel": jnp.repeat(attn[name]["kernel"], 2, axis=1),
+          "bias": jnp.repeat(attn[name]["bias"], 2, axis=0),
+      }
   a = forward(gqa, p, x)["logits"]
   b = forward(mha, q, x)["logits"]
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
   # kv_heads == heads is plain MHA: same parameters, same outputs
   same = ModelConfig(num_kv_heads=4, **SMALL)
-  np.testing.assert_array_equal(forward(same, init(mha, x), x)["logits"],
-                                forward(mha, init(mha, x), x)["logits"])
+  np.testing.assert_array_equal(
+      forward(same, init(mha, x), x)["logits"], forward(mha, init(mha, x), x)["logits"]
+  )
 
 
 def test_attention_dropout_path_matches_fused_path_without_dropout():
@@ -193,14 +200,16 @@ def test_attention_dropout_path_matches_fused_path_without_dropout():
   np.testing.assert_allclose(np.asarray(fused), np.asarray(explicit), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("T,S,heads,groups,causal,mask_shape", [
-    (256, 256, 4, 4, True, (2, 1, 1, 256)),  # four query blocks, padding mask over keys
-    (200, 200, 4, 2, True, None),  # GQA, three uneven blocks
-    (130, 130, 2, 1, True, (2, 1, 130, 130)),  # MQA, a full [B, 1, T, S] mask, two blocks
-    (96, 160, 4, 4, False, (2, 4, 96, 160)),  # cross-attention shape, per-head mask
-])
-def test_einsum_attention_equals_jax_dot_product_attention(T, S, heads, groups, causal,
-                                                          mask_shape):
+@pytest.mark.parametrize(
+    "T,S,heads,groups,causal,mask_shape",
+    [
+        (256, 256, 4, 4, True, (2, 1, 1, 256)),  # four query blocks, padding mask over keys
+        (200, 200, 4, 2, True, None),  # GQA, three uneven blocks
+        (130, 130, 2, 1, True, (2, 1, 130, 130)),  # MQA, a full [B, 1, T, S] mask, two blocks
+        (96, 160, 4, 4, False, (2, 4, 96, 160)),  # cross-attention shape, per-head mask
+    ],
+)
+def test_einsum_attention_equals_jax_dot_product_attention(T, S, heads, groups, causal, mask_shape):
   """The written-out path (causal query blocks that skip their masked keys) gives the outputs
   and gradients of jax.nn.dot_product_attention."""
   keys = jax.random.split(KEY, 5)
@@ -224,19 +233,21 @@ def test_fused_projections_hold_dense_parameters_and_outputs():
   """DenseWeights + fused_dense: the parameter paths, shapes, initial values and outputs of one
   nn.DenseGeneral per projection (checkpoints and HF conversion see no difference)."""
   from transformers_jax.modules.common import DenseWeights, dense, fused_dense
+
   c = ModelConfig(**SMALL)
   names = (("embed", "heads", "head_dim"), ("heads", "head_dim"))
 
   class Separate(nn.Module):
+
     @nn.compact
     def __call__(self, x):
       return [dense(c, (4, 8), -1, *names, n)(x) for n in ("query", "key", "value")]
 
   class Fused(nn.Module):
+
     @nn.compact
     def __call__(self, x):
-      ws = [DenseWeights(c, (4, 8), *names, name=n)(x.shape[-1])
-            for n in ("query", "key", "value")]
+      ws = [DenseWeights(c, (4, 8), *names, name=n)(x.shape[-1]) for n in ("query", "key", "value")]
       return fused_dense(c, x, ws)
 
   x = jax.random.normal(KEY, (2, 5, 32))
@@ -289,8 +300,10 @@ def test_remat_gives_the_same_gradients():
     return jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x)["logits"] ** 2))(p)
 
   for policy in ("full", "dots_saveable"):
-    for a, b in zip(jax.tree_util.tree_leaves(grads(c)),
-                    jax.tree_util.tree_leaves(grads(c.replace(remat=policy)))):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grads(c)),
+        jax.tree_util.tree_leaves(grads(c.replace(remat=policy))),
+    ):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
@@ -306,11 +319,13 @@ def test_kv_cache_prefill_then_steps_equals_full_forward(positions, kv):
   out, state = model.apply({"params": p, "cache": cache}, x[:, :6], mutable=["cache"])
   logits = [out["logits"]]
   for t in range(6, 10):
-    out, state = model.apply({"params": p, "cache": state["cache"]}, x[:, t:t + 1],
-                             mutable=["cache"])
+    out, state = model.apply(
+        {"params": p, "cache": state["cache"]}, x[:, t : t + 1], mutable=["cache"]
+    )
     logits.append(out["logits"])
-  np.testing.assert_allclose(np.asarray(jnp.concatenate(logits, 1)), np.asarray(full),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(jnp.concatenate(logits, 1)), np.asarray(full), rtol=1e-4, atol=1e-4
+  )
 
 
 def test_dropout_only_when_not_deterministic():
@@ -332,12 +347,15 @@ def block_params(c):
   return block, params, x
 
 
-@pytest.mark.parametrize("placement,norms", [
-    ("pre", {"self_attn_norm", "ffn_norm"}),
-    ("post", {"self_attn_norm", "ffn_norm"}),
-    ("sandwich", {"self_attn_norm_in", "self_attn_norm_out", "ffn_norm_in", "ffn_norm_out"}),
-    ("none", set()),
-])
+@pytest.mark.parametrize(
+    "placement,norms",
+    [
+        ("pre", {"self_attn_norm", "ffn_norm"}),
+        ("post", {"self_attn_norm", "ffn_norm"}),
+        ("sandwich", {"self_attn_norm_in", "self_attn_norm_out", "ffn_norm_in", "ffn_norm_out"}),
+        ("none", set()),
+    ],
+)
 def test_norm_placement_structure(placement, norms):
   c = ModelConfig(norm_placement=placement, **SMALL)
   block, params, x = block_params(c)
@@ -363,9 +381,21 @@ def test_residual_off_drops_the_skip_path():
 
 
 def test_rmsnorm_without_bias_and_knobs_on_any_family():
-  c = ModelConfig(family="vit", image_size=8, patch_size=4, num_channels=1, num_classes=3,
-                  norm="rmsnorm", norm_placement="post", positions="rope", activation="swiglu",
-                  num_kv_heads=2, num_layers=2, d_model=32, num_heads=4)
+  c = ModelConfig(
+      family="vit",
+      image_size=8,
+      patch_size=4,
+      num_channels=1,
+      num_classes=3,
+      norm="rmsnorm",
+      norm_placement="post",
+      positions="rope",
+      activation="swiglu",
+      num_kv_heads=2,
+      num_layers=2,
+      d_model=32,
+      num_heads=4,
+  )
   x = jax.random.uniform(KEY, (2, 8, 8, 1))
   p = init(c, x)
   norm = p["encoder"]["layer_0"]["ffn_norm"]
@@ -374,19 +404,22 @@ def test_rmsnorm_without_bias_and_knobs_on_any_family():
 
 
 # ------------------------------------------------------------------ bad configs
-@pytest.mark.parametrize("fields,named", [
-    (dict(d_model=30, num_heads=4), "model.num_heads"),
-    (dict(num_heads=4, num_kv_heads=3), "model.num_kv_heads"),
-    (dict(family="vit", image_size=30, patch_size=16, num_classes=2), "model.image_size"),
-    (dict(positions="rope", d_model=20, num_heads=4), "model.head_dim"),
-    (dict(norm_placement="middle"), "model.norm_placement"),
-    (dict(activation="tanh"), "model.activation"),
-    (dict(family="gpt"), "model.family"),
-    (dict(feed_forward="moe", num_experts=2, top_k=3), "model.top_k"),
-    (dict(family="encoder", head="classifier"), "model.num_classes"),
-    (dict(family="decoder", head="pooler"), "model.head"),
-    (dict(dropout=1.5), "model.dropout"),
-])
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        (dict(d_model=30, num_heads=4), "model.num_heads"),
+        (dict(num_heads=4, num_kv_heads=3), "model.num_kv_heads"),
+        (dict(family="vit", image_size=30, patch_size=16, num_classes=2), "model.image_size"),
+        (dict(positions="rope", d_model=20, num_heads=4), "model.head_dim"),
+        (dict(norm_placement="middle"), "model.norm_placement"),
+        (dict(activation="tanh"), "model.activation"),
+        (dict(family="gpt"), "model.family"),
+        (dict(feed_forward="moe", num_experts=2, top_k=3), "model.top_k"),
+        (dict(family="encoder", head="classifier"), "model.num_classes"),
+        (dict(family="decoder", head="pooler"), "model.head"),
+        (dict(dropout=1.5), "model.dropout"),
+    ],
+)
 def test_bad_configs_raise_value_error_naming_the_field(fields, named):
   with pytest.raises(ValueError, match=named.replace(".", r"\.")):
     ModelConfig(**fields)

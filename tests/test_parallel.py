@@ -23,8 +23,12 @@ from transformers_jax.models import build_model, example_inputs
 
 from conftest import ROOT
 
-MESHES = {"one": {"data": 1, "devices": 1}, "data8": {"data": 8}, "fsdp8": {"fsdp": 8},
-          "fsdp4_tensor2": {"fsdp": 4, "tensor": 2}}
+MESHES = {
+    "one": {"data": 1, "devices": 1},
+    "data8": {"data": 8},
+    "fsdp8": {"fsdp": 8},
+    "fsdp4_tensor2": {"fsdp": 4, "tensor": 2},
+}
 FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 
 
@@ -38,8 +42,13 @@ def env(devices: int) -> dict:
 @pytest.fixture(scope="module")
 def sharded_runs():
   spec = {"families": FAMILIES, "steps": 2, "meshes": MESHES}
-  out = subprocess.run([sys.executable, str(ROOT / "tests/sharding_worker.py"), json.dumps(spec)],
-                       capture_output=True, text=True, cwd=ROOT, env=env(8))
+  out = subprocess.run(
+      [sys.executable, str(ROOT / "tests/sharding_worker.py"), json.dumps(spec)],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env(8),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -55,8 +64,14 @@ def test_weights_are_split_as_the_rules_say(sharded_runs):
   fsdp = sharded_runs["gpt2/fsdp8"]["shards"]
   tp = sharded_runs["gpt2/fsdp4_tensor2"]["shards"]
   for name, (full, shard) in fsdp.items():  # fsdp=8 splits the embed dimension in 8
-    embed_axis = {"query/kernel": 0, "key/kernel": 0, "wi/kernel": 0, "wo/kernel": 1,
-                  "out/kernel": 2, "token_embed/embedding": 1}
+    embed_axis = {
+        "query/kernel": 0,
+        "key/kernel": 0,
+        "wi/kernel": 0,
+        "wo/kernel": 1,
+        "out/kernel": 2,
+        "token_embed/embedding": 1,
+    }
     axis = next(v for k, v in embed_axis.items() if name.endswith(k))
     assert shard[axis] * 8 == full[axis] and np.prod(shard) * 8 == np.prod(full), name
   q_full, q_shard = tp["decoder/layer_0/self_attn/query/kernel"]
@@ -73,29 +88,54 @@ def free_port() -> int:
 
 
 def train_cmd(workdir, *extra):
-  return [sys.executable, "-m", "transformers_jax.train", "--config",
-          str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir", str(workdir),
-          "--config.steps=4", "--config.log_every=1", "--config.eval_every=0",
-          "--config.checkpoint_every=2", "--config.sample.max_new_tokens=0", *extra]
+  return [
+      sys.executable,
+      "-m",
+      "transformers_jax.train",
+      "--config",
+      str(ROOT / "experiments/gpt2.py") + ":tiny",
+      "--workdir",
+      str(workdir),
+      "--config.steps=4",
+      "--config.log_every=1",
+      "--config.eval_every=0",
+      "--config.checkpoint_every=2",
+      "--config.sample.max_new_tokens=0",
+      *extra,
+  ]
 
 
 def losses(workdir):
-  rows = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().split("\n")
-          if x]
+  rows = [
+      json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().split("\n") if x
+  ]
   return [r["loss"] for r in rows if "loss" in r]
 
 
 def test_two_processes_equal_one_and_checkpoints_move_between_meshes(tmp_path):
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=4"]
-  one = subprocess.run(train_cmd(tmp_path / "one", *mesh), capture_output=True, text=True,
-                       cwd=ROOT, env=env(8))
+  one = subprocess.run(
+      train_cmd(tmp_path / "one", *mesh), capture_output=True, text=True, cwd=ROOT, env=env(8)
+  )
   assert one.returncode == 0, one.stderr[-3000:]
   port = free_port()
-  procs = [subprocess.Popen(
-      train_cmd(tmp_path / "two", *mesh, f"--coordinator_address=localhost:{port}",
-                "--num_processes=2", f"--process_id={i}"),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env(4))
-      for i in range(2)]
+  procs = [
+      subprocess.Popen(
+          train_cmd(
+              tmp_path / "two",
+              *mesh,
+              f"--coordinator_address=localhost:{port}",
+              "--num_processes=2",
+              f"--process_id={i}",
+          ),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          cwd=ROOT,
+          env=env(4),
+      )
+      for i in range(2)
+  ]
   outs = [p.communicate(timeout=600) for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][1][-3000:] + outs[1][1][-3000:]
   reference = losses(tmp_path / "one")
@@ -107,16 +147,26 @@ def test_two_processes_equal_one_and_checkpoints_move_between_meshes(tmp_path):
   shutil.copytree(tmp_path / "two", moved)
   shutil.rmtree(moved / "checkpoints" / "4")
   (moved / "metrics.jsonl").unlink()
-  cont = subprocess.run(train_cmd(moved, "--config.mesh.data=2", "--config.mesh.tensor=4"),
-                        capture_output=True, text=True, cwd=ROOT, env=env(8))
+  cont = subprocess.run(
+      train_cmd(moved, "--config.mesh.data=2", "--config.mesh.tensor=4"),
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env(8),
+  )
   assert cont.returncode == 0, cont.stderr[-3000:]
   assert "resumed from step 2" in cont.stdout
   np.testing.assert_allclose(losses(moved), reference[2:], rtol=1e-5)
 
 
 def test_mesh_that_does_not_fit_is_one_line():
-  out = subprocess.run(train_cmd("unused", "--config.mesh.data=3"), capture_output=True,
-                       text=True, cwd=ROOT, env=env(8))
+  out = subprocess.run(
+      train_cmd("unused", "--config.mesh.data=3"),
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env(8),
+  )
   assert out.returncode == 2
   line = out.stderr.strip().splitlines()[-1]
   assert line.startswith("error: mesh") and "8" in line, line
@@ -125,40 +175,60 @@ def test_mesh_that_does_not_fit_is_one_line():
 def test_mesh_shapes():
   assert parallel.mesh_shape({"data": -1}, 8) == {"data": 8, "fsdp": 1, "tensor": 1, "expert": 1}
   assert parallel.mesh_shape({"preset": "fsdp_tensor", "data": -1}, 8)["fsdp"] == 4
-  for bad, match in [({"data": 3}, "needs 3 devices"), ({"data": -1, "fsdp": -1}, "only one"),
-                     ({"data": 0}, "positive"), ({"dat": 2}, "mesh.dat"),
-                     ({"preset": "zero"}, "mesh.preset"), ({"data": -1, "tensor": 3}, "divide")]:
+  for bad, match in [
+      ({"data": 3}, "needs 3 devices"),
+      ({"data": -1, "fsdp": -1}, "only one"),
+      ({"data": 0}, "positive"),
+      ({"dat": 2}, "mesh.dat"),
+      ({"preset": "zero"}, "mesh.preset"),
+      ({"data": -1, "tensor": 3}, "divide"),
+  ]:
     with pytest.raises(ValueError, match=match):
       parallel.mesh_shape(bad, 8)
 
 
 def test_axis_that_does_not_divide_is_refused_before_compiling():
   import jax
+
   c = ModelConfig(num_layers=1, d_model=48, num_heads=6, vocab_size=100)
   model = build_model(c)
   boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs(c))["params"])
   fake = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 4, "expert": 1})
-  with pytest.raises(ValueError, match=r"dimension '(kv_)?heads' of size 6 does not divide over "
-                                       r"mesh axis tensor of size 4"):
+  with pytest.raises(
+      ValueError,
+      match=r"dimension '(kv_)?heads' of size 6 does not divide over "
+      r"mesh axis tensor of size 4",
+  ):
     parallel.check_divisible(boxed, fake, parallel.rules())
   fine = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 2, "expert": 1})
   with pytest.raises(ValueError, match="dimension 'embed' of size 48"):  # 48 % 5 != 0
-    parallel.check_divisible(boxed, types.SimpleNamespace(
-        shape={"data": 1, "fsdp": 5, "tensor": 1, "expert": 1}), parallel.rules())
+    parallel.check_divisible(
+        boxed,
+        types.SimpleNamespace(shape={"data": 1, "fsdp": 5, "tensor": 1, "expert": 1}),
+        parallel.rules(),
+    )
   parallel.check_divisible(boxed, fine, parallel.rules())
 
 
 def test_cpu_devices_splits_the_host_and_the_mesh_spans_them():
   plain = dict(os.environ, JAX_PLATFORMS="cpu")
   plain.pop("XLA_FLAGS", None)
-  base = [sys.executable, "-m", "transformers_jax.train", "--config",
-          "experiments/gpt2.py:tiny", "--compile_only"]
-  out = subprocess.run(base + ["--cpu_devices=2"], capture_output=True, text=True, cwd=ROOT,
-                       env=plain)
+  base = [
+      sys.executable,
+      "-m",
+      "transformers_jax.train",
+      "--config",
+      "experiments/gpt2.py:tiny",
+      "--compile_only",
+  ]
+  out = subprocess.run(
+      base + ["--cpu_devices=2"], capture_output=True, text=True, cwd=ROOT, env=plain
+  )
   assert out.returncode == 0, out.stderr[-3000:]
-  report = json.loads(out.stdout[out.stdout.index("{"):])
+  report = json.loads(out.stdout[out.stdout.index("{") :])
   assert report["devices"] == 2 and report["mesh"]["data"] == 2
-  bad = subprocess.run(base + ["--cpu_devices=-1"], capture_output=True, text=True, cwd=ROOT,
-                       env=plain)
+  bad = subprocess.run(
+      base + ["--cpu_devices=-1"], capture_output=True, text=True, cwd=ROOT, env=plain
+  )
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1].startswith("error: --cpu_devices=-1")

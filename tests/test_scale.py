@@ -28,8 +28,13 @@ FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 @pytest.fixture(scope="module")
 def temp_bytes():
   spec = {"families": FAMILIES, "meshes": ["fsdp8", "one"], "batches": [8, 16]}
-  out = subprocess.run([sys.executable, str(ROOT / "tests/scale_worker.py"), json.dumps(spec)],
-                       capture_output=True, text=True, cwd=ROOT, env=env(8))
+  out = subprocess.run(
+      [sys.executable, str(ROOT / "tests/scale_worker.py"), json.dumps(spec)],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env(8),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -60,7 +65,11 @@ def tpu_reports(experiment):
 def test_tiny_presets_compile_for_a_tpu_topology(tpu_reports, family):
   r = tpu_reports[family]
   assert (r["topology"], r["chips"], r["device_kind"], r["hbm_gib"]) == (
-      "v5e:2x2", 4, "TPU v5 lite", 16)
+      "v5e:2x2",
+      4,
+      "TPU v5 lite",
+      16,
+  )
   assert r["mesh"]["data"] * r["mesh"]["fsdp"] == 4
   assert r["fits"] and 0 < r["per_device_peak_estimate_gib"] < 1
   assert r["headroom_gib"] == pytest.approx(16 - r["per_device_peak_estimate_gib"])
@@ -71,10 +80,22 @@ def test_a_step_that_cannot_fit_is_refused_with_exit_3():
   # 2,048 sequences of 64 tokens over a 50,304-wide vocabulary: about 26 GB of float32 logits
   # per v5e chip (16 GB), before their gradient.
   out = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.train", "--config", "experiments/gpt2.py:tiny",
-       "--compile_only", "--config.mesh.topology=v5e:2x2", "--config.batch_size=8192",
-       "--config.model.vocab_size=50257", "--config.model.vocab_multiple=128"],
-      capture_output=True, text=True, cwd=ROOT)
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.train",
+          "--config",
+          "experiments/gpt2.py:tiny",
+          "--compile_only",
+          "--config.mesh.topology=v5e:2x2",
+          "--config.batch_size=8192",
+          "--config.model.vocab_size=50257",
+          "--config.model.vocab_multiple=128",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
   assert out.returncode == 3, out.stderr[-2000:]
   report = json.loads(out.stdout)
   assert report["fits"] is False and report["per_device_peak_estimate_gib"] > 16
@@ -84,12 +105,25 @@ def test_a_step_that_cannot_fit_is_refused_with_exit_3():
 
 
 def test_unknown_or_missing_topologies_are_one_line_errors():
-  for topology, words in (("v9:2x2", "unknown TPU generation"), ("v5e", "chip shape"),
-                          ("v5p:3x3x3", "v5p:3x3x3")):
+  for topology, words in (
+      ("v9:2x2", "unknown TPU generation"),
+      ("v5e", "chip shape"),
+      ("v5p:3x3x3", "v5p:3x3x3"),
+  ):
     out = subprocess.run(
-        [sys.executable, "-m", "transformers_jax.train", "--config", "experiments/gpt2.py:tiny",
-         "--compile_only", f"--config.mesh.topology={topology}"],
-        capture_output=True, text=True, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "transformers_jax.train",
+            "--config",
+            "experiments/gpt2.py:tiny",
+            "--compile_only",
+            f"--config.mesh.topology={topology}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2 and words in out.stderr, out.stderr[-1000:]
     assert "Traceback" not in out.stderr
 
@@ -97,6 +131,7 @@ def test_unknown_or_missing_topologies_are_one_line_errors():
 def test_the_mesh_lies_along_the_physical_torus():
   devices = hardware.topology_devices("v5p:4x4x4")
   from transformers_jax import parallel
+
   mesh = parallel.make_mesh({"data": 1, "fsdp": 16, "tensor": 4}, devices)
   # Each tensor-parallel group of 4 chips is one whole torus axis: its chips differ in one
   # coordinate only.
@@ -105,10 +140,19 @@ def test_the_mesh_lies_along_the_physical_torus():
     assert sum(len(set(axis)) > 1 for axis in coords.T) == 1
 
 
-@pytest.mark.parametrize("kind,name", [
-    ("TPU v4", "TPU v4"), ("TPU v5 lite", "TPU v5e"), ("TPU v5", "TPU v5p"),
-    ("TPU v6 lite", "TPU v6e"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"),
-    ("NVIDIA B200", "B200"), ("NVIDIA A100-SXM4-80GB", "A100")])
+@pytest.mark.parametrize(
+    "kind,name",
+    [
+        ("TPU v4", "TPU v4"),
+        ("TPU v5 lite", "TPU v5e"),
+        ("TPU v5", "TPU v5p"),
+        ("TPU v6 lite", "TPU v6e"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+    ],
+)
 def test_device_kinds_map_to_their_data_sheets(kind, name):
   assert hardware.chip_for_kind(kind).name == name
 
@@ -121,8 +165,9 @@ def test_a_padded_vocabulary_computes_what_the_unpadded_one_does():
   assert counting.count(padded) == counting.count(plain) == counting.analytic_count(plain)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 250, (2, 16)), jnp.int32)
   params = build_model(padded).init(jax.random.PRNGKey(0), *example_inputs(padded))["params"]
-  params = jax.tree_util.tree_map(lambda x: getattr(x, "value", x), params,
-                                  is_leaf=lambda x: hasattr(x, "names"))
+  params = jax.tree_util.tree_map(
+      lambda x: getattr(x, "value", x), params, is_leaf=lambda x: hasattr(x, "names")
+  )
   table = params["embed"]["token_embed"]["embedding"]
   unpadded = {**params, "embed": {**params["embed"], "token_embed": {"embedding": table[:250]}}}
   logits = build_model(padded).apply({"params": params}, tokens)["logits"]

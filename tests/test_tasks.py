@@ -10,8 +10,12 @@ from transformers_jax.tasks import TASKS, Task, TaskData, task_data, task_for
 from transformers_jax.train import compile as compile_step
 from transformers_jax.train.loop import train
 
-PRESETS = {"lm": ("gpt2", "tiny"), "mlm": ("bert", "tiny"), "seq2seq": ("transformer", "tiny"),
-           "classify_image": ("vit", "tiny")}
+PRESETS = {
+    "lm": ("gpt2", "tiny"),
+    "mlm": ("bert", "tiny"),
+    "seq2seq": ("transformer", "tiny"),
+    "classify_image": ("vit", "tiny"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -23,10 +27,10 @@ def test_the_data_a_task_makes_has_the_layout_it_declares(experiment, tmp_path, 
   assert task is TASKS[name]
   data = task_data(task, config, model_cfg, tmp_path)
   declared = task.batch_shapes(model_cfg, config)
-  for batch in (data.train_batch(0), data.eval_batches[0], task.synthetic_batch(model_cfg,
-                                                                                 config)):
+  for batch in (data.train_batch(0), data.eval_batches[0], task.synthetic_batch(model_cfg, config)):
     assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
-        k: (shape, np.dtype(dtype)) for k, (shape, dtype) in declared.items()}
+        k: (shape, np.dtype(dtype)) for k, (shape, dtype) in declared.items()
+    }
 
 
 class EchoTokens(Task):
@@ -54,10 +58,20 @@ class EchoTokens(Task):
 
 def test_a_new_objective_is_one_task_class(experiment, tmp_path):
   config = experiment("gpt2", "tiny")
-  config.update_from_flattened_dict({
-      "steps": 60, "batch_size": 8, "seq_len": 16, "log_every": 20, "eval_every": 60,
-      "eval_batches": 1, "checkpoint_every": 60, "warmup_steps": 0, "learning_rate": 3e-3,
-      "sample.max_new_tokens": 0})
+  config.update_from_flattened_dict(
+      {
+          "steps": 60,
+          "batch_size": 8,
+          "seq_len": 16,
+          "log_every": 20,
+          "eval_every": 60,
+          "eval_batches": 1,
+          "checkpoint_every": 60,
+          "warmup_steps": 0,
+          "learning_rate": 3e-3,
+          "sample.max_new_tokens": 0,
+      }
+  )
   result = train(config, str(tmp_path / "run"), task=EchoTokens())
   assert result["step"] == 60
   assert result["eval_loss"] < 0.5 * np.log(16)  # echoing beats guessing among 16 tokens

@@ -23,8 +23,9 @@ from transformers_jax.train.step import create_state, make_train_step
 
 from conftest import ROOT
 
-SMALL_RUN = dict(log_every=10, eval_every=0, checkpoint_every=0, eval_batches=2,
-                 sample=dict(max_new_tokens=0))
+SMALL_RUN = dict(
+    log_every=10, eval_every=0, checkpoint_every=0, eval_batches=2, sample=dict(max_new_tokens=0)
+)
 
 
 def configure(experiment, file, preset, **fields):
@@ -39,7 +40,9 @@ def configure(experiment, file, preset, **fields):
 
 
 def losses(workdir):
-  lines = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  lines = [
+      json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  ]
   return {x["step"]: x["loss"] for x in lines if "loss" in x}
 
 
@@ -49,8 +52,9 @@ def unigram_entropy(tokens):
   return float(-(p * np.log(p)).sum())
 
 
-@pytest.mark.parametrize("file,steps", [("gpt2", 150), ("bert", 60), ("transformer", 60),
-                                        ("vit", 60)])
+@pytest.mark.parametrize(
+    "file,steps", [("gpt2", 150), ("bert", 60), ("transformer", 60), ("vit", 60)]
+)
 def test_each_family_learns_its_bundled_data(experiment, tmp_path, file, steps):
   config = configure(experiment, file, "tiny", steps=steps, log_every=1, eval_every=steps)
   result = train(config, tmp_path)
@@ -60,8 +64,7 @@ def test_each_family_learns_its_bundled_data(experiment, tmp_path, file, steps):
   assert math.isfinite(result["eval_loss"])
   assert result["eval_loss"] < first
   if file == "gpt2":
-    tokens = np.memmap(next((tmp_path / "data").glob("*-train.tokens")), dtype=np.uint16,
-                       mode="r")
+    tokens = np.memmap(next((tmp_path / "data").glob("*-train.tokens")), dtype=np.uint16, mode="r")
     assert result["eval_loss"] < unigram_entropy(tokens), "no better than unigram statistics"
   rms = result["residual_rms"]
   assert all(len(v) == 2 for v in rms.values()) and all(x > 0 for v in rms.values() for x in v)
@@ -78,18 +81,30 @@ def test_resume_is_bit_identical(experiment, tmp_path):
   assert Checkpoints(split / "checkpoints").latest_step() == k
   # an unfinished save (orbax's temporary directory) must not be taken for a checkpoint
   (split / "checkpoints" / f"{2 * k}.orbax-checkpoint-tmp-1").mkdir()
-  cmd = [sys.executable, "-m", "transformers_jax.train", "--config",
-         str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir", str(split),
-         f"--config.steps={2 * k}", "--config.log_every=1", f"--config.checkpoint_every={k}",
-         "--config.eval_every=0", "--config.eval_batches=2", "--config.sample.max_new_tokens=0",
-         "--config.model.dropout=0.1"]
+  cmd = [
+      sys.executable,
+      "-m",
+      "transformers_jax.train",
+      "--config",
+      str(ROOT / "experiments/gpt2.py") + ":tiny",
+      "--workdir",
+      str(split),
+      f"--config.steps={2 * k}",
+      "--config.log_every=1",
+      f"--config.checkpoint_every={k}",
+      "--config.eval_every=0",
+      "--config.eval_batches=2",
+      "--config.sample.max_new_tokens=0",
+      "--config.model.dropout=0.1",
+  ]
   out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "resumed from step 6" in out.stdout
   a, b = losses(straight), losses(split)
   assert [a[s] for s in range(k + 1, 2 * k + 1)] == [b[s] for s in range(k + 1, 2 * k + 1)]
-  restored = [Checkpoints(d / "checkpoints").restore(2 * k, None)["params"]
-              for d in (straight, split)]
+  restored = [
+      Checkpoints(d / "checkpoints").restore(2 * k, None)["params"] for d in (straight, split)
+  ]
   for x, y in zip(jax.tree_util.tree_leaves(restored[0]), jax.tree_util.tree_leaves(restored[1])):
     np.testing.assert_array_equal(x, y)
 
@@ -105,8 +120,9 @@ def test_gradient_accumulation_equals_one_big_batch(experiment):
     config.grad_accum_steps = accum
     tx = optim.make_optimizer(config)
     state, shardings = create_state(model_cfg, tx, mesh, rules, seed=0)
-    step = make_train_step(TASKS["lm"], model_cfg, config, tx, optim.schedule(config), mesh, rules,
-                           shardings)
+    step = make_train_step(
+        TASKS["lm"], model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
+    )
     state, metrics = step(state, parallel.put_batch(batch, mesh))
     results.append((jax.device_get(state.params), jax.device_get(metrics)))
   (p1, m1), (p4, m4) = results
@@ -117,14 +133,24 @@ def test_gradient_accumulation_equals_one_big_batch(experiment):
 
 
 def test_weight_decay_mask():
-  c = ModelConfig(family="encoder", head="mlm", type_vocab_size=2, embed_norm=True,
-                  num_layers=1, d_model=16, num_heads=2)
+  c = ModelConfig(
+      family="encoder",
+      head="mlm",
+      type_vocab_size=2,
+      embed_norm=True,
+      num_layers=1,
+      d_model=16,
+      num_heads=2,
+  )
   from flax import linen as nn
+
   params = nn.unbox(init_params(c, jax.random.PRNGKey(0)))
   for decay_embeddings in (False, True):
     mask = optim.decay_mask(params, decay_embeddings)
-    flat = {jax.tree_util.keystr(path, simple=True, separator="/"): v
-            for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+    flat = {
+        jax.tree_util.keystr(path, simple=True, separator="/"): v
+        for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]
+    }
     for name, decayed in flat.items():
       leaf = name.split("/")[-1]
       if leaf == "kernel":
@@ -138,6 +164,7 @@ def test_weight_decay_mask():
 
 def schedule_values(**fields):
   from transformers_jax.train_config import training_fields
+
   c = training_fields()
   c.update(fields)
   s = optim.schedule(c)
@@ -167,8 +194,16 @@ def test_schedule_shapes():
 def test_classifier_fine_tunes_from_an_mlm_checkpoint(experiment, tmp_path):
   pre = tmp_path / "pre"
   train(configure(experiment, "bert", "tiny", steps=5), pre)
-  config = configure(experiment, "bert", "tiny", steps=40, init_from=str(pre),
-                     model=dict(head="classifier", num_classes=2), log_every=1, eval_every=40)
+  config = configure(
+      experiment,
+      "bert",
+      "tiny",
+      steps=40,
+      init_from=str(pre),
+      model=dict(head="classifier", num_classes=2),
+      log_every=1,
+      eval_every=40,
+  )
   result = train(config, tmp_path / "fine")
   logged = losses(tmp_path / "fine")
   assert np.mean([logged[s] for s in range(36, 41)]) < logged[1]
@@ -192,8 +227,13 @@ def assert_one_line_error(out, *needles):
 
 
 def test_missing_data_file_is_one_line(tmp_path):
-  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
-                str(tmp_path / "w"), f"--config.data.path={tmp_path / 'nope.txt'}")
+  out = run_cli(
+      "--config",
+      str(ROOT / "experiments/gpt2.py") + ":tiny",
+      "--workdir",
+      str(tmp_path / "w"),
+      f"--config.data.path={tmp_path / 'nope.txt'}",
+  )
   assert_one_line_error(out, "nope.txt", "data.path")
 
 
@@ -201,8 +241,13 @@ def test_mismatched_resume_keeps_checkpoints(experiment, tmp_path):
   work = tmp_path / "w"
   train(configure(experiment, "gpt2", "tiny", steps=3, checkpoint_every=3), work)
   before = sorted(p.name for p in (work / "checkpoints").iterdir())
-  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
-                str(work), "--config.model.num_layers=3")
+  out = run_cli(
+      "--config",
+      str(ROOT / "experiments/gpt2.py") + ":tiny",
+      "--workdir",
+      str(work),
+      "--config.model.num_layers=3",
+  )
   assert_one_line_error(out, "model.num_layers (2 saved, 3 now)")
   assert sorted(p.name for p in (work / "checkpoints").iterdir()) == before
   # non-finite loss: stops naming the step, the last good checkpoint stays
@@ -216,11 +261,14 @@ def test_mismatched_resume_keeps_checkpoints(experiment, tmp_path):
   assert Checkpoints(work / "checkpoints").latest_step() == 3
 
 
-@pytest.mark.parametrize("fields,message", [
-    (dict(seq_len=500), "seq_len=500 is longer than model.max_len=128"),
-    (dict(model=dict(vocab_size=100)), "model.vocab_size to at least 256"),
-    (dict(batch_size=10, grad_accum_steps=4), "grad_accum_steps"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(seq_len=500), "seq_len=500 is longer than model.max_len=128"),
+        (dict(model=dict(vocab_size=100)), "model.vocab_size to at least 256"),
+        (dict(batch_size=10, grad_accum_steps=4), "grad_accum_steps"),
+    ],
+)
 def test_bad_training_configs(experiment, tmp_path, fields, message):
   with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
     train(configure(experiment, "gpt2", "tiny", steps=2, **fields), tmp_path)
@@ -231,9 +279,11 @@ def test_empty_corpus_and_out_of_range_tokens(experiment, tmp_path):
   empty = tmp_path / "empty.txt"
   empty.write_text("")
   with pytest.raises(ValueError, match="empty"):
-    train(configure(experiment, "gpt2", "tiny", steps=2, data=dict(path=str(empty))),
-          tmp_path / "a")
+    train(
+        configure(experiment, "gpt2", "tiny", steps=2, data=dict(path=str(empty))), tmp_path / "a"
+    )
   from transformers_jax.data import ByteTokenizer, DataError, prepare_tokens
+
   with pytest.raises(DataError, match="vocab"):
     prepare_tokens(["é"], ByteTokenizer(), tmp_path / "t.tokens", vocab_size=128)
   assert not (tmp_path / "t.tokens").exists()
@@ -246,13 +296,34 @@ def test_gpu_benchmark_refuses_a_cpu_and_runs_its_presets_with_allow_cpu(tmp_pat
   assert refused.returncode == 2
   assert refused.stderr.strip().splitlines()[-1].startswith("error: no GPU")
   out = tmp_path / "gpu.json"
-  tried = subprocess.run(cmd + ["--allow_cpu", "--presets", "tiny", "--steps", "2",
-                                "--batch_size", "2", "--seq_len", "32", "--out", str(out)],
-                         capture_output=True, text=True, cwd=ROOT, env=env)
+  tried = subprocess.run(
+      cmd
+      + [
+          "--allow_cpu",
+          "--presets",
+          "tiny",
+          "--steps",
+          "2",
+          "--batch_size",
+          "2",
+          "--seq_len",
+          "32",
+          "--out",
+          str(out),
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env,
+  )
   assert tried.returncode == 0, tried.stderr[-2000:]
-  run, = json.loads(out.read_text())["runs"]
+  (run,) = json.loads(out.read_text())["runs"]
   assert (run["preset"], run["dtype"], run["batch_size"], run["seq_len"]) == (
-      "tiny", "bfloat16", 2, 32)
+      "tiny",
+      "bfloat16",
+      2,
+      32,
+  )
   assert run["tokens_per_s"] > 0 and "gpt2 tiny:" in tried.stdout
 
 
@@ -260,11 +331,21 @@ def test_profile_attributes_every_operation_of_the_step():
   """scripts/profile_train.py on a tiny step: every part's busy time is at most its summed time,
   the parts sum to the whole, and the attention core is found by its named scope."""
   out = subprocess.run(
-      [sys.executable, str(ROOT / "scripts/profile_train.py"), "--json", "--steps=2",
-       "--config.batch_size=2", "--config.seq_len=32"],
-      capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      [
+          sys.executable,
+          str(ROOT / "scripts/profile_train.py"),
+          "--json",
+          "--steps=2",
+          "--config.batch_size=2",
+          "--config.seq_len=32",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert out.returncode == 0, out.stderr[-2000:]
-  r = json.loads(out.stdout[out.stdout.index("{"):])
+  r = json.loads(out.stdout[out.stdout.index("{") :])
   assert r["model"]["batch_size"] == 2 and r["model"]["seq_len"] == 32  # overrides kept
   parts = r["parts_s"]
   assert {"attention core", "feed-forward", "norms"} <= set(parts)
@@ -276,12 +357,15 @@ def test_profile_attributes_every_operation_of_the_step():
   assert math.isclose(r["matmul_floor_s"], r["xla_flops"] / r["peak_flops_per_s"])
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["--config.stepz=5"], ["--config.stepz: no such config field", "steps"]),
-    (["--config.model.foo=1"], ["--config.model.foo: no such config field"]),
-    (["--config.steps=abc"], ["abc"]),
-    (["--config.rules.mlp=tensr"], ["'tensr' is not a mesh axis"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--config.stepz=5"], ["--config.stepz: no such config field", "steps"]),
+        (["--config.model.foo=1"], ["--config.model.foo: no such config field"]),
+        (["--config.steps=abc"], ["abc"]),
+        (["--config.rules.mlp=tensr"], ["'tensr' is not a mesh axis"]),
+    ],
+)
 def test_config_mistakes_are_one_line_errors(args, needles):
   out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--compile_only", *args)
   assert_one_line_error(out, *needles)
@@ -297,20 +381,36 @@ def test_missing_config_file_and_unknown_preset_are_one_line_errors():
 
 def test_a_rule_override_replicates_a_logical_axis():
   # The syntax the mesh error suggests: --config.rules.<name>=''
-  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--compile_only",
-                "--config.rules.mlp=", "--config.rules.embed=fsdp,data")
+  out = run_cli(
+      "--config",
+      str(ROOT / "experiments/gpt2.py") + ":tiny",
+      "--compile_only",
+      "--config.rules.mlp=",
+      "--config.rules.embed=fsdp,data",
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert json.loads(out.stdout)["per_device_peak_estimate_gib"] > 0
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("learning_rate", -1e-3, "must be positive"), ("warmup_steps", -1, ">= 0"),
-    ("stop_after", -2, ">= 0"), ("grad_clip", -1.0, ">= 0"), ("adam_b1", 1.0, "[0, 1)"),
-    ("adam_b2", -0.1, "[0, 1)"), ("data.mlm_probability", 0.0, "(0, 1]"),
-    ("data.mlm_probability", 1.5, "(0, 1]"), ("sample.temperature", float("nan"), "finite"),
-    ("sample.top_k", -1, ">= 0"), ("min_lr_ratio", 2.0, "[0, 1]")])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("learning_rate", -1e-3, "must be positive"),
+        ("warmup_steps", -1, ">= 0"),
+        ("stop_after", -2, ">= 0"),
+        ("grad_clip", -1.0, ">= 0"),
+        ("adam_b1", 1.0, "[0, 1)"),
+        ("adam_b2", -0.1, "[0, 1)"),
+        ("data.mlm_probability", 0.0, "(0, 1]"),
+        ("data.mlm_probability", 1.5, "(0, 1]"),
+        ("sample.temperature", float("nan"), "finite"),
+        ("sample.top_k", -1, ">= 0"),
+        ("min_lr_ratio", 2.0, "[0, 1]"),
+    ],
+)
 def test_nonsense_training_fields_are_refused_at_start(experiment, field, value, needle):
   from transformers_jax.train_config import validate
+
   config = experiment("gpt2", "tiny")
   *parents, name = field.split(".")
   node = config
@@ -327,8 +427,13 @@ def test_a_workdir_or_cache_dir_that_is_a_file_is_one_line(tmp_path):
   a_file.write_text("")
   out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir", str(a_file))
   assert_one_line_error(out, str(a_file))
-  out = run_cli("--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--workdir",
-                str(tmp_path / "w"), f"--config.data.cache_dir={a_file}")
+  out = run_cli(
+      "--config",
+      str(ROOT / "experiments/gpt2.py") + ":tiny",
+      "--workdir",
+      str(tmp_path / "w"),
+      f"--config.data.cache_dir={a_file}",
+  )
   assert_one_line_error(out, str(a_file))
 
 
@@ -343,12 +448,14 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_token_file(tmp_path, monk
     def write_until_full(f):
       f.write(b"partial")
       raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
     return real_atomic_write(path, write_until_full)
 
   real_atomic_write = text._atomic_write
   monkeypatch.setattr(text, "_atomic_write", full)
-  wrapped = cli.user_errors(lambda argv: prepare_tokens(["some text"], ByteTokenizer(),
-                                                         tmp_path / "t.tokens", 256))
+  wrapped = cli.user_errors(
+      lambda argv: prepare_tokens(["some text"], ByteTokenizer(), tmp_path / "t.tokens", 256)
+  )
   with pytest.raises(SystemExit) as exit_info:
     wrapped(["prog"])
   assert exit_info.value.code == 2

@@ -15,26 +15,32 @@ FLAGS = flags.FLAGS
 
 def define_config_flag(default: str | None = None) -> None:
   config_flags.DEFINE_config_file(
-      "config", default,
+      "config",
+      default,
       "Experiment config, e.g. experiments/gpt2.py:small; override fields with "
       "--config.model.num_layers=24 and the like.",
-      lock_config=True)
+      lock_config=True,
+  )
   flags.DEFINE_integer(
-      "cpu_devices", 0,
+      "cpu_devices",
+      0,
       "Split this host's CPU into N JAX devices (0: JAX's default, one), which the mesh then "
       "spans like any others. On a CPU, N=2 runs two halves of each batch side by side, so one "
       "half's memory-bound operations overlap the other's matmuls (about 5% faster on two "
-      "cores). Accelerators are unaffected.")
+      "cores). Accelerators are unaffected.",
+  )
 
 
 def apply_cpu_devices() -> None:
   """--cpu_devices, applied before JAX starts its backends (which fixes the device count)."""
   n = FLAGS["cpu_devices"].value if "cpu_devices" in FLAGS else 0
   if n < 0:
-    raise UserError(f"--cpu_devices={n}: give a positive number of devices, or 0 for JAX's "
-                    "default")
+    raise UserError(
+        f"--cpu_devices={n}: give a positive number of devices, or 0 for JAX's " "default"
+    )
   if n:
     import jax
+
     try:
       jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError as e:  # the backends already started
@@ -61,8 +67,10 @@ def user_errors(main):
       sys.exit(2)
     except OSError as e:  # a workdir that is a file, a read-only folder, a full disk ...
       where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-      print(f"error: {e.strerror or e}{where}: check the path's type, permissions and free "
-            "space", file=sys.stderr)
+      print(
+          f"error: {e.strerror or e}{where}: check the path's type, permissions and free " "space",
+          file=sys.stderr,
+      )
       sys.exit(2)
 
   return wrapped
@@ -96,8 +104,10 @@ def parse_flags(argv):
     return rest
   except (AttributeError, KeyError) as e:  # an override of a field the config does not have
     said = str(e).replace("\\n", " ").replace("\\'", "").strip("'\" ")
-    name = next((o for o in overrides if f"'{o.rsplit('.', 1)[-1]}'" in str(e)),
-                overrides[-1] if overrides else "--config")
+    name = next(
+        (o for o in overrides if f"'{o.rsplit('.', 1)[-1]}'" in str(e)),
+        overrides[-1] if overrides else "--config",
+    )
     hint = re.search(r"Did you mean .*\?", said)
     message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
     message += "; the fields are in transformers_jax/train_config.py and config.py"
@@ -106,8 +116,10 @@ def parse_flags(argv):
     if given is None and "--config" in argv[:-1]:
       given = argv[argv.index("--config") + 1]
     path = (given or "").split(":")[0]
-    message = (f"--config: cannot load {path!r} (no such file, or it failed to import): give "
-               "an experiment file, e.g. --config experiments/gpt2.py:cpu")
+    message = (
+        f"--config: cannot load {path!r} (no such file, or it failed to import): give "
+        "an experiment file, e.g. --config experiments/gpt2.py:cpu"
+    )
   except flags.Error as e:
     message = _gist(str(e))
   print(f"error: {message}", file=sys.stderr)

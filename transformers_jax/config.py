@@ -58,7 +58,9 @@ class ModelConfig:
   norm: str = "layernorm"  # layernorm | rmsnorm
   norm_eps: float = 1e-5  # epsilon inside the norm's square root
   norm_scale: bool = True  # learned scale (gamma) in every norm
-  norm_bias: bool | None = None  # learned shift (beta); None = True for layernorm, False for rmsnorm
+  norm_bias: bool | None = (
+      None  # learned shift (beta); None = True for layernorm, False for rmsnorm
+  )
   final_norm: bool | None = None  # norm after the last block; None = True for pre/sandwich
   embed_norm: bool = False  # norm right after the embeddings (BERT)
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
@@ -76,7 +78,9 @@ class ModelConfig:
   moe_every: int = 1  # moe: every n-th block uses MoE (1 = all); others stay dense
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
-  head: str = ""  # output head, one of HEADS[family]; "" = family default (lm | pooler | classifier)
+  head: str = (
+      ""  # output head, one of HEADS[family]; "" = family default (lm | pooler | classifier)
+  )
   num_classes: int = 0  # classifier heads (encoder classifier, vit)
   image_size: int = 224  # vit: square image side in pixels
   patch_size: int = 16  # vit: square patch side in pixels
@@ -155,7 +159,8 @@ class ModelConfig:
     unknown = sorted(set(d) - names)
     if unknown:
       raise ValueError(
-          f"model.{unknown[0]}: unknown field; valid fields are {', '.join(sorted(names))}")
+          f"model.{unknown[0]}: unknown field; valid fields are {', '.join(sorted(names))}"
+      )
     return cls(**dict(d))
 
   def replace(self, **changes) -> "ModelConfig":
@@ -193,8 +198,14 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "pool", POOLS)
   if c.head and c.head not in HEADS[c.family]:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
-  for field in ("num_layers", "d_model", "num_heads", "max_len", "attention_query_blocks",
-                "vocab_multiple"):
+  for field in (
+      "num_layers",
+      "d_model",
+      "num_heads",
+      "max_len",
+      "attention_query_blocks",
+      "vocab_multiple",
+  ):
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
   for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):
@@ -202,8 +213,11 @@ def validate(c: ModelConfig) -> None:
     if value is not None and value < 1:
       _fail(field, str(value), "must be a positive integer or None (derived)")
   if c.head_dim is None and c.d_model % c.num_heads:
-    _fail("num_heads", str(c.num_heads),
-          f"must divide d_model={c.d_model} (or set model.head_dim explicitly)")
+    _fail(
+        "num_heads",
+        str(c.num_heads),
+        f"must divide d_model={c.d_model} (or set model.head_dim explicitly)",
+    )
   if c.num_heads % c.kv_heads:
     _fail("num_kv_heads", str(c.kv_heads), f"must divide num_heads={c.num_heads}")
   if c.positions == "rope" and c.head_width % 2:
@@ -234,13 +248,15 @@ def validate(c: ModelConfig) -> None:
     if c.patch_size < 1 or c.image_size < 1:
       _fail("patch_size", str(c.patch_size), "image_size and patch_size must be positive")
     if c.image_size % c.patch_size:
-      _fail("image_size", str(c.image_size),
-            f"must be divisible by patch_size={c.patch_size}")
+      _fail("image_size", str(c.image_size), f"must be divisible by patch_size={c.patch_size}")
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
-    _fail("moe_every", str(c.moe_every),
-          "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False")
+    _fail(
+        "moe_every",
+        str(c.moe_every),
+        "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
+    )
 
 
 def model_config_dict(**overrides) -> ml_collections.ConfigDict:
@@ -265,9 +281,12 @@ def model_config_dict(**overrides) -> ml_collections.ConfigDict:
   return d
 
 
-def experiment_config(published_params: int = 0, published_source: str = "",
-                      training: Mapping[str, Any] | None = None,
-                      **model) -> ml_collections.ConfigDict:
+def experiment_config(
+    published_params: int = 0,
+    published_source: str = "",
+    training: Mapping[str, Any] | None = None,
+    **model,
+) -> ml_collections.ConfigDict:
   """The full experiment config every file in experiments/ returns from `get_config(arg)`.
 
   Training fields (see train_config.py) at the top level, `model` holds ModelConfig fields,
@@ -278,7 +297,8 @@ def experiment_config(published_params: int = 0, published_source: str = "",
   config = training_fields()
   config.model = model_config_dict(**model)
   config.published = ml_collections.ConfigDict(
-      {"params": published_params, "source": published_source})
+      {"params": published_params, "source": published_source}
+  )
   for key, value in (training or {}).items():
     if isinstance(value, Mapping):
       config[key].update(value)
@@ -287,9 +307,15 @@ def experiment_config(published_params: int = 0, published_source: str = "",
   return config
 
 
-def preset_config(file: str, presets: Mapping[str, dict], arg: str | None, base: dict,
-                  source: str, training: Mapping[str, dict] | None = None,
-                  default: str = "tiny") -> ml_collections.ConfigDict:
+def preset_config(
+    file: str,
+    presets: Mapping[str, dict],
+    arg: str | None,
+    base: dict,
+    source: str,
+    training: Mapping[str, dict] | None = None,
+    default: str = "tiny",
+) -> ml_collections.ConfigDict:
   """What every experiments/*.py `get_config(arg)` does: look up the preset (an error lists the
   choices), lay it over the family's `base` fields, attach its published count and its
   training fields."""
@@ -298,8 +324,9 @@ def preset_config(file: str, presets: Mapping[str, dict], arg: str | None, base:
     raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
   preset = dict(presets[name])
   published = preset.pop("published_params", 0)
-  return experiment_config(published, source if published else "", (training or {}).get(name),
-                           **{**base, **preset})
+  return experiment_config(
+      published, source if published else "", (training or {}).get(name), **{**base, **preset}
+  )
 
 
 def load_config_module(path: str):

@@ -28,12 +28,17 @@ from transformers_jax.runs import Run
 
 flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")
-flags.DEFINE_string("workdir", None, "This project's run directory (written by --from_hf, read "
-                    "by --to_hf).")
+flags.DEFINE_string(
+    "workdir", None, "This project's run directory (written by --from_hf, read " "by --to_hf)."
+)
 flags.DEFINE_enum("dtype", "float32", list(DTYPES), "Parameter dtype on import.")
 flags.DEFINE_bool("scan_layers", False, "Store the imported blocks in the scanned layout.")
-flags.DEFINE_bool("overwrite", False, "--to_hf: write into a folder that already holds files "
-                  "(its config.json and weights are replaced; never the run's own folder).")
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "--to_hf: write into a folder that already holds files "
+    "(its config.json and weights are replaced; never the run's own folder).",
+)
 FLAGS = flags.FLAGS
 
 CONFIG_PY = '''"""Config of a model converted from Hugging Face by transformers_jax.convert: the run
@@ -75,13 +80,17 @@ def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> N
   would replace a run's own."""
   run, target = run.resolve(), target.resolve()
   if target == run or run in target.parents or target in run.parents:
-    raise cli.UserError(f"--to_hf {target} is the run's own folder (or contains or lies in "
-                        f"it): export into a separate folder")
+    raise cli.UserError(
+        f"--to_hf {target} is the run's own folder (or contains or lies in "
+        f"it): export into a separate folder"
+    )
   if target.exists() and not target.is_dir():
     raise cli.UserError(f"--to_hf {target} is a file: give a folder")
   if target.is_dir() and any(target.iterdir()) and not overwrite:
-    raise cli.UserError(f"--to_hf {target} already holds files: give an empty or new folder, "
-                        "or pass --overwrite to replace them")
+    raise cli.UserError(
+        f"--to_hf {target} already holds files: give an empty or new folder, "
+        "or pass --overwrite to replace them"
+    )
 
 
 def export_hf(workdir, target, overwrite: bool = False) -> str:
@@ -112,8 +121,10 @@ def main(argv):
     raise cli.UserError("give --workdir and exactly one of --from_hf DIR or --to_hf DIR")
   if FLAGS.from_hf:
     fields = import_hf(FLAGS.from_hf, FLAGS.workdir, FLAGS.dtype, FLAGS.scan_layers)
-    print(f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
-          f"(checkpoint step 0, config.py, config.json)")
+    print(
+        f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
+        f"(checkpoint step 0, config.py, config.json)"
+    )
   else:
     architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite)
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")

@@ -25,10 +25,25 @@ import jax
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import as_model_config, param_shapes
 
-COMPONENTS = ("token_embedding", "position_embedding", "type_embedding", "patch_embedding",
-              "attention", "feed_forward", "norms", "head")
-HEAD_MODULES = ("lm_head", "pooler", "classifier", "mlm_transform", "mlm_norm", "mlm_bias",
-                "mlm_decoder")
+COMPONENTS = (
+    "token_embedding",
+    "position_embedding",
+    "type_embedding",
+    "patch_embedding",
+    "attention",
+    "feed_forward",
+    "norms",
+    "head",
+)
+HEAD_MODULES = (
+    "lm_head",
+    "pooler",
+    "classifier",
+    "mlm_transform",
+    "mlm_norm",
+    "mlm_bias",
+    "mlm_decoder",
+)
 STACKS = ("decoder", "encoder")
 
 
@@ -42,9 +57,13 @@ def component_of(path: tuple[str, ...]) -> str:
     return "attention"
   if "ffn" in path:
     return "feed_forward"
-  for name, component in (("token_embed", "token_embedding"), ("pos_embed", "position_embedding"),
-                          ("type_embed", "type_embedding"), ("patch_embed", "patch_embedding"),
-                          ("cls_token", "patch_embedding")):
+  for name, component in (
+      ("token_embed", "token_embedding"),
+      ("pos_embed", "position_embedding"),
+      ("type_embed", "type_embedding"),
+      ("patch_embed", "patch_embedding"),
+      ("cls_token", "patch_embedding"),
+  ):
     if name in path:
       return component
   raise ValueError(f"parameter {'/'.join(path)} belongs to no known component")
@@ -128,7 +147,7 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   out = collections.Counter()
   embedders = 2 if (c.family == "encoder_decoder" and not c.share_embeddings) else 1
   if c.family == "vit":
-    out["patch_embedding"] = c.patch_size ** 2 * c.num_channels * D + b * D
+    out["patch_embedding"] = c.patch_size**2 * c.num_channels * D + b * D
     out["patch_embedding"] += D if c.pool == "cls" else 0
   else:
     out["token_embedding"] = embedders * V * D

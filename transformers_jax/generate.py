@@ -26,19 +26,26 @@ flags.DEFINE_string("prompt_ids", None, "Decoder-only: token ids to continue, e.
 flags.DEFINE_string("source", None, "Encoder-decoder: text to translate.")
 flags.DEFINE_string("source_ids", None, "Encoder-decoder: token ids to translate.")
 flags.DEFINE_bool("print_ids", False, "Print the generated token ids instead of text.")
-flags.DEFINE_integer("max_new_tokens", 200,
-                     "Tokens to generate (at most what model.max_len allows); encoder-decoder "
-                     "default: source length + 50.")
+flags.DEFINE_integer(
+    "max_new_tokens",
+    200,
+    "Tokens to generate (at most what model.max_len allows); encoder-decoder "
+    "default: source length + 50.",
+)
 flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 = greedy.")
 flags.DEFINE_integer("top_k", 40, "Sample among the k most probable tokens; 0 = all.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: the smallest set with this probability.")
-flags.DEFINE_integer("beam_size", None,
-                     "Beam search width; 0 = sampling/greedy. Default 4 for the "
-                     "encoder-decoder (unless a sampling flag is given), 0 otherwise.")
+flags.DEFINE_integer(
+    "beam_size",
+    None,
+    "Beam search width; 0 = sampling/greedy. Default 4 for the "
+    "encoder-decoder (unless a sampling flag is given), 0 otherwise.",
+)
 flags.DEFINE_float("alpha", 0.6, "Beam search length penalty exponent (0 = none).")
 flags.DEFINE_integer("seed", 0, "Sampling seed: the same seed gives the same sample.")
-flags.DEFINE_string("stop_ids", None,
-                    "Token ids that end generation, e.g. 10 (default: the tokenizer's eos).")
+flags.DEFINE_string(
+    "stop_ids", None, "Token ids that end generation, e.g. 10 (default: the tokenizer's eos)."
+)
 flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest).")
 FLAGS = flags.FLAGS
 
@@ -63,8 +70,13 @@ def main(argv):
 
   cfg, params, tok, _ = load_run(FLAGS.workdir, FLAGS.step)
   sampling_flags = any(FLAGS[f].present for f in ("temperature", "top_k", "top_p"))
-  common = dict(temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
-                seed=FLAGS.seed, alpha=FLAGS.alpha)
+  common = dict(
+      temperature=FLAGS.temperature,
+      top_k=FLAGS.top_k,
+      top_p=FLAGS.top_p,
+      seed=FLAGS.seed,
+      alpha=FLAGS.alpha,
+  )
   if cfg.family == "decoder":
     if FLAGS.source is not None or FLAGS.source_ids is not None:
       raise cli.UserError("this run is a decoder-only model: give --prompt or --prompt_ids")
@@ -73,8 +85,15 @@ def main(argv):
       stop = parse_ids(FLAGS.stop_ids, "stop_ids")
     else:
       stop = [tok.eos_id] if tok is not None and tok.eos_id is not None else []
-    out = decode.generate(cfg, params, [prompt], FLAGS.max_new_tokens, stop_tokens=stop,
-                          beam_size=FLAGS.beam_size or 0, **common)
+    out = decode.generate(
+        cfg,
+        params,
+        [prompt],
+        FLAGS.max_new_tokens,
+        stop_tokens=stop,
+        beam_size=FLAGS.beam_size or 0,
+        **common,
+    )
   elif cfg.family == "encoder_decoder":
     if FLAGS.prompt is not None or FLAGS.prompt_ids is not None:
       raise cli.UserError("this run is an encoder-decoder model: give --source or --source_ids")
@@ -85,16 +104,23 @@ def main(argv):
       raise cli.UserError("--stop_ids: the encoder-decoder stops at the tokenizer's eos")
     beam = FLAGS.beam_size if FLAGS.beam_size is not None else (0 if sampling_flags else 4)
     new = FLAGS.max_new_tokens if FLAGS["max_new_tokens"].present else None
-    out = decode.translate(cfg, params, [source], tok.bos_id, tok.eos_id, new, beam_size=beam,
-                           **common)
+    out = decode.translate(
+        cfg, params, [source], tok.bos_id, tok.eos_id, new, beam_size=beam, **common
+    )
   else:
-    raise cli.UserError(f"a model.family={cfg.family} model does not generate text: use a "
-                        "decoder or encoder_decoder run")
-  asked = FLAGS.max_new_tokens if FLAGS["max_new_tokens"].present or cfg.family == "decoder" \
-      else None
+    raise cli.UserError(
+        f"a model.family={cfg.family} model does not generate text: use a "
+        "decoder or encoder_decoder run"
+    )
+  asked = (
+      FLAGS.max_new_tokens if FLAGS["max_new_tokens"].present or cfg.family == "decoder" else None
+  )
   if asked is not None and out.max_new_tokens < asked:
-    print(f"note: max_new_tokens lowered to {out.max_new_tokens}: model.max_len={cfg.max_len} "
-          "positions", file=sys.stderr)
+    print(
+        f"note: max_new_tokens lowered to {out.max_new_tokens}: model.max_len={cfg.max_len} "
+        "positions",
+        file=sys.stderr,
+    )
   ids = out.ids()[0]
   if FLAGS.print_ids or tok is None:
     print(",".join(map(str, ids)))

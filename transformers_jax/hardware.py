@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,25 +56,33 @@ def chip_for_topology(topology: str) -> Chip:
     if chip.topology_prefix and chip.topology_prefix == prefix:
       return chip
   names = ", ".join(c.topology_prefix for c in CHIPS if c.topology_prefix)
-  raise ValueError(f"mesh.topology={topology!r}: unknown TPU generation {prefix!r}; use one of "
-                   f"{names} with a shape, e.g. v5p:4x4x4 or v5e:2x2")
+  raise ValueError(
+      f"mesh.topology={topology!r}: unknown TPU generation {prefix!r}; use one of "
+      f"{names} with a shape, e.g. v5p:4x4x4 or v5e:2x2"
+  )
 
 
 def topology_devices(topology: str) -> list:
   """The devices of a TPU topology, from libtpu's compiler, on any host (no TPU needed)."""
   chip_for_topology(topology)
   if ":" not in topology:
-    raise ValueError(f"mesh.topology={topology!r}: give the chip shape too, e.g. "
-                     f"{topology}:2x2 (v5e, v6e) or {topology}:4x4x4 (v4, v5p)")
+    raise ValueError(
+        f"mesh.topology={topology!r}: give the chip shape too, e.g. "
+        f"{topology}:2x2 (v5e, v6e) or {topology}:4x4x4 (v4, v5p)"
+    )
   import importlib.util
   import os
+
   if importlib.util.find_spec("libtpu") is None:
-    raise ValueError(f"mesh.topology={topology!r} needs the TPU compiler, libtpu: install it "
-                     "with pip install -e '.[tpu]' (no TPU needed)")
+    raise ValueError(
+        f"mesh.topology={topology!r} needs the TPU compiler, libtpu: install it "
+        "with pip install -e '.[tpu]' (no TPU needed)"
+    )
   # Without it a second process compiling for a TPU (a test beside a script) finds libtpu's
   # lock taken and fails.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
+
   try:
     with _stderr_quiet():  # libtpu warns that this host is no TPU VM, which we know
       desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
@@ -91,6 +99,7 @@ def start_backends() -> None:
   import glob
   import importlib.util
   import jax
+
   tpu_here = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/*")
   if tpu_here or importlib.util.find_spec("libtpu") is None:
     jax.devices()
@@ -104,6 +113,7 @@ def _stderr_quiet():
   """Send what native code writes to file descriptor 2 to /dev/null for the duration."""
   import os
   import sys
+
   sys.stderr.flush()
   saved = os.dup(2)
   try:

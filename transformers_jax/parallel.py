@@ -82,12 +82,16 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
   known = math.prod(n for n in sizes.values() if n != -1)
   if rest:
     if num_devices % known:
-      raise ValueError(f"mesh: the fixed axes multiply to {known}, which does not divide the "
-                       f"{num_devices} devices: change the mesh sizes")
+      raise ValueError(
+          f"mesh: the fixed axes multiply to {known}, which does not divide the "
+          f"{num_devices} devices: change the mesh sizes"
+      )
     sizes[rest[0]] = num_devices // known
   if math.prod(sizes.values()) != num_devices:
-    raise ValueError(f"mesh {sizes} needs {math.prod(sizes.values())} devices but there are "
-                     f"{num_devices}: make the axis sizes multiply to {num_devices} (or use -1)")
+    raise ValueError(
+        f"mesh {sizes} needs {math.prod(sizes.values())} devices but there are "
+        f"{num_devices}: make the axis sizes multiply to {num_devices} (or use -1)"
+    )
   return sizes
 
 
@@ -99,6 +103,7 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   sizes = mesh_shape(axes, len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)
   from jax.experimental import mesh_utils
+
   try:
     array = mesh_utils.create_device_mesh(shape, devices)
   except (ValueError, NotImplementedError, AssertionError):
@@ -119,16 +124,19 @@ def rules(overrides: Mapping[str, object] | None = None):
   table = dict(DEFAULT_RULES)
   for name, axis in (overrides or {}).items():
     if name not in table:
-      raise ValueError(f"rules.{name}: no such logical axis; the names are "
-                       f"{', '.join(rule_names())}")
+      raise ValueError(
+          f"rules.{name}: no such logical axis; the names are " f"{', '.join(rule_names())}"
+      )
     if axis is None:
       continue
     axes = tuple(a.strip() for a in axis.split(",")) if isinstance(axis, str) else tuple(axis)
     axes = tuple(a for a in axes if a)
     for a in axes:
       if a not in MESH_AXES:
-        raise ValueError(f"rules.{name}={axis!r}: {a!r} is not a mesh axis; use '' (replicate) "
-                         f"or some of {', '.join(MESH_AXES)}")
+        raise ValueError(
+            f"rules.{name}={axis!r}: {a!r} is not a mesh axis; use '' (replicate) "
+            f"or some of {', '.join(MESH_AXES)}"
+        )
     table[name] = None if not axes else (axes[0] if len(axes) == 1 else axes)
   return tuple(table.items())
 
@@ -151,6 +159,7 @@ def param_shardings(model_cfg, mesh: Mesh, rule_table=None):
   """NamedShardings of a model's parameters on `mesh` as the rules say (default: the
   training rules), from shapes alone."""
   from transformers_jax.models import build_model, example_inputs
+
   model = build_model(model_cfg)
   boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model_cfg)))
   return logical_shardings(boxed["params"], mesh, rules() if rule_table is None else rule_table)
@@ -162,15 +171,17 @@ def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh):
   With one process the slice is the whole batch; with many, each process passes its own rows.
   """
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in batch.items()}
+  return {
+      k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()
+  }
 
 
 def check_divisible(abstract_boxed, mesh: Mesh, rule_table) -> None:
   """Every sharded dimension must divide evenly by its mesh axes: a clear error before compiling."""
   table = dict(rule_table)
   for path, leaf in jax.tree_util.tree_flatten_with_path(
-      abstract_boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]:
+      abstract_boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)
+  )[0]:
     if not isinstance(leaf, nn.LogicallyPartitioned):
       continue
     name = jax.tree_util.keystr(path, simple=True, separator="/")
@@ -184,12 +195,15 @@ def check_divisible(abstract_boxed, mesh: Mesh, rule_table) -> None:
         raise ValueError(
             f"parameter {name}: dimension '{logical}' of size {dim} does not divide over mesh "
             f"axis {'×'.join(axes)} of size {size}: change the mesh or the model size, or map "
-            f"'{logical}' elsewhere with --config.rules.{logical}=''")
+            f"'{logical}' elsewhere with --config.rules.{logical}=''"
+        )
 
 
-def initialize_distributed(coordinator_address: str | None = None,
-                           num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
   """Start JAX's multi-process runtime.
 
   With an address, the given process count and id are used (e.g. several processes on one
@@ -207,4 +221,5 @@ def initialize_distributed(coordinator_address: str | None = None,
     except (ValueError, RuntimeError):
       pass  # no cluster detected: a single process
   from transformers_jax import hardware
+
   hardware.start_backends()

@@ -30,21 +30,30 @@ LABELS = {
 
 def render(s: dict, name: str) -> str:
   total = s["total"]
-  lines = [f"{name}", f"  parameters (eval_shape): {total:>17,}",
-           f"  analytic formula:        {s['analytic']:>17,}"]
+  lines = [
+      f"{name}",
+      f"  parameters (eval_shape): {total:>17,}",
+      f"  analytic formula:        {s['analytic']:>17,}",
+  ]
   if s["published"]:
     diff = (total - s["published"]) / s["published"] * 100
-    lines.append(f"  published:               {s['published']:>17,}  ({diff:+.2f}%; "
-                 f"{s['published_source']})")
+    lines.append(
+        f"  published:               {s['published']:>17,}  ({diff:+.2f}%; "
+        f"{s['published_source']})"
+    )
   if s["active_per_token"] != total:
     lines.append(f"  active per token (MoE):  {s['active_per_token']:>17,}")
   lines.append("  breakdown:")
   for key, n in s["breakdown"].items():
     lines.append(f"    {LABELS[key]:<32} {n:>17,}  {n / total:6.1%}")
-  lines.append(f"  in the blocks: {s['blocks_share']:.1%} of all parameters; feed-forward is "
-               f"{s['feed_forward_share_of_blocks']:.1%} of the blocks")
-  lines.append(f"  training FLOPs per token: {s['flops_per_token']:.4g} "
-               f"(6N + 12*L*H*K*T, PaLM appendix B, T = {s['flops_seq_len']})")
+  lines.append(
+      f"  in the blocks: {s['blocks_share']:.1%} of all parameters; feed-forward is "
+      f"{s['feed_forward_share_of_blocks']:.1%} of the blocks"
+  )
+  lines.append(
+      f"  training FLOPs per token: {s['flops_per_token']:.4g} "
+      f"(6N + 12*L*H*K*T, PaLM appendix B, T = {s['flops_seq_len']})"
+  )
   return "\n".join(lines)
 
 

@@ -26,10 +26,14 @@ class Checkpoints:
   def __init__(self, directory, keep: int = 2, async_save: bool = True):
     self.directory = pathlib.Path(directory).absolute()
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_handlers=ocp.StandardCheckpointHandler())
+        max_to_keep=keep,
+        create=True,
+        enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=True,
+    )
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
+    )
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -81,12 +85,14 @@ class Run:
   def config(self):
     """config.json as an experiment ConfigDict (RunError when there is none)."""
     from transformers_jax.config import config_from_json
+
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
     return config_from_json(self.config_path)
 
   def model_config(self):
     from transformers_jax.config import ModelConfig
+
     return ModelConfig.from_dict(self.config().model)
 
   def write_config(self, config) -> None:
@@ -96,6 +102,7 @@ class Run:
   def tokenizer(self):
     """The run's tokenizer, or None (image runs, or converted models without one)."""
     from transformers_jax.data import load_tokenizer
+
     return load_tokenizer(self.tokenizer_path) if self.tokenizer_path.is_file() else None
 
   # ------------------------------------------------------------------ checkpoints
@@ -119,13 +126,16 @@ class Run:
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
     steps = self.steps()
     if not steps:
-      raise RunError(f"{self.path} has no checkpoint yet: train it first (python -m "
-                     "transformers_jax.train --workdir ...) or convert a model into it")
+      raise RunError(
+          f"{self.path} has no checkpoint yet: train it first (python -m "
+          "transformers_jax.train --workdir ...) or convert a model into it"
+      )
     if step is None:
       step = steps[-1]
     elif step not in steps:
-      raise RunError(f"--step={step}: {self.path} has checkpoints at steps "
-                     f"{', '.join(map(str, steps))}")
+      raise RunError(
+          f"--step={step}: {self.path} has checkpoints at steps " f"{', '.join(map(str, steps))}"
+      )
     manager = self.checkpoints(async_save=False)
     try:
       params = manager.restore(step, None)["params"]

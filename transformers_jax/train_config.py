@@ -8,7 +8,6 @@ import ml_collections
 
 from transformers_jax.parallel import rule_names
 
-
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
 
@@ -52,12 +51,14 @@ def training_fields() -> ml_collections.ConfigDict:
   # topology: with --compile_only, a TPU topology to compile for instead of this host's devices
   # (e.g. v5p:4x4x4, v5e:16x16; needs the `tpu` extra), "" = this host's devices
   c.mesh = ml_collections.ConfigDict(
-      {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1, "topology": ""})
+      {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1, "topology": ""}
+  )
   # logical-axis rule overrides, one field per logical name (transformers_jax/parallel.py):
   # unset = the default rule, "" = replicated, "fsdp" or "data,fsdp" = the mesh axes to split over;
   # e.g. --config.rules.mlp='' keeps the feed-forward hidden dimension whole on every device
   c.rules = ml_collections.ConfigDict(
-      {name: ml_collections.config_dict.placeholder(str) for name in rule_names()})
+      {name: ml_collections.config_dict.placeholder(str) for name in rule_names()}
+  )
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
   c.sample.max_new_tokens = 120
@@ -69,15 +70,32 @@ def training_fields() -> ml_collections.ConfigDict:
 def validate(config, model_cfg, num_data_shards: int) -> None:
   """Every training field has a meaning or is refused: a ValueError naming the field and the
   fix, before any data is read or anything compiles."""
+
   def fail(field, problem):
     raise ValueError(f"{field}={config_value(config, field)!r}: {problem}")
 
-  for field in ("steps", "batch_size", "seq_len", "grad_accum_steps", "log_every",
-                "eval_batches", "keep_checkpoints"):
+  for field in (
+      "steps",
+      "batch_size",
+      "seq_len",
+      "grad_accum_steps",
+      "log_every",
+      "eval_batches",
+      "keep_checkpoints",
+  ):
     if config[field] < 1:
       fail(field, "must be a positive integer")
-  for field in ("stop_after", "warmup_steps", "eval_every", "checkpoint_every", "grad_clip",
-                "weight_decay", "moe_aux_weight", "sample.max_new_tokens", "sample.top_k"):
+  for field in (
+      "stop_after",
+      "warmup_steps",
+      "eval_every",
+      "checkpoint_every",
+      "grad_clip",
+      "weight_decay",
+      "moe_aux_weight",
+      "sample.max_new_tokens",
+      "sample.top_k",
+  ):
     value = config_value(config, field)
     if not math.isfinite(value) or value < 0:
       fail(field, "must be >= 0 (0 turns it off)")
@@ -87,6 +105,7 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     if not 0 <= config[field] < 1:
       fail(field, "Adam's decay rates lie in [0, 1)")
   from transformers_jax.data.seq2seq import DIRECTIONS
+
   if config.lr_schedule not in SCHEDULES:
     fail("lr_schedule", f"choose one of {', '.join(SCHEDULES)}")
   if config.data.direction not in DIRECTIONS:
@@ -105,17 +124,23 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   if not (math.isfinite(temperature) and temperature >= 0):
     fail("sample.temperature", "must be a finite number >= 0 (0 = greedy)")
   if model_cfg.family != "vit" and config.seq_len > model_cfg.max_len:
-    raise ValueError(f"seq_len={config.seq_len} is longer than model.max_len="
-                     f"{model_cfg.max_len}: lower --config.seq_len or raise "
-                     "--config.model.max_len")
+    raise ValueError(
+        f"seq_len={config.seq_len} is longer than model.max_len="
+        f"{model_cfg.max_len}: lower --config.seq_len or raise "
+        "--config.model.max_len"
+    )
   if config.batch_size % config.grad_accum_steps:
-    raise ValueError(f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
-                     f"{config.grad_accum_steps}")
+    raise ValueError(
+        f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
+        f"{config.grad_accum_steps}"
+    )
   micro = config.batch_size // config.grad_accum_steps
   if micro % num_data_shards:
-    raise ValueError(f"the micro-batch of {micro} examples does not split over the "
-                     f"{num_data_shards} data-parallel shards: make batch_size / "
-                     f"grad_accum_steps a multiple of {num_data_shards}")
+    raise ValueError(
+        f"the micro-batch of {micro} examples does not split over the "
+        f"{num_data_shards} data-parallel shards: make batch_size / "
+        f"grad_accum_steps a multiple of {num_data_shards}"
+    )
 
 
 def config_value(config, dotted: str):

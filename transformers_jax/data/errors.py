@@ -2,4 +2,4 @@
 
 
 class DataError(ValueError):
-    """Bad data input: the message is one line naming the problem and the fix."""
+  """Bad data input: the message is one line naming the problem and the fix."""

@@ -15,146 +15,152 @@ BPE_SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]")
 
 
 class Tokenizer:
-    """Interface: ``vocab_size``, ``encode(_batch)``, ``decode``, special ids (None where absent), ``to_json``."""
+  """Interface: ``vocab_size``, ``encode(_batch)``, ``decode``, special ids (None where absent), ``to_json``."""
 
-    kind: str = ""
-    vocab_size: int = 0
-    pad_id: int | None = None
-    bos_id: int | None = None
-    eos_id: int | None = None
-    mask_id: int | None = None
+  kind: str = ""
+  vocab_size: int = 0
+  pad_id: int | None = None
+  bos_id: int | None = None
+  eos_id: int | None = None
+  mask_id: int | None = None
 
-    @property
-    def cls_id(self) -> int | None:
-        return self.bos_id
+  @property
+  def cls_id(self) -> int | None:
+    return self.bos_id
 
-    @property
-    def sep_id(self) -> int | None:
-        return self.eos_id
+  @property
+  def sep_id(self) -> int | None:
+    return self.eos_id
 
-    @property
-    def special_ids(self) -> list[int]:
-        """Sorted distinct special ids."""
-        ids = (self.pad_id, self.bos_id, self.eos_id, self.mask_id)
-        return sorted({i for i in ids if i is not None})
+  @property
+  def special_ids(self) -> list[int]:
+    """Sorted distinct special ids."""
+    ids = (self.pad_id, self.bos_id, self.eos_id, self.mask_id)
+    return sorted({i for i in ids if i is not None})
 
-    def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
+  def encode(self, text: str) -> list[int]:
+    raise NotImplementedError
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [self.encode(t) for t in texts]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        raise NotImplementedError
+  def decode(self, ids: Iterable[int]) -> str:
+    raise NotImplementedError
 
-    def to_json(self) -> str:
-        raise NotImplementedError
+  def to_json(self) -> str:
+    raise NotImplementedError
 
-    def save(self, path: str | pathlib.Path) -> None:
-        pathlib.Path(path).write_text(self.to_json(), encoding="utf-8")
+  def save(self, path: str | pathlib.Path) -> None:
+    pathlib.Path(path).write_text(self.to_json(), encoding="utf-8")
 
 
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes as ids 0..255; ``specials=True`` adds pad=256, bos=257, eos=258, mask=259."""
+  """UTF-8 bytes as ids 0..255; ``specials=True`` adds pad=256, bos=257, eos=258, mask=259."""
 
-    kind = "byte"
+  kind = "byte"
 
-    def __init__(self, specials: bool = False):
-        self.specials = specials
-        self.vocab_size = 260 if specials else 256
-        if specials:
-            self.pad_id, self.bos_id, self.eos_id, self.mask_id = 256, 257, 258, 259
+  def __init__(self, specials: bool = False):
+    self.specials = specials
+    self.vocab_size = 260 if specials else 256
+    if specials:
+      self.pad_id, self.bos_id, self.eos_id, self.mask_id = 256, 257, 258, 259
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+  def decode(self, ids: Iterable[int]) -> str:
+    return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
-    def to_json(self) -> str:
-        return json.dumps({"kind": self.kind, "specials": self.specials})
+  def to_json(self) -> str:
+    return json.dumps({"kind": self.kind, "specials": self.specials})
 
 
 class BPETokenizer(Tokenizer):
-    """Byte-level BPE from the Hugging Face ``tokenizers`` library, with [PAD] [BOS] [EOS] [MASK]."""
+  """Byte-level BPE from the Hugging Face ``tokenizers`` library, with [PAD] [BOS] [EOS] [MASK]."""
 
-    kind = "bpe"
+  kind = "bpe"
 
-    def __init__(self, hf_tokenizer):
-        self.hf = hf_tokenizer
-        self.vocab_size = hf_tokenizer.get_vocab_size()
-        # Our own BPE files carry [PAD]/[BOS]/[EOS]/[MASK]; a published tokenizer (e.g. GPT-2's)
-        # may have none of them, which is fine for language modelling.
-        self.pad_id, self.bos_id, self.eos_id, self.mask_id = (hf_tokenizer.token_to_id(t) for t in BPE_SPECIALS)
-        if self.eos_id is None:
-            self.eos_id = hf_tokenizer.token_to_id("<|endoftext|>")
+  def __init__(self, hf_tokenizer):
+    self.hf = hf_tokenizer
+    self.vocab_size = hf_tokenizer.get_vocab_size()
+    # Our own BPE files carry [PAD]/[BOS]/[EOS]/[MASK]; a published tokenizer (e.g. GPT-2's)
+    # may have none of them, which is fine for language modelling.
+    self.pad_id, self.bos_id, self.eos_id, self.mask_id = (
+        hf_tokenizer.token_to_id(t) for t in BPE_SPECIALS
+    )
+    if self.eos_id is None:
+      self.eos_id = hf_tokenizer.token_to_id("<|endoftext|>")
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text).ids
+  def encode(self, text: str) -> list[int]:
+    return self.hf.encode(text).ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(list(texts))]
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self.hf.encode_batch(list(texts))]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
+  def decode(self, ids: Iterable[int]) -> str:
+    return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def to_json(self) -> str:
-        return self.hf.to_str()
+  def to_json(self) -> str:
+    return self.hf.to_str()
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-    """Train byte-level BPE on ``texts``; the vocabulary may be smaller if the text is tiny."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+  """Train byte-level BPE on ``texts``; the vocabulary may be smaller if the text is tiny."""
+  from tokenizers import Tokenizer as HFTokenizer
+  from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 256 + len(BPE_SPECIALS):
-        raise DataError(
-            f"BPE vocab_size {vocab_size} is below {256 + len(BPE_SPECIALS)} (256 bytes + specials): "
-            "raise --config.model.vocab_size"
-        )
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(BPE_SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+  if vocab_size < 256 + len(BPE_SPECIALS):
+    raise DataError(
+        f"BPE vocab_size {vocab_size} is below {256 + len(BPE_SPECIALS)} (256 bytes + specials): "
+        "raise --config.model.vocab_size"
     )
-    hf.train_from_iterator(texts, trainer=trainer)
-    return BPETokenizer(hf)
+  hf = HFTokenizer(models.BPE())
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  hf.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=list(BPE_SPECIALS),
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False,
+  )
+  hf.train_from_iterator(texts, trainer=trainer)
+  return BPETokenizer(hf)
 
 
 def load_tokenizer(path: str | pathlib.Path) -> Tokenizer:
-    """Load a tokenizer saved with ``Tokenizer.save``."""
-    path = pathlib.Path(path)
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read tokenizer file '{path}' ({e}): pass a JSON file written by Tokenizer.save") from e
-    if isinstance(spec, dict) and spec.get("kind") == "byte":
-        return ByteTokenizer(bool(spec.get("specials")))
-    if isinstance(spec, dict) and "model" in spec:
-        from tokenizers import Tokenizer as HFTokenizer
-
-        return BPETokenizer(HFTokenizer.from_str(json.dumps(spec)))
+  """Load a tokenizer saved with ``Tokenizer.save``."""
+  path = pathlib.Path(path)
+  try:
+    spec = json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
     raise DataError(
-        f"tokenizer file '{path}' is neither a byte nor a BPE tokenizer: pass a file written by Tokenizer.save"
-    )
+        f"cannot read tokenizer file '{path}' ({e}): pass a JSON file written by Tokenizer.save"
+    ) from e
+  if isinstance(spec, dict) and spec.get("kind") == "byte":
+    return ByteTokenizer(bool(spec.get("specials")))
+  if isinstance(spec, dict) and "model" in spec:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return BPETokenizer(HFTokenizer.from_str(json.dumps(spec)))
+  raise DataError(
+      f"tokenizer file '{path}' is neither a byte nor a BPE tokenizer: pass a file written by Tokenizer.save"
+  )
 
 
-def make_tokenizer(kind: str, vocab_size: int, texts: Sequence[str] | None = None, specials: bool = False) -> Tokenizer:
-    """'byte' (``vocab_size`` must hold it) or 'bpe' (trained on ``texts``, always with specials)."""
-    if kind == "byte":
-        tok = ByteTokenizer(specials)
-        if vocab_size < tok.vocab_size:
-            raise DataError(
-                f"vocab_size {vocab_size} is smaller than the byte tokenizer's {tok.vocab_size}: "
-                f"set --config.model.vocab_size to at least {tok.vocab_size}"
-            )
-        return tok
-    if kind == "bpe":
-        if not texts:
-            raise DataError("the BPE tokenizer needs training text: pass texts to make_tokenizer")
-        return train_bpe(texts, vocab_size)
-    raise DataError(f"unknown tokenizer kind {kind!r}: use 'byte' or 'bpe'")
+def make_tokenizer(
+    kind: str, vocab_size: int, texts: Sequence[str] | None = None, specials: bool = False
+) -> Tokenizer:
+  """'byte' (``vocab_size`` must hold it) or 'bpe' (trained on ``texts``, always with specials)."""
+  if kind == "byte":
+    tok = ByteTokenizer(specials)
+    if vocab_size < tok.vocab_size:
+      raise DataError(
+          f"vocab_size {vocab_size} is smaller than the byte tokenizer's {tok.vocab_size}: "
+          f"set --config.model.vocab_size to at least {tok.vocab_size}"
+      )
+    return tok
+  if kind == "bpe":
+    if not texts:
+      raise DataError("the BPE tokenizer needs training text: pass texts to make_tokenizer")
+    return train_bpe(texts, vocab_size)
+  raise DataError(f"unknown tokenizer kind {kind!r}: use 'byte' or 'bpe'")

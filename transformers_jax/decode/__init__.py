@@ -7,9 +7,26 @@ Both return a Generation (tokens, lengths, stopped, scores; `.ids()` for lists o
 """
 
 from transformers_jax.decode.beam import beam_loop, length_penalty
-from transformers_jax.decode.generation import (Generation, Strategy, generate, init_cache,
-                                                shard_params, translate)
+from transformers_jax.decode.generation import (
+    Generation,
+    Strategy,
+    generate,
+    init_cache,
+    shard_params,
+    translate,
+)
 from transformers_jax.decode.sampling import filter_logits, sample_loop, select_tokens
 
-__all__ = ["Generation", "Strategy", "beam_loop", "filter_logits", "generate", "init_cache",
-           "length_penalty", "sample_loop", "select_tokens", "shard_params", "translate"]
+__all__ = [
+    "Generation",
+    "Strategy",
+    "beam_loop",
+    "filter_logits",
+    "generate",
+    "init_cache",
+    "length_penalty",
+    "sample_loop",
+    "select_tokens",
+    "shard_params",
+    "translate",
+]

@@ -47,8 +47,9 @@ class Strategy:
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be at least 1")
     if not self.temperature >= 0 or math.isinf(self.temperature):  # NaN fails every comparison
-      raise ValueError(f"temperature={self.temperature}: must be a finite number >= 0 "
-                       "(0 = greedy)")
+      raise ValueError(
+          f"temperature={self.temperature}: must be a finite number >= 0 " "(0 = greedy)"
+      )
     if not 0 <= self.top_k <= vocab_size:
       raise ValueError(f"top_k={self.top_k}: must be in [0, vocab_size={vocab_size}] (0 = off)")
     if not 0 < self.top_p <= 1:  # also refuses NaN
@@ -58,8 +59,9 @@ class Strategy:
     if self.beam_size and 2 * self.beam_size > self.beam_size * vocab_size:
       raise ValueError(f"beam_size={self.beam_size} needs a vocabulary of at least 2 tokens")
     if not self.alpha >= 0 or math.isinf(self.alpha):
-      raise ValueError(f"alpha={self.alpha}: the length penalty exponent must be a finite "
-                       "number >= 0")
+      raise ValueError(
+          f"alpha={self.alpha}: the length penalty exponent must be a finite " "number >= 0"
+      )
     if self.beam_size and self.return_logits:
       raise ValueError("return_logits is for greedy decoding and sampling, not beam search")
     for t in self.stop_tokens:
@@ -91,12 +93,16 @@ def init_cache(model, *dummy_inputs, **kwargs):
   indices are left out: a cache without one is known (when traced) to be empty, so the first
   call (the prefill) attends over its own keys only (see Attention._cached)."""
   with nn.logical_axis_rules(()):  # shapes only: no sharding constraints while initialising
-    shapes = jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), *dummy_inputs, **kwargs))["cache"]
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *dummy_inputs, **kwargs))[
+        "cache"
+    ]
 
   def empty(tree):
-    return {k: empty(v) if isinstance(v, dict) else jnp.zeros(v.shape, v.dtype)
-            for k, v in tree.items() if k != "cache_index"}
+    return {
+        k: empty(v) if isinstance(v, dict) else jnp.zeros(v.shape, v.dtype)
+        for k, v in tree.items()
+        if k != "cache_index"
+    }
 
   return empty(shapes)
 
@@ -111,9 +117,11 @@ def _row_axis(path, leaf):
 
 def map_rows(cache, fn):
   """Apply fn(array, axis) to every cached key/value along its batch axis."""
+
   def one(path, leaf):
     axis = _row_axis(path, leaf)
     return leaf if axis is None else fn(leaf, axis)
+
   return jax.tree_util.tree_map_with_path(one, cache)
 
 
@@ -131,8 +139,9 @@ def _search(strategy, feed, logits0, cache, batch, key):
   if not strategy.beam_size:
     return sample_loop(feed, logits0, cache, key, strategy)
   k = strategy.beam_size
-  return beam_loop(feed, gather_rows, jnp.repeat(logits0, k, axis=0), repeat_rows(cache, k),
-                   batch, strategy)
+  return beam_loop(
+      feed, gather_rows, jnp.repeat(logits0, k, axis=0), repeat_rows(cache, k), batch, strategy
+  )
 
 
 def _lm_program(cfg, strategy):
@@ -149,14 +158,25 @@ def _lm_program(cfg, strategy):
     positions = jnp.maximum(jnp.arange(P)[None, :] - padding[:, None], 0)
     dummy = jnp.zeros((B, L), jnp.int32)
     cache = init_cache(model, dummy, dummy, dummy)
-    out, state = model.apply({"params": params, "cache": cache}, prompts, valid, positions,
-                             last_logits_only=True, mutable=["cache"])
+    out, state = model.apply(
+        {"params": params, "cache": cache},
+        prompts,
+        valid,
+        positions,
+        last_logits_only=True,
+        mutable=["cache"],
+    )
     if strategy.beam_size:  # every beam of a row shares its mask and positions
       valid, lengths = jnp.repeat(valid, k, axis=0), jnp.repeat(lengths, k, axis=0)
 
     def feed(cache, tokens, i):
-      out, state = model.apply({"params": params, "cache": cache}, tokens[:, None], valid,
-                               (lengths + i)[:, None], mutable=["cache"])
+      out, state = model.apply(
+          {"params": params, "cache": cache},
+          tokens[:, None],
+          valid,
+          (lengths + i)[:, None],
+          mutable=["cache"],
+      )
       return out["logits"][:, -1], state["cache"]
 
     return _search(strategy, feed, out["logits"][:, -1], state["cache"], B, key)
@@ -175,15 +195,27 @@ def _seq2seq_program(cfg, strategy, bos_id: int):
     encoded = model.apply({"params": params}, src, src_mask, method="encode")
     cache = init_cache(model, jnp.zeros((B, S), jnp.int32), jnp.zeros((B, M), jnp.int32))
     bos = jnp.full((B, 1), bos_id, jnp.int32)
-    out, state = model.apply({"params": params, "cache": cache}, encoded, bos, src_mask,
-                             method="decode_logits", mutable=["cache"])
+    out, state = model.apply(
+        {"params": params, "cache": cache},
+        encoded,
+        bos,
+        src_mask,
+        method="decode_logits",
+        mutable=["cache"],
+    )
     if strategy.beam_size:
       encoded, src_mask = jnp.repeat(encoded, k, axis=0), jnp.repeat(src_mask, k, axis=0)
 
     def feed(cache, tokens, i):
       # `encoded` only routes the blocks through cross-attention: its keys/values are cached
-      out, state = model.apply({"params": params, "cache": cache}, encoded, tokens[:, None],
-                               src_mask, method="decode_logits", mutable=["cache"])
+      out, state = model.apply(
+          {"params": params, "cache": cache},
+          encoded,
+          tokens[:, None],
+          src_mask,
+          method="decode_logits",
+          mutable=["cache"],
+      )
       return out["logits"][:, -1], state["cache"]
 
     return _search(strategy, feed, out["logits"][:, -1], state["cache"], B, key)
@@ -193,8 +225,11 @@ def _seq2seq_program(cfg, strategy, bos_id: int):
 
 @functools.lru_cache(maxsize=64)
 def _compiled(cfg, strategy, bos_id):
-  program = (_lm_program(cfg, strategy) if cfg.family == "decoder"
-             else _seq2seq_program(cfg, strategy, bos_id))
+  program = (
+      _lm_program(cfg, strategy)
+      if cfg.family == "decoder"
+      else _seq2seq_program(cfg, strategy, bos_id)
+  )
   return jax.jit(program)
 
 
@@ -202,6 +237,7 @@ def shard_params(cfg, params, mesh, rules=None):
   """Place parameters on `mesh` as the logical-axis rules say (default parallel.rules(), the
   training layout)."""
   from transformers_jax import parallel
+
   return jax.device_put(params, parallel.param_shardings(as_model_config(cfg), mesh, rules))
 
 
@@ -212,26 +248,35 @@ def _place(mesh, args, rows: int):
     return args
   from jax.sharding import NamedSharding, PartitionSpec
   from transformers_jax import parallel
+
   shards = int(np.prod([mesh.shape[a] for a in parallel.BATCH_AXES]))
   split = NamedSharding(mesh, PartitionSpec(parallel.BATCH_AXES))
   whole = NamedSharding(mesh, PartitionSpec())
-  return tuple(jax.device_put(a, split if rows % shards == 0 and np.ndim(a) else whole)
-               for a in args)
+  return tuple(
+      jax.device_put(a, split if rows % shards == 0 and np.ndim(a) else whole) for a in args
+  )
 
 
 def _run(cfg, strategy, bos_id, mesh, params, args):
   fn = _compiled(cfg, strategy, bos_id)
   out = jax.device_get(fn(params, *_place(mesh, args[:-1], len(args[0])), args[-1]))
-  return Generation(tokens=np.asarray(out["tokens"]), lengths=np.asarray(out["lengths"]),
-                    stopped=np.asarray(out["stopped"]), max_new_tokens=strategy.max_new_tokens,
-                    scores=None if "scores" not in out else np.asarray(out["scores"]),
-                    logits=None if "logits" not in out else np.asarray(out["logits"]))
+  return Generation(
+      tokens=np.asarray(out["tokens"]),
+      lengths=np.asarray(out["lengths"]),
+      stopped=np.asarray(out["stopped"]),
+      max_new_tokens=strategy.max_new_tokens,
+      scores=None if "scores" not in out else np.asarray(out["scores"]),
+      logits=None if "logits" not in out else np.asarray(out["logits"]),
+  )
 
 
 # ----------------------------------------------------------------------------- inputs
 def _check_ids(rows, what: str, vocab_size: int, max_len: int) -> list[list[int]]:
-  if isinstance(rows, np.ndarray) and rows.ndim == 1 or (
-      len(rows) and isinstance(rows[0], (int, np.integer))):
+  if (
+      isinstance(rows, np.ndarray)
+      and rows.ndim == 1
+      or (len(rows) and isinstance(rows[0], (int, np.integer)))
+  ):
     raise ValueError(f"pass a list of {what}s (each a list of token ids), not one flat list")
   rows = [[int(t) for t in r] for r in rows]
   if not rows:
@@ -241,27 +286,45 @@ def _check_ids(rows, what: str, vocab_size: int, max_len: int) -> list[list[int]
     if not r:
       raise ValueError(f"{name} is empty: give at least one token")
     if len(r) > max_len:
-      raise ValueError(f"{name} has {len(r)} tokens but model.max_len={max_len}: shorten it to "
-                       f"at most {max_len} tokens")
+      raise ValueError(
+          f"{name} has {len(r)} tokens but model.max_len={max_len}: shorten it to "
+          f"at most {max_len} tokens"
+      )
     bad = [t for t in r if not 0 <= t < vocab_size]
     if bad:
-      raise ValueError(f"{name} holds token id {bad[0]}, outside the vocabulary "
-                       f"[0, {vocab_size})")
+      raise ValueError(
+          f"{name} holds token id {bad[0]}, outside the vocabulary " f"[0, {vocab_size})"
+      )
   return rows
 
 
 def _family(cfg, family: str, fn: str, other: str) -> None:
   if cfg.family != family:
-    hint = (f"use {other}" if cfg.family in ("decoder", "encoder_decoder")
-            else "only decoder and encoder_decoder models generate text")
+    hint = (
+        f"use {other}"
+        if cfg.family in ("decoder", "encoder_decoder")
+        else "only decoder and encoder_decoder models generate text"
+    )
     raise ValueError(f"{fn} needs a model.family={family} model, not {cfg.family}: {hint}")
 
 
-def generate(cfg, params, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             stop_tokens: Sequence[int] = (), beam_size: int = 0, alpha: float = 0.6,
-             pad_id: int = 0, return_logits: bool = False, mesh=None
-             ) -> Generation:
+def generate(
+    cfg,
+    params,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_tokens: Sequence[int] = (),
+    beam_size: int = 0,
+    alpha: float = 0.6,
+    pad_id: int = 0,
+    return_logits: bool = False,
+    mesh=None,
+) -> Generation:
   """Continue each prompt (a list of token ids) of a decoder-only model.
 
   Greedy when temperature == 0, else a sample (top_k / top_p filtered) from key `seed`;
@@ -274,23 +337,45 @@ def generate(cfg, params, prompts: Sequence[Sequence[int]], max_new_tokens: int,
   _family(cfg, "decoder", "generate", "translate")
   rows = _check_ids(prompts, "prompt", cfg.vocab_size, cfg.max_len)
   P = max(len(r) for r in rows)
-  strategy = Strategy(min(max_new_tokens, cfg.max_len - P + 1) if max_new_tokens >= 1
-                      else max_new_tokens, temperature, top_k, top_p, beam_size, alpha,
-                      tuple(int(t) for t in stop_tokens), pad_id, return_logits)
+  strategy = Strategy(
+      min(max_new_tokens, cfg.max_len - P + 1) if max_new_tokens >= 1 else max_new_tokens,
+      temperature,
+      top_k,
+      top_p,
+      beam_size,
+      alpha,
+      tuple(int(t) for t in stop_tokens),
+      pad_id,
+      return_logits,
+  )
   strategy.check(cfg.vocab_size)
   tokens = np.full((len(rows), P), pad_id, np.int32)
   for i, r in enumerate(rows):
-    tokens[i, P - len(r):] = r
+    tokens[i, P - len(r) :] = r
   lengths = np.array([len(r) for r in rows], np.int32)
   key = jax.random.PRNGKey(seed)
   return _run(cfg, strategy, None, mesh, params, (tokens, lengths, key))
 
 
-def translate(cfg, params, sources: Sequence[Sequence[int]], bos_id: int, eos_id: int,
-              max_new_tokens: int | None = None, *, beam_size: int = 4, alpha: float = 0.6,
-              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-              pad_id: int | None = None, source_len: int | None = None,
-              return_logits: bool = False, mesh=None) -> Generation:
+def translate(
+    cfg,
+    params,
+    sources: Sequence[Sequence[int]],
+    bos_id: int,
+    eos_id: int,
+    max_new_tokens: int | None = None,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    pad_id: int | None = None,
+    source_len: int | None = None,
+    return_logits: bool = False,
+    mesh=None,
+) -> Generation:
   """Translate each source (a list of token ids) with an encoder-decoder model.
 
   Beam search (the 2017 paper's beam 4, alpha 0.6) by default; `beam_size=0` for greedy or
@@ -304,24 +389,36 @@ def translate(cfg, params, sources: Sequence[Sequence[int]], bos_id: int, eos_id
   rows = _check_ids(sources, "source", cfg.vocab_size, cfg.max_len)
   for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
     if value is None or not 0 <= value < cfg.vocab_size:
-      raise ValueError(f"{name}={value} is not a token of the vocabulary [0, {cfg.vocab_size}): "
-                       "use the tokenizer's special ids")
+      raise ValueError(
+          f"{name}={value} is not a token of the vocabulary [0, {cfg.vocab_size}): "
+          "use the tokenizer's special ids"
+      )
   S = max(len(r) for r in rows)
   if source_len is not None:
     if source_len < S or source_len > cfg.max_len:
-      raise ValueError(f"source_len={source_len} must hold the longest source ({S} tokens) and "
-                       f"be at most model.max_len={cfg.max_len}")
+      raise ValueError(
+          f"source_len={source_len} must hold the longest source ({S} tokens) and "
+          f"be at most model.max_len={cfg.max_len}"
+      )
     S = source_len
   if max_new_tokens is None:
     max_new_tokens = max(len(r) for r in rows) + 50
   pad = eos_id if pad_id is None else pad_id
-  strategy = Strategy(min(max_new_tokens, cfg.max_len) if max_new_tokens >= 1 else max_new_tokens,
-                      temperature, top_k, top_p, beam_size, alpha, (int(eos_id),), pad,
-                      return_logits)
+  strategy = Strategy(
+      min(max_new_tokens, cfg.max_len) if max_new_tokens >= 1 else max_new_tokens,
+      temperature,
+      top_k,
+      top_p,
+      beam_size,
+      alpha,
+      (int(eos_id),),
+      pad,
+      return_logits,
+  )
   strategy.check(cfg.vocab_size)
   src = np.full((len(rows), S), pad, np.int32)
   for i, r in enumerate(rows):
-    src[i, :len(r)] = r
+    src[i, : len(r)] = r
   src_mask = (np.arange(S)[None, :] < np.array([len(r) for r in rows])[:, None]).astype(np.int32)
   key = jax.random.PRNGKey(seed)
   return _run(cfg, strategy, int(bos_id), mesh, params, (src, src_mask, key))

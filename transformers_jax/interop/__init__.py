@@ -15,6 +15,16 @@ from transformers_jax.interop.hf import (
     save_hf,
 )
 
-__all__ = ["load_hf", "save_hf", "SUPPORTED_ARCHITECTURES", "HFCheckpointError",
-           "UnsupportedArchitecture", "MissingCheckpointFile", "CorruptCheckpoint",
-           "MissingTensor", "UnexpectedTensor", "TensorShapeMismatch", "UnsupportedConfig"]
+__all__ = [
+    "load_hf",
+    "save_hf",
+    "SUPPORTED_ARCHITECTURES",
+    "HFCheckpointError",
+    "UnsupportedArchitecture",
+    "MissingCheckpointFile",
+    "CorruptCheckpoint",
+    "MissingTensor",
+    "UnexpectedTensor",
+    "TensorShapeMismatch",
+    "UnsupportedConfig",
+]

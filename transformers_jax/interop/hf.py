@@ -46,11 +46,18 @@ SUPPORTED_ARCHITECTURES = {
     "ViTForImageClassification": "vit",
 }
 # The prefix under which each architecture stores its base model's tensors.
-BASE_PREFIX = {"GPT2LMHeadModel": "transformer.", "BertForMaskedLM": "bert.",
-               "ViTForImageClassification": "vit."}
+BASE_PREFIX = {
+    "GPT2LMHeadModel": "transformer.",
+    "BertForMaskedLM": "bert.",
+    "ViTForImageClassification": "vit.",
+}
 MODEL_TYPE_DEFAULT = {"gpt2": "GPT2LMHeadModel", "bert": "BertModel", "vit": "ViTModel"}
-ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                  "relu": "relu"}
+ACTIVATIONS_IN = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
 ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -167,26 +174,42 @@ def _to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _dense(hf: str, path: tuple[str, ...], kind: str = "linear", n_in: int = 1) -> list[Rule]:
-  return [Rule(kind, (hf + ".weight",), (path + ("kernel",),), n_in),
-          Rule("bias", (hf + ".bias",), (path + ("bias",),))]
+  return [
+      Rule(kind, (hf + ".weight",), (path + ("kernel",),), n_in),
+      Rule("bias", (hf + ".bias",), (path + ("bias",),)),
+  ]
 
 
 def _norm(hf: str, path: tuple[str, ...]) -> list[Rule]:
-  return [Rule("copy", (hf + ".weight",), (path + ("scale",),)),
-          Rule("copy", (hf + ".bias",), (path + ("bias",),))]
+  return [
+      Rule("copy", (hf + ".weight",), (path + ("scale",),)),
+      Rule("copy", (hf + ".bias",), (path + ("bias",),)),
+  ]
 
 
 def _gpt2_rules(c: ModelConfig, base: str) -> list[Rule]:
-  rules = [Rule("copy", (base + "wte.weight",), (("embed", "token_embed", "embedding"),)),
-           Rule("copy", (base + "wpe.weight",), (("embed", "pos_embed", "embedding"),))]
+  rules = [
+      Rule("copy", (base + "wte.weight",), (("embed", "token_embed", "embedding"),)),
+      Rule("copy", (base + "wpe.weight",), (("embed", "pos_embed", "embedding"),)),
+  ]
   for i in range(c.num_layers):
     h, ours = f"{base}h.{i}.", ("decoder", f"layer_{i}")
     attn = ours + ("self_attn",)
     rules += _norm(h + "ln_1", ours + ("self_attn_norm",))
-    rules.append(Rule("fused_kernel", (h + "attn.c_attn.weight",),
-                      tuple(attn + (p, "kernel") for p in ("query", "key", "value"))))
-    rules.append(Rule("fused_bias", (h + "attn.c_attn.bias",),
-                      tuple(attn + (p, "bias") for p in ("query", "key", "value"))))
+    rules.append(
+        Rule(
+            "fused_kernel",
+            (h + "attn.c_attn.weight",),
+            tuple(attn + (p, "kernel") for p in ("query", "key", "value")),
+        )
+    )
+    rules.append(
+        Rule(
+            "fused_bias",
+            (h + "attn.c_attn.bias",),
+            tuple(attn + (p, "bias") for p in ("query", "key", "value")),
+        )
+    )
     rules += _dense(h + "attn.c_proj", attn + ("out",), "conv1d", n_in=2)
     rules += _norm(h + "ln_2", ours + ("ffn_norm",))
     rules += _dense(h + "mlp.c_fc", ours + ("ffn", "wi"), "conv1d")
@@ -219,11 +242,11 @@ def _encoder_layer_rules(c: ModelConfig, prefix: str, vit: bool) -> list[Rule]:
 
 def _bert_rules(c: ModelConfig, base: str) -> list[Rule]:
   e = base + "embeddings."
-  rules = [Rule("copy", (e + "word_embeddings.weight",), (("embed", "token_embed", "embedding"),)),
-           Rule("copy", (e + "position_embeddings.weight",),
-                (("embed", "pos_embed", "embedding"),)),
-           Rule("copy", (e + "token_type_embeddings.weight",),
-                (("embed", "type_embed", "embedding"),))]
+  rules = [
+      Rule("copy", (e + "word_embeddings.weight",), (("embed", "token_embed", "embedding"),)),
+      Rule("copy", (e + "position_embeddings.weight",), (("embed", "pos_embed", "embedding"),)),
+      Rule("copy", (e + "token_type_embeddings.weight",), (("embed", "type_embed", "embedding"),)),
+  ]
   rules += _norm(e + "LayerNorm", ("embed", "embed_norm"))
   rules += _encoder_layer_rules(c, base, vit=False)
   if c.head_kind == "pooler":
@@ -233,18 +256,25 @@ def _bert_rules(c: ModelConfig, base: str) -> list[Rule]:
     rules += _norm("cls.predictions.transform.LayerNorm", ("mlm_norm",))
     rules.append(Rule("copy", ("cls.predictions.bias",), (("mlm_bias",),)))
     if not c.tie_embeddings:
-      rules.append(Rule("linear", ("cls.predictions.decoder.weight",),
-                        (("mlm_decoder", "kernel"),)))
+      rules.append(
+          Rule("linear", ("cls.predictions.decoder.weight",), (("mlm_decoder", "kernel"),))
+      )
   return rules
 
 
 def _vit_rules(c: ModelConfig, base: str) -> list[Rule]:
   e = base + "embeddings."
-  rules = [Rule("copy", (e + "cls_token",), (("cls_token",),)),
-           Rule("batch1", (e + "position_embeddings",), (("embed", "pos_embed", "embedding"),)),
-           Rule("patch", (e + "patch_embeddings.projection.weight",), (("patch_embed", "kernel"),),
-                patch=(c.patch_size, c.num_channels)),
-           Rule("copy", (e + "patch_embeddings.projection.bias",), (("patch_embed", "bias"),))]
+  rules = [
+      Rule("copy", (e + "cls_token",), (("cls_token",),)),
+      Rule("batch1", (e + "position_embeddings",), (("embed", "pos_embed", "embedding"),)),
+      Rule(
+          "patch",
+          (e + "patch_embeddings.projection.weight",),
+          (("patch_embed", "kernel"),),
+          patch=(c.patch_size, c.num_channels),
+      ),
+      Rule("copy", (e + "patch_embeddings.projection.bias",), (("patch_embed", "bias"),)),
+  ]
   rules += _encoder_layer_rules(c, base, vit=True)
   rules += _norm(base + "layernorm", ("final_norm",))
   if c.head_kind == "pooler":
@@ -263,8 +293,11 @@ def _rules(c: ModelConfig, architecture: str, base: str) -> list[Rule]:
 # GPT-2's old causal-mask buffers, BERT's position_ids buffer and next-sentence head, the pooler of
 # a BertForPreTraining checkpoint read as BertForMaskedLM, tied copies of the token embedding.
 def _ignorable(c: ModelConfig) -> re.Pattern:
-  patterns = [r"h\.\d+\.attn\.(masked_)?bias", r"embeddings\.position_ids",
-              r"cls\.seq_relationship\..*"]
+  patterns = [
+      r"h\.\d+\.attn\.(masked_)?bias",
+      r"embeddings\.position_ids",
+      r"cls\.seq_relationship\..*",
+  ]
   if c.head_kind == "mlm":
     patterns.append(r"pooler\.dense\.(weight|bias)")
     patterns.append(r"cls\.predictions\.decoder\.bias")  # HF ties it to cls.predictions.bias
@@ -285,7 +318,8 @@ def _activation(hf: Mapping, key: str, where: str) -> str:
   name = hf.get(key, "gelu")
   if name not in ACTIVATIONS_IN:
     raise UnsupportedArchitecture(
-        f"{where}: {key}={name!r} is not supported: use one of {', '.join(ACTIVATIONS_IN)}")
+        f"{where}: {key}={name!r} is not supported: use one of {', '.join(ACTIVATIONS_IN)}"
+    )
   return ACTIVATIONS_IN[name]
 
 
@@ -293,25 +327,57 @@ def _require(hf: Mapping, where: str, **expected) -> None:
   for key, want in expected.items():
     if key in hf and hf[key] is not None and hf[key] != want:
       raise UnsupportedArchitecture(
-          f"{where}: {key}={hf[key]!r} is not supported (only {want!r} maps onto our blocks)")
+          f"{where}: {key}={hf[key]!r} is not supported (only {want!r} maps onto our blocks)"
+      )
 
 
 # What transformers' config classes assume for a key config.json leaves out (GPT2Config,
 # BertConfig, ViTConfig): a missing key means the reference library's default, as it loads it.
 HF_DEFAULTS = {
-    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
-                 n_inner=None, activation_function="gelu_new", resid_pdrop=0.1,
-                 attn_pdrop=0.1, layer_norm_epsilon=1e-5, initializer_range=0.02,
-                 tie_word_embeddings=True),
-    "bert": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
-                 num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
-                 hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                 max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02,
-                 layer_norm_eps=1e-12, tie_word_embeddings=True),
-    "vit": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0, initializer_range=0.02, layer_norm_eps=1e-12,
-                image_size=224, patch_size=16, num_channels=3, qkv_bias=True),
+    "gpt2": dict(
+        vocab_size=50257,
+        n_positions=1024,
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        n_inner=None,
+        activation_function="gelu_new",
+        resid_pdrop=0.1,
+        attn_pdrop=0.1,
+        layer_norm_epsilon=1e-5,
+        initializer_range=0.02,
+        tie_word_embeddings=True,
+    ),
+    "bert": dict(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        initializer_range=0.02,
+        layer_norm_eps=1e-12,
+        tie_word_embeddings=True,
+    ),
+    "vit": dict(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.02,
+        layer_norm_eps=1e-12,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        qkv_bias=True,
+    ),
 }
 
 
@@ -319,62 +385,99 @@ def _fields_from_hf(hf: Mapping, architecture: str, where: str) -> dict[str, Any
   family = SUPPORTED_ARCHITECTURES[architecture]
   given = {k: v for k, v in hf.items() if v is not None}
   if family == "gpt2":  # GPT2Config's attribute_map: the generic names stand for its own
-    for alias, name in (("hidden_size", "n_embd"), ("max_position_embeddings", "n_positions"),
-                        ("num_attention_heads", "n_head"), ("num_hidden_layers", "n_layer")):
+    for alias, name in (
+        ("hidden_size", "n_embd"),
+        ("max_position_embeddings", "n_positions"),
+        ("num_attention_heads", "n_head"),
+        ("num_hidden_layers", "n_layer"),
+    ):
       if alias in given and name not in given:
         given[name] = given.pop(alias)
   hf = {**HF_DEFAULTS[family], **given}
   if family == "gpt2":
-    _require(hf, where, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-             add_cross_attention=False)
+    _require(
+        hf,
+        where,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+        add_cross_attention=False,
+    )
     d = _get(hf, "n_embd", "hidden_size")
     return dict(
-        family="decoder", num_layers=_get(hf, "n_layer", "num_hidden_layers"), d_model=d,
+        family="decoder",
+        num_layers=_get(hf, "n_layer", "num_hidden_layers"),
+        d_model=d,
         num_heads=_get(hf, "n_head", "num_attention_heads"),
         d_ff=_get(hf, "n_inner", default=4 * d),
-        vocab_size=hf["vocab_size"], max_len=_get(hf, "n_positions", "max_position_embeddings"),
-        positions="learned", norm_placement="pre", norm="layernorm",
+        vocab_size=hf["vocab_size"],
+        max_len=_get(hf, "n_positions", "max_position_embeddings"),
+        positions="learned",
+        norm_placement="pre",
+        norm="layernorm",
         norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        activation=_activation(hf, "activation_function", where), use_bias=True,
-        tie_embeddings=hf.get("tie_word_embeddings", True), head="lm",
-        dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
-        init_std=hf.get("initializer_range", 0.02))
+        activation=_activation(hf, "activation_function", where),
+        use_bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        head="lm",
+        dropout=hf.get("resid_pdrop", 0.1),
+        attention_dropout=hf.get("attn_pdrop", 0.1),
+        init_std=hf.get("initializer_range", 0.02),
+    )
   common = dict(
-      num_layers=hf["num_hidden_layers"], d_model=hf["hidden_size"],
-      num_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
-      positions="learned", norm="layernorm", norm_eps=hf.get("layer_norm_eps", 1e-12),
-      activation=_activation(hf, "hidden_act", where), use_bias=True,
+      num_layers=hf["num_hidden_layers"],
+      d_model=hf["hidden_size"],
+      num_heads=hf["num_attention_heads"],
+      d_ff=hf["intermediate_size"],
+      positions="learned",
+      norm="layernorm",
+      norm_eps=hf.get("layer_norm_eps", 1e-12),
+      activation=_activation(hf, "hidden_act", where),
+      use_bias=True,
       dropout=hf.get("hidden_dropout_prob", 0.1),
       attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-      init_std=hf.get("initializer_range", 0.02))
+      init_std=hf.get("initializer_range", 0.02),
+  )
   if family == "bert":
-    _require(hf, where, position_embedding_type="absolute", is_decoder=False,
-             add_cross_attention=False)
+    _require(
+        hf, where, position_embedding_type="absolute", is_decoder=False, add_cross_attention=False
+    )
     return dict(
-        family="encoder", **common, vocab_size=hf["vocab_size"],
+        family="encoder",
+        **common,
+        vocab_size=hf["vocab_size"],
         max_len=hf.get("max_position_embeddings", 512),
         type_vocab_size=hf.get("type_vocab_size", 2),
-        norm_placement="post", embed_norm=True, tie_embeddings=hf.get("tie_word_embeddings", True),
-        head="mlm" if architecture == "BertForMaskedLM" else "pooler")
+        norm_placement="post",
+        embed_norm=True,
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        head="mlm" if architecture == "BertForMaskedLM" else "pooler",
+    )
   _require(hf, where, qkv_bias=True, pooler_act="tanh", pooler_output_size=hf["hidden_size"])
   image, patch = hf.get("image_size", 224), hf.get("patch_size", 16)
   for key, value in (("image_size", image), ("patch_size", patch)):
     if isinstance(value, (list, tuple)):
       if len(set(value)) != 1:
-        raise UnsupportedArchitecture(f"{where}: {key}={value} is not square: only square "
-                                      "images and patches are supported")
+        raise UnsupportedArchitecture(
+            f"{where}: {key}={value} is not square: only square " "images and patches are supported"
+        )
       value = value[0]
     if key == "image_size":
       image = value
     else:
       patch = value
-  fields = dict(family="vit", **common, image_size=image, patch_size=patch,
-                num_channels=hf.get("num_channels", 3), pool="cls", norm_placement="pre",
-                head="pooler")
+  fields = dict(
+      family="vit",
+      **common,
+      image_size=image,
+      patch_size=patch,
+      num_channels=hf.get("num_channels", 3),
+      pool="cls",
+      norm_placement="pre",
+      head="pooler",
+  )
   if architecture == "ViTForImageClassification":
     labels = hf.get("id2label")
-    fields.update(head="classifier",
-                  num_classes=len(labels) if labels else hf.get("num_labels", 2))
+    fields.update(head="classifier", num_classes=len(labels) if labels else hf.get("num_labels", 2))
   return fields
 
 
@@ -386,27 +489,57 @@ def _hf_from_config(c: ModelConfig, architecture: str, dtype: str) -> dict[str, 
     # GPT-2's bos/eos default to 50256; a smaller vocabulary has no such token.
     eos = 50256 if c.vocab_size > 50256 else None
     out.update(
-        vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model, n_layer=c.num_layers,
-        n_head=c.num_heads, n_inner=c.ff_width, activation_function=act,
-        layer_norm_epsilon=c.norm_eps, resid_pdrop=c.dropout, embd_pdrop=c.dropout,
-        attn_pdrop=c.attention_dropout, initializer_range=c.init_std,
-        tie_word_embeddings=c.tie_embeddings, bos_token_id=eos, eos_token_id=eos,
-        scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-        reorder_and_upcast_attn=False)
+        vocab_size=c.vocab_size,
+        n_positions=c.max_len,
+        n_embd=c.d_model,
+        n_layer=c.num_layers,
+        n_head=c.num_heads,
+        n_inner=c.ff_width,
+        activation_function=act,
+        layer_norm_epsilon=c.norm_eps,
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=c.attention_dropout,
+        initializer_range=c.init_std,
+        tie_word_embeddings=c.tie_embeddings,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+        reorder_and_upcast_attn=False,
+    )
     return out
   out.update(
-      hidden_size=c.d_model, num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-      intermediate_size=c.ff_width, hidden_act=act, layer_norm_eps=c.norm_eps,
-      hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attention_dropout,
-      initializer_range=c.init_std)
+      hidden_size=c.d_model,
+      num_hidden_layers=c.num_layers,
+      num_attention_heads=c.num_heads,
+      intermediate_size=c.ff_width,
+      hidden_act=act,
+      layer_norm_eps=c.norm_eps,
+      hidden_dropout_prob=c.dropout,
+      attention_probs_dropout_prob=c.attention_dropout,
+      initializer_range=c.init_std,
+  )
   if family == "bert":
-    out.update(vocab_size=c.vocab_size, max_position_embeddings=c.max_len,
-               type_vocab_size=c.type_vocab_size, tie_word_embeddings=c.tie_embeddings,
-               position_embedding_type="absolute", is_decoder=False, pad_token_id=0)
+    out.update(
+        vocab_size=c.vocab_size,
+        max_position_embeddings=c.max_len,
+        type_vocab_size=c.type_vocab_size,
+        tie_word_embeddings=c.tie_embeddings,
+        position_embedding_type="absolute",
+        is_decoder=False,
+        pad_token_id=0,
+    )
     return out
-  out.update(image_size=c.image_size, patch_size=c.patch_size, num_channels=c.num_channels,
-             qkv_bias=True, pooler_act="tanh", pooler_output_size=c.d_model,
-             encoder_stride=c.patch_size)
+  out.update(
+      image_size=c.image_size,
+      patch_size=c.patch_size,
+      num_channels=c.num_channels,
+      qkv_bias=True,
+      pooler_act="tanh",
+      pooler_output_size=c.d_model,
+      encoder_stride=c.patch_size,
+  )
   if c.head_kind == "classifier":
     out["id2label"] = {str(i): f"LABEL_{i}" for i in range(c.num_classes)}
     out["label2id"] = {f"LABEL_{i}": i for i in range(c.num_classes)}
@@ -426,16 +559,31 @@ def _default_architecture(c: ModelConfig) -> str:
 def _check_exportable(c: ModelConfig, architecture: str) -> None:
   """Raise UnsupportedConfig naming the first field that the HF architecture cannot express."""
   family = SUPPORTED_ARCHITECTURES[architecture]
-  heads = {"GPT2LMHeadModel": ("lm",), "GPT2Model": ("lm",), "BertModel": ("pooler",),
-           "BertForMaskedLM": ("mlm",), "ViTModel": ("pooler", "none"),
-           "ViTForImageClassification": ("classifier",)}[architecture]
+  heads = {
+      "GPT2LMHeadModel": ("lm",),
+      "GPT2Model": ("lm",),
+      "BertModel": ("pooler",),
+      "BertForMaskedLM": ("mlm",),
+      "ViTModel": ("pooler", "none"),
+      "ViTForImageClassification": ("classifier",),
+  }[architecture]
   want = dict(
       family={"gpt2": "decoder", "bert": "encoder", "vit": "vit"}[family],
-      head_kind=heads, positions="learned", norm="layernorm", norm_scale=True,
-      has_norm_bias=True, use_bias=True, residual=True, feed_forward="dense", embed_scale=False,
-      kv_heads=c.num_heads, activation=tuple(ACTIVATIONS_OUT),
+      head_kind=heads,
+      positions="learned",
+      norm="layernorm",
+      norm_scale=True,
+      has_norm_bias=True,
+      use_bias=True,
+      residual=True,
+      feed_forward="dense",
+      embed_scale=False,
+      kv_heads=c.num_heads,
+      activation=tuple(ACTIVATIONS_OUT),
       norm_placement="post" if family == "bert" else "pre",
-      has_final_norm=family != "bert", embed_norm=family == "bert")
+      has_final_norm=family != "bert",
+      embed_norm=family == "bert",
+  )
   if family == "vit":
     want["pool"] = "cls"
   if family != "bert":
@@ -448,15 +596,18 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       raise UnsupportedConfig(
           f"cannot write model.{field}={have!r} as {architecture} (which needs "
           f"{' or '.join(map(repr, value)) if isinstance(value, tuple) else repr(value)}): "
-          "change the config or pick another architecture")
+          "change the config or pick another architecture"
+      )
   if c.head_width * c.num_heads != c.d_model:
     raise UnsupportedConfig(
         f"cannot write model.head_dim={c.head_width} as {architecture}: Hugging Face uses "
-        f"d_model / num_heads = {c.d_model / c.num_heads:g}; leave model.head_dim unset")
+        f"d_model / num_heads = {c.d_model / c.num_heads:g}; leave model.head_dim unset"
+    )
   if family == "bert" and c.type_vocab_size < 1:
     raise UnsupportedConfig(
         f"cannot write model.type_vocab_size=0 as {architecture}: BERT always has token types; "
-        "set model.type_vocab_size >= 1")
+        "set model.type_vocab_size >= 1"
+    )
 
 
 # ----------------------------------------------------------------------------- files
@@ -464,20 +615,25 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
   try:
     return json.loads(path.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CorruptCheckpoint(f"{path}: {what} is not valid JSON ({e}): re-download or re-save "
-                            "the checkpoint") from None
+    raise CorruptCheckpoint(
+        f"{path}: {what} is not valid JSON ({e}): re-download or re-save " "the checkpoint"
+    ) from None
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file
+
   if not path.is_file():
-    raise MissingCheckpointFile(f"{path} does not exist: the checkpoint is incomplete; "
-                                "re-download or re-save it")
+    raise MissingCheckpointFile(
+        f"{path} does not exist: the checkpoint is incomplete; " "re-download or re-save it"
+    )
   try:
     return load_file(str(path))
   except Exception as e:  # safetensors raises its own SafetensorError (an Exception subclass)
-    raise CorruptCheckpoint(f"{path} is not a readable safetensors file ({e}): it is truncated or "
-                            "corrupt; re-download or re-save it") from None
+    raise CorruptCheckpoint(
+        f"{path} is not a readable safetensors file ({e}): it is truncated or "
+        "corrupt; re-download or re-save it"
+    ) from None
 
 
 def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
@@ -492,18 +648,27 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
     for shard in sorted(set(index["weight_map"].values())):
       path = (directory / str(shard)).resolve()
       if root not in path.parents:
-        raise CorruptCheckpoint(f"{directory / INDEX} names the shard {shard!r}, which lies "
-                                "outside the model folder: only files inside it are read; "
-                                "re-save the checkpoint")
+        raise CorruptCheckpoint(
+            f"{directory / INDEX} names the shard {shard!r}, which lies "
+            "outside the model folder: only files inside it are read; "
+            "re-save the checkpoint"
+        )
       tensors.update(_read_safetensors(path))
     return tensors
-  others = sorted(p.name for p in directory.iterdir()
-                  if p.suffix in (".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt"))
-  found = (f" (found {', '.join(others)}, which is not read: pickle and framework files are "
-           "unsafe)") if others else ""
+  others = sorted(
+      p.name
+      for p in directory.iterdir()
+      if p.suffix in (".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
+  )
+  found = (
+      (f" (found {', '.join(others)}, which is not read: pickle and framework files are " "unsafe)")
+      if others
+      else ""
+  )
   raise MissingCheckpointFile(
       f"{directory}: no {WEIGHTS} or {INDEX}{found}: save the model with "
-      "save_pretrained(..., safe_serialization=True)")
+      "save_pretrained(..., safe_serialization=True)"
+  )
 
 
 def _architecture(hf: Mapping, directory: pathlib.Path) -> str:
@@ -517,13 +682,14 @@ def _architecture(hf: Mapping, directory: pathlib.Path) -> str:
   found = ", ".join(names) if names else f"model_type={model_type!r}"
   raise UnsupportedArchitecture(
       f"{directory}: config.json describes {found}, which cannot be imported: supported "
-      f"architectures are {', '.join(SUPPORTED_ARCHITECTURES)}")
+      f"architectures are {', '.join(SUPPORTED_ARCHITECTURES)}"
+  )
 
 
 def _strip(name: str, prefix: str) -> str:
   name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)  # original BERT checkpoints
   name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-  return name[len(prefix):] if prefix and name.startswith(prefix) else name
+  return name[len(prefix) :] if prefix and name.startswith(prefix) else name
 
 
 def _flat_shapes(tree, prefix=()) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -548,15 +714,32 @@ def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
 
 def _expected_shapes(c: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
   from transformers_jax.models import param_shapes
+
   return _flat_shapes(param_shapes(c.replace(scan_layers=False, remat="none")))
 
 
 def _summary(hf: Mapping, family: str) -> str:
-  keys = {"gpt2": ("n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "n_positions"),
-          "bert": ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                   "vocab_size", "max_position_embeddings", "type_vocab_size"),
-          "vit": ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                  "image_size", "patch_size", "num_channels")}[family]
+  keys = {
+      "gpt2": ("n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "n_positions"),
+      "bert": (
+          "num_hidden_layers",
+          "hidden_size",
+          "num_attention_heads",
+          "intermediate_size",
+          "vocab_size",
+          "max_position_embeddings",
+          "type_vocab_size",
+      ),
+      "vit": (
+          "num_hidden_layers",
+          "hidden_size",
+          "num_attention_heads",
+          "intermediate_size",
+          "image_size",
+          "patch_size",
+          "num_channels",
+      ),
+  }[family]
   return ", ".join(f"{k}={hf[k]}" for k in keys if k in hf)
 
 
@@ -569,44 +752,55 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
   """
   from transformers_jax.config import DTYPES
   from transformers_jax.modules.common import dtype_of
+
   directory = pathlib.Path(directory)
   if dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
   if not directory.is_dir():
-    raise MissingCheckpointFile(f"{directory} is not a directory: pass the folder that holds "
-                                "config.json and model.safetensors")
+    raise MissingCheckpointFile(
+        f"{directory} is not a directory: pass the folder that holds "
+        "config.json and model.safetensors"
+    )
   if not (directory / "config.json").is_file():
-    raise MissingCheckpointFile(f"{directory}: no config.json: pass a directory written by "
-                                "save_pretrained (or save_hf), which holds config.json")
+    raise MissingCheckpointFile(
+        f"{directory}: no config.json: pass a directory written by "
+        "save_pretrained (or save_hf), which holds config.json"
+    )
   hf = _read_json(directory / "config.json", "config.json")
   architecture = _architecture(hf, directory)
   family = SUPPORTED_ARCHITECTURES[architecture]
   try:
     fields = _fields_from_hf(hf, architecture, f"{directory}/config.json")
   except KeyError as e:
-    raise CorruptCheckpoint(f"{directory}/config.json has no {e.args[0]!r}, which {architecture} "
-                            "needs: use the config.json saved with the weights") from None
+    raise CorruptCheckpoint(
+        f"{directory}/config.json has no {e.args[0]!r}, which {architecture} "
+        "needs: use the config.json saved with the weights"
+    ) from None
   prefix = {"gpt2": "transformer.", "bert": "bert.", "vit": "vit."}[family]
   tensors = {_strip(k, prefix): v for k, v in _read_tensors(directory).items()}
   for name, array in tensors.items():
     if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
-      raise CorruptCheckpoint(f"{directory}: tensor {_full_name(name, architecture)} holds NaN "
-                              "or infinite values: the checkpoint is damaged or diverged; use "
-                              "another one")
+      raise CorruptCheckpoint(
+          f"{directory}: tensor {_full_name(name, architecture)} holds NaN "
+          "or infinite values: the checkpoint is damaged or diverged; use "
+          "another one"
+      )
   if family == "vit" and fields["head"] == "pooler" and "pooler.dense.weight" not in tensors:
     fields["head"] = "none"  # a ViTModel saved without its pooler
   # The MLM output bias: `cls.predictions.bias`, which the decoder shares when tied; an untied
   # decoder (tie_word_embeddings=False) adds its own `decoder.bias`, the one its logits use.
   untied = not fields.get("tie_embeddings", True)
   if "cls.predictions.decoder.bias" in tensors and (
-      untied or "cls.predictions.bias" not in tensors):
+      untied or "cls.predictions.bias" not in tensors
+  ):
     tensors["cls.predictions.bias"] = tensors.pop("cls.predictions.decoder.bias")
   fields["param_dtype"] = dtype
   try:
     c = ModelConfig(**fields)
   except ValueError as e:
     raise UnsupportedArchitecture(
-        f"{directory}/config.json maps to an invalid model: {e}") from None
+        f"{directory}/config.json maps to an invalid model: {e}"
+    ) from None
 
   expected = _expected_shapes(c)
   flat: dict[tuple[str, ...], np.ndarray] = {}
@@ -617,7 +811,8 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
       raise MissingTensor(
           f"{directory}: tensor {_full_name(missing[0], architecture)} is "
           f"missing, but {architecture} with this config.json needs it: the weights are "
-          "incomplete or belong to another architecture")
+          "incomplete or belong to another architecture"
+      )
     shapes = [expected[p] for p in rule.ours]
     for name, want in zip(rule.hf, _hf_shapes(rule, shapes)):
       got = tuple(tensors[name].shape)
@@ -625,7 +820,8 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
         raise TensorShapeMismatch(
             f"{directory}: tensor {_full_name(name, architecture)} has shape {got}, but "
             f"config.json ({_summary(hf, family)}) implies {tuple(want)}: the weights and "
-            "config.json come from different models; use the config.json saved with them")
+            "config.json come from different models; use the config.json saved with them"
+        )
     arrays = _to_ours(rule, [tensors.pop(n) for n in rule.hf], shapes)
     for path, array in zip(rule.ours, arrays):
       flat[path] = np.ascontiguousarray(array.astype(np_dtype))
@@ -635,7 +831,8 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     more = f" and {len(left) - 3} more" if len(left) > 3 else ""
     raise UnexpectedTensor(
         f"{directory}: tensors {', '.join(left[:3])}{more} are not used by {architecture} with "
-        f"this config.json ({_summary(hf, family)}): the config and the weights disagree")
+        f"this config.json ({_summary(hf, family)}): the config and the weights disagree"
+    )
   assert set(flat) == set(expected), sorted(set(flat) ^ set(expected))
   return fields, _nest(flat)
 
@@ -647,8 +844,13 @@ def _full_name(name: str, architecture: str) -> str:
   return BASE_PREFIX.get(architecture, "") + name
 
 
-def save_hf(directory, model, params, architecture: str | None = None,
-            extra_config: Mapping[str, Any] | None = None) -> str:
+def save_hf(
+    directory,
+    model,
+    params,
+    architecture: str | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+) -> str:
   """Write `params` of `model` (ModelConfig, fields dict or ConfigDict) as a Hugging Face model.
 
   Writes config.json and model.safetensors into `directory` (created if needed), which
@@ -669,7 +871,8 @@ def save_hf(directory, model, params, architecture: str | None = None,
   if architecture not in SUPPORTED_ARCHITECTURES:
     raise UnsupportedConfig(
         f"cannot write a {c.family} model with head {c.head_kind!r} as {architecture or 'any'} "
-        f"Hugging Face architecture: supported are {', '.join(SUPPORTED_ARCHITECTURES)}")
+        f"Hugging Face architecture: supported are {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
   _check_exportable(c, architecture)
   params = params.get("params", params) if "params" in params and len(params) == 1 else params
   flat = {p: np.asarray(v) for p, v in _flat_arrays(scan_to_loop(nn.unbox(params))).items()}
@@ -679,15 +882,21 @@ def save_hf(directory, model, params, architecture: str | None = None,
   expected = _expected_shapes(c)
   missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
   if missing:
-    raise UnsupportedConfig(f"params have no {'/'.join(missing[0])}, which the config implies: "
-                            "pass the parameters made with this config")
+    raise UnsupportedConfig(
+        f"params have no {'/'.join(missing[0])}, which the config implies: "
+        "pass the parameters made with this config"
+    )
   if extra:
-    raise UnsupportedConfig(f"params hold {'/'.join(extra[0])}, which the config does not imply: "
-                            "pass the config these parameters were made with")
+    raise UnsupportedConfig(
+        f"params hold {'/'.join(extra[0])}, which the config does not imply: "
+        "pass the config these parameters were made with"
+    )
   for path, want in expected.items():
     if flat[path].shape != want:
-      raise TensorShapeMismatch(f"params {'/'.join(path)} has shape {flat[path].shape}, the "
-                                f"config implies {want}: pass the matching config")
+      raise TensorShapeMismatch(
+          f"params {'/'.join(path)} has shape {flat[path].shape}, the "
+          f"config implies {want}: pass the matching config"
+      )
 
   tensors: dict[str, np.ndarray] = {}
   for rule in _rules(c, architecture, BASE_PREFIX.get(architecture, "")):
@@ -711,9 +920,9 @@ def _unpad_vocab(flat: Mapping[tuple[str, ...], np.ndarray], c: ModelConfig) -> 
   out = {}
   for path, array in flat.items():
     if "token_embed" in path and array.shape[:1] == (c.padded_vocab,):
-      array = array[:c.vocab_size]
+      array = array[: c.vocab_size]
     elif path[0] in ("lm_head", "mlm_decoder", "mlm_bias") and array.shape[-1] == c.padded_vocab:
-      array = array[..., :c.vocab_size]
+      array = array[..., : c.vocab_size]
     out[path] = array
   return out
 

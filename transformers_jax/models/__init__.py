@@ -23,8 +23,9 @@ FAMILY_CLASSES = {
 }
 
 
-def as_model_config(cfg: ModelConfig | Mapping[str, Any] | ml_collections.ConfigDict
-                    ) -> ModelConfig:
+def as_model_config(
+    cfg: ModelConfig | Mapping[str, Any] | ml_collections.ConfigDict,
+) -> ModelConfig:
   return cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(cfg)
 
 
@@ -55,9 +56,16 @@ def init_params(cfg, rng, batch: int = 1, length: int | None = None):
 def param_shapes(cfg):
   """The parameter tree as ShapeDtypeStructs (no memory allocated), boxes removed."""
   from flax import linen as nn
+
   shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
   return nn.unbox(shapes)
 
 
-__all__ = ["build_model", "example_inputs", "init_params", "param_shapes", "ModelConfig",
-           "FAMILY_CLASSES"]
+__all__ = [
+    "build_model",
+    "example_inputs",
+    "init_params",
+    "param_shapes",
+    "ModelConfig",
+    "FAMILY_CLASSES",
+]

@@ -13,7 +13,8 @@ def check_length(cfg, length: int, what: str = "sequence") -> None:
   if length > cfg.seq_len_max:
     raise ValueError(
         f"{what} length {length} exceeds model.max_len={cfg.seq_len_max}: "
-        "shorten the input or raise model.max_len")
+        "shorten the input or raise model.max_len"
+    )
 
 
 def default_positions(batch: int, length: int):
@@ -38,8 +39,9 @@ def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
   if cfg.tie_embeddings:
     logits = embedder.attend(x)
   else:
-    logits = dense(cfg, cfg.padded_vocab, -1, ("embed", "vocab"), ("vocab",), name,
-                   use_bias=False)(x)
+    logits = dense(cfg, cfg.padded_vocab, -1, ("embed", "vocab"), ("vocab",), name, use_bias=False)(
+        x
+    )
   logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)

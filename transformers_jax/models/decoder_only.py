@@ -29,12 +29,17 @@ class DecoderOnly(nn.Module):
     B, T = tokens.shape
     check_length(c, T)
     if positions is None:
-      positions = (DecodeCounter(name="position")(B, T) if self.decode
-                   else default_positions(B, T))
+      positions = DecodeCounter(name="position")(B, T) if self.decode else default_positions(B, T)
     embedder = Embedder(c, self.deterministic, name="embed")
     x = embedder(tokens, positions)
-    x = Stack(c, c.num_layers, causal=True, deterministic=self.deterministic, decode=self.decode,
-              name="decoder")(x, padding_mask(attention_mask), positions)
+    x = Stack(
+        c,
+        c.num_layers,
+        causal=True,
+        deterministic=self.deterministic,
+        decode=self.decode,
+        name="decoder",
+    )(x, padding_mask(attention_mask), positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     return {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}

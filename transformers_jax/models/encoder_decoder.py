@@ -11,8 +11,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.base import (check_length, default_positions, mask_padded_vocab,
-                                          padding_mask)
+from transformers_jax.models.base import (
+    check_length,
+    default_positions,
+    mask_padded_vocab,
+    padding_mask,
+)
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.common import dense
 from transformers_jax.modules.embed import Embedder
@@ -31,14 +35,21 @@ class EncoderDecoder(nn.Module):
     if not c.share_embeddings:
       self.src_embed = Embedder(c, self.deterministic)
     self.encoder = Stack(c, c.encoder_layers, deterministic=self.deterministic)
-    self.decoder = Stack(c, c.decoder_layers, causal=True, cross=True,
-                         deterministic=self.deterministic, decode=self.decode)
+    self.decoder = Stack(
+        c,
+        c.decoder_layers,
+        causal=True,
+        cross=True,
+        deterministic=self.deterministic,
+        decode=self.decode,
+    )
     if c.has_final_norm:
       self.encoder_norm = Norm(c)
       self.decoder_norm = Norm(c)
     if not c.tie_embeddings:
-      self.lm_head = dense(c, c.padded_vocab, -1, ("embed", "vocab"), ("vocab",), None,
-                           use_bias=False)
+      self.lm_head = dense(
+          c, c.padded_vocab, -1, ("embed", "vocab"), ("vocab",), None, use_bias=False
+      )
     if self.decode:
       self.position = DecodeCounter()
 
@@ -64,8 +75,9 @@ class EncoderDecoder(nn.Module):
     if c.has_final_norm:
       x = self.decoder_norm(x)
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)
-    logits = nn.with_logical_constraint(logits.astype(jnp.float32),
-                                        ("act_batch", "act_length", "act_vocab"))
+    logits = nn.with_logical_constraint(
+        logits.astype(jnp.float32), ("act_batch", "act_length", "act_vocab")
+    )
     return {"hidden": x, "logits": mask_padded_vocab(c, logits)}
 
   def __call__(self, src, tgt, src_mask=None, tgt_mask=None):

@@ -33,23 +33,25 @@ class EncoderOnly(nn.Module):
     embedder = Embedder(c, self.deterministic, name="embed")
     x = embedder(tokens, positions, token_types)
     x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(
-        x, padding_mask(attention_mask), positions)
+        x, padding_mask(attention_mask), positions
+    )
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     out = {"hidden": x}
     head = c.head_kind
     if head in ("pooler", "classifier"):
-      out["pooled"] = jnp.tanh(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(
-          x[:, 0]))
+      out["pooled"] = jnp.tanh(
+          dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(x[:, 0])
+      )
     if head == "classifier":
       pooled = nn.Dropout(c.dropout)(out["pooled"], deterministic=self.deterministic)
-      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",),
-                            "classifier")(pooled).astype(jnp.float32)
+      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")(
+          pooled
+      ).astype(jnp.float32)
     if head == "mlm":
       act = activation("gelu" if c.gated else c.activation)
       h = act(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "mlm_transform")(x))
       h = Norm(c, name="mlm_norm")(h)
-      bias = self.param("mlm_bias", zeros(("vocab",)), (c.padded_vocab,),
-                        dtype_of(c.param_dtype))
+      bias = self.param("mlm_bias", zeros(("vocab",)), (c.padded_vocab,), dtype_of(c.param_dtype))
       out["logits"] = lm_logits(c, embedder, h, name="mlm_decoder", bias=bias)
     return out

@@ -35,19 +35,22 @@ class ViT(nn.Module):
     c = self.cfg
     expected = (c.image_size, c.image_size, c.num_channels)
     if tuple(images.shape[1:]) != expected:
-      raise ValueError(f"images have shape {tuple(images.shape[1:])}, model expects {expected}: "
-                       "resize the images or set model.image_size / model.num_channels")
+      raise ValueError(
+          f"images have shape {tuple(images.shape[1:])}, model expects {expected}: "
+          "resize the images or set model.image_size / model.num_channels"
+      )
     B = images.shape[0]
     x = dense(c, c.d_model, -1, ("patch", "embed"), ("embed",), "patch_embed")(
-        patchify(images.astype(dtype_of(c.dtype)), c.patch_size))
+        patchify(images.astype(dtype_of(c.dtype)), c.patch_size)
+    )
     if c.pool == "cls":
-      cls = self.param("cls_token", zeros((None, None, "embed")), (1, 1, c.d_model),
-                       dtype_of(c.param_dtype))
+      cls = self.param(
+          "cls_token", zeros((None, None, "embed")), (1, 1, c.d_model), dtype_of(c.param_dtype)
+      )
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (B, 1, c.d_model)), x], axis=1)
     positions = default_positions(B, x.shape[1])
     x = Embedder(c, self.deterministic, name="embed")(positions=positions, embedded=x)
-    x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(
-        x, None, positions)
+    x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(x, None, positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     pooled = x[:, 0] if c.pool == "cls" else jnp.mean(x, axis=1)
@@ -55,6 +58,7 @@ class ViT(nn.Module):
       pooled = jnp.tanh(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(pooled))
     out = {"hidden": x, "pooled": pooled}
     if c.head_kind == "classifier":
-      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",),
-                            "classifier")(pooled).astype(jnp.float32)
+      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")(
+          pooled
+      ).astype(jnp.float32)
     return out

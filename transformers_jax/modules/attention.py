@@ -14,8 +14,7 @@ from transformers_jax.modules.common import DenseWeights, fused_dense
 from transformers_jax.modules.positions import apply_rope
 
 
-def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto",
-           query_blocks: int = 4):
+def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto", query_blocks: int = 4):
   """softmax(q k^T / sqrt(K) + masks) v, softmax in float32; q [B, T, H, K], k v [B, S, G, K].
 
   `impl`: "fused" is `jax.nn.dot_product_attention` with JAX's default implementation (XLA's,
@@ -31,8 +30,11 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto",
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
     if impl == "auto":
       impl = "einsum"
-      if (jax.default_backend() == "gpu" and dropout_fn is None
-          and q.dtype in (jnp.bfloat16, jnp.float16)):
+      if (
+          jax.default_backend() == "gpu"
+          and dropout_fn is None
+          and q.dtype in (jnp.bfloat16, jnp.float16)
+      ):
         try:
           return _attend(q, k, v, mask, causal, None, "cudnn", query_blocks)
         except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
@@ -42,8 +44,9 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto",
 
 def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
   if impl in ("fused", "cudnn") and dropout_fn is None:
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
-                                        implementation="cudnn" if impl == "cudnn" else None)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=causal, implementation="cudnn" if impl == "cudnn" else None
+    )
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   R = H // G  # query heads per key/value head
@@ -51,16 +54,24 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, G, S, K]
   if mask is not None:  # -> [B or 1, G or 1, R or 1, T or 1, S or 1]
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    mask = mask[:, None] if mask.shape[1] == 1 else mask.reshape(
-        mask.shape[0], G, R, *mask.shape[2:])
+    mask = (
+        mask[:, None] if mask.shape[1] == 1 else mask.reshape(mask.shape[0], G, R, *mask.shape[2:])
+    )
   blocks = max(1, min(query_blocks, T // 64)) if causal else 1
   edges = [T * i // blocks for i in range(blocks + 1)]
   scale = 1.0 / float(K) ** 0.5  # on the float32 scores
   outs = []
   for start, end in zip(edges[:-1], edges[1:]):
     keys = min(end, S) if causal else S  # keys after the block's last query are all masked
-    s = jnp.einsum("bgrtk,bgsk->bgrts", qh[:, :, :, start:end], kh[:, :, :keys],
-                   preferred_element_type=jnp.float32) * scale
+    s = (
+        jnp.einsum(
+            "bgrtk,bgsk->bgrts",
+            qh[:, :, :, start:end],
+            kh[:, :, :keys],
+            preferred_element_type=jnp.float32,
+        )
+        * scale
+    )
     m = None
     if causal:
       m = jnp.arange(start, end)[:, None] >= jnp.arange(keys)[None, :]
@@ -141,7 +152,7 @@ class Attention(nn.Module):
     if not is_cross and G == H:
       q, *self_kv = fused_dense(c, x, [query(D), key(D), value(D)])
     else:
-      q, = fused_dense(c, x, [query(D)])
+      (q,) = fused_dense(c, x, [query(D)])
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
 
     def project(source):
@@ -165,10 +176,19 @@ class Attention(nn.Module):
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
-        out = attend(q, k, v, mask, self.causal and not is_cross, dropout_fn,
-                     c.attention_impl, c.attention_query_blocks)
-    kernel, bias = DenseWeights(c, (D,), ("heads", "head_dim", "embed"), ("embed",),
-                                name="out")((H, K))
+        out = attend(
+            q,
+            k,
+            v,
+            mask,
+            self.causal and not is_cross,
+            dropout_fn,
+            c.attention_impl,
+            c.attention_query_blocks,
+        )
+    kernel, bias = DenseWeights(c, (D,), ("heads", "head_dim", "embed"), ("embed",), name="out")(
+        (H, K)
+    )
     y = jnp.einsum("bthk,hkd->btd", out.astype(kernel.dtype), kernel)
     return y if bias is None else y + bias
 
@@ -202,8 +222,10 @@ class Attention(nn.Module):
       return None
     L = ck.value.shape[2]
     if T > L:
-      raise ValueError(f"{T} tokens do not fit a key/value cache of {L} slots: initialise the "
-                       "cache with a longer input")
+      raise ValueError(
+          f"{T} tokens do not fit a key/value cache of {L} slots: initialise the "
+          "cache with a longer input"
+      )
     start = ci.value
     old_k, old_v = ck.value, cv.value
     k, v = (x.astype(old_k.dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
@@ -216,7 +238,8 @@ class Attention(nn.Module):
       mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, L))
       old_mask = old_mask & mask
       new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
-          T, dtype=bool)
+          T, dtype=bool
+      )
     if empty:
       return k, v, new_mask
     return old_k, old_v, old_mask, k, v, new_mask

@@ -59,18 +59,22 @@ class Block(nn.Module):
     c = self.cfg
     kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
     x = self._sublayer(
-        x, "self_attn",
+        x,
+        "self_attn",
         lambda h: Attention(causal=self.causal, name="self_attn", **kw)(
-            h, mask=mask, positions=positions))
+            h, mask=mask, positions=positions
+        ),
+    )
     if self.cross:
       x = self._sublayer(
-          x, "cross_attn",
-          lambda h: Attention(name="cross_attn", **kw)(h, context=context, mask=context_mask))
+          x,
+          "cross_attn",
+          lambda h: Attention(name="cross_attn", **kw)(h, context=context, mask=context_mask),
+      )
     ffn = MoE(c, name="ffn") if self.moe else FeedForward(c, name="ffn")
     x = self._sublayer(x, "ffn", ffn)
     x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
-    self.sow("intermediates", "residual_rms",
-             jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
+    self.sow("intermediates", "residual_rms", jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
     return (x, None) if self.scanned else x
 
 
@@ -91,8 +95,13 @@ class Stack(nn.Module):
     block = Block
     if c.remat != "none":
       block = nn.remat(Block, policy=remat_policy(c.remat), prevent_cse=not c.scan_layers)
-    kw = dict(cfg=c, causal=self.causal, cross=self.cross, deterministic=self.deterministic,
-              decode=self.decode)
+    kw = dict(
+        cfg=c,
+        causal=self.causal,
+        cross=self.cross,
+        deterministic=self.deterministic,
+        decode=self.decode,
+    )
     args = (mask, positions, context, context_mask)
     if c.scan_layers:
       body = nn.scan(
@@ -133,8 +142,9 @@ def loop_to_scan(tree):
   """Inverse of `scan_to_loop`: stack `layer_0` … `layer_{L-1}` into one `layers` subtree."""
   if not isinstance(tree, dict):
     return tree
-  layer_keys = sorted((k for k in tree if k.startswith("layer_") and k[6:].isdigit()),
-                      key=lambda k: int(k[6:]))
+  layer_keys = sorted(
+      (k for k in tree if k.startswith("layer_") and k[6:].isdigit()), key=lambda k: int(k[6:])
+  )
   out = {k: loop_to_scan(v) for k, v in tree.items() if k not in layer_keys}
   if layer_keys:
     if [int(k[6:]) for k in layer_keys] != list(range(len(layer_keys))):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+
 def dtype_of(name: str):
   """A dtype named in the config (config.DTYPES) as JAX's dtype object."""
   return jnp.dtype(name)
@@ -72,15 +73,23 @@ class DenseWeights(nn.Module):
       def wrapped(rng, shape, dtype):
         value = init(rng, flat_shape, dtype)  # boxed with the names of the unflattened shape
         return value.replace(value=jnp.reshape(value.value, shape))
+
       return wrapped
 
-    kernel = self.param("kernel", as_dense_general(normal(c.init_std, self.kernel_names),
-                                                   (n_in, n_out)),
-                        (*in_shape, *self.features), dtype_of(c.param_dtype))
+    kernel = self.param(
+        "kernel",
+        as_dense_general(normal(c.init_std, self.kernel_names), (n_in, n_out)),
+        (*in_shape, *self.features),
+        dtype_of(c.param_dtype),
+    )
     bias = None
     if c.use_bias:
-      bias = self.param("bias", as_dense_general(zeros(self.bias_names), (n_out,)),
-                        tuple(self.features), dtype_of(c.param_dtype)).astype(dtype_of(c.dtype))
+      bias = self.param(
+          "bias",
+          as_dense_general(zeros(self.bias_names), (n_out,)),
+          tuple(self.features),
+          dtype_of(c.param_dtype),
+      ).astype(dtype_of(c.dtype))
     return kernel.astype(dtype_of(c.dtype)), bias
 
 

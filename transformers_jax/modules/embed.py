@@ -25,16 +25,28 @@ class Embedder(nn.Module):
     c = self.cfg
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
     self.token_embed = nn.Embed(
-        c.padded_vocab, c.d_model, dtype=dt, param_dtype=pdt,
-        embedding_init=normal(c.init_std, ("vocab", "embed")))
+        c.padded_vocab,
+        c.d_model,
+        dtype=dt,
+        param_dtype=pdt,
+        embedding_init=normal(c.init_std, ("vocab", "embed")),
+    )
     if c.positions == "learned":
       self.pos_embed = nn.Embed(
-          c.seq_len_max, c.d_model, dtype=dt, param_dtype=pdt,
-          embedding_init=normal(c.init_std, ("position", "embed")))
+          c.seq_len_max,
+          c.d_model,
+          dtype=dt,
+          param_dtype=pdt,
+          embedding_init=normal(c.init_std, ("position", "embed")),
+      )
     if c.type_vocab_size:
       self.type_embed = nn.Embed(
-          c.type_vocab_size, c.d_model, dtype=dt, param_dtype=pdt,
-          embedding_init=normal(c.init_std, ("type_vocab", "embed")))
+          c.type_vocab_size,
+          c.d_model,
+          dtype=dt,
+          param_dtype=pdt,
+          embedding_init=normal(c.init_std, ("type_vocab", "embed")),
+      )
     if c.embed_norm:
       self.embed_norm = Norm(c)
     self.dropout = nn.Dropout(c.dropout)

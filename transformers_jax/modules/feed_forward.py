@@ -8,8 +8,15 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.modules.common import (DenseWeights, activation, dense, dtype_of,
-                                             fused_dense, normal, zeros)
+from transformers_jax.modules.common import (
+    DenseWeights,
+    activation,
+    dense,
+    dtype_of,
+    fused_dense,
+    normal,
+    zeros,
+)
 
 
 class FeedForward(nn.Module):
@@ -22,8 +29,10 @@ class FeedForward(nn.Module):
     c = self.cfg
     act = activation(c.activation)
     if c.gated:
-      gate, up = (DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), name=name)
-                  for name in ("wi_0", "wi_1"))
+      gate, up = (
+          DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), name=name)
+          for name in ("wi_0", "wi_1")
+      )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])])
       h = act(h0) * h1
     else:
@@ -74,8 +83,7 @@ class MoE(nn.Module):
     combine, dispatch, choice = route(probs, c.top_k, capacity)
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
     self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
-    self.sow("intermediates", "moe_dropped_fraction",
-             1.0 - jnp.sum(dispatch) / (B * T * c.top_k))
+    self.sow("intermediates", "moe_dropped_fraction", 1.0 - jnp.sum(dispatch) / (B * T * c.top_k))
 
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
@@ -92,8 +100,7 @@ class MoE(nn.Module):
     h = jnp.einsum("becd,edf->becf", xe, weight("wi", (E, D, F), ("experts", "embed", "mlp")))
     h = h + bias("bi", (E, 1, F), ("experts", None, "mlp"))
     if c.gated:
-      h1 = jnp.einsum("becd,edf->becf", xe,
-                      weight("wi_1", (E, D, F), ("experts", "embed", "mlp")))
+      h1 = jnp.einsum("becd,edf->becf", xe, weight("wi_1", (E, D, F), ("experts", "embed", "mlp")))
       h = act(h) * (h1 + bias("bi_1", (E, 1, F), ("experts", None, "mlp")))
     else:
       h = act(h)

@@ -80,8 +80,9 @@ class Task:
     return out
 
 
-def cross_entropy(logits, targets, weights, label_smoothing: float = 0.0,
-                  num_classes: int | None = None) -> dict:
+def cross_entropy(
+    logits, targets, weights, label_smoothing: float = 0.0, num_classes: int | None = None
+) -> dict:
   """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight.
 
   Written as reductions over the class axis (log-sum-exp, a one-hot product) rather than a
@@ -97,10 +98,17 @@ def cross_entropy(logits, targets, weights, label_smoothing: float = 0.0,
   loss = nll
   if label_smoothing:
     real = num_classes or n
-    mean_logit = (jnp.sum(logits * (jnp.arange(n) < real), axis=-1) / real if real < n
-                  else jnp.mean(logits, axis=-1))
+    mean_logit = (
+        jnp.sum(logits * (jnp.arange(n) < real), axis=-1) / real
+        if real < n
+        else jnp.mean(logits, axis=-1)
+    )
     loss = (1.0 - label_smoothing) * nll - label_smoothing * (mean_logit - lse)
   w = weights.astype(jnp.float32)
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  return {"loss": jnp.sum(loss * w), "nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w),
-          "weight": jnp.sum(w)}
+  return {
+      "loss": jnp.sum(loss * w),
+      "nll": jnp.sum(nll * w),
+      "correct": jnp.sum(correct * w),
+      "weight": jnp.sum(w),
+  }

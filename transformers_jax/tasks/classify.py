@@ -19,12 +19,17 @@ class TextClassification(Task):
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
-    return {"tokens": ((B, T), np.int32), "attention_mask": ((B, T), np.int32),
-            "labels": ((B,), np.int32), "weights": ((B,), np.float32)}
+    return {
+        "tokens": ((B, T), np.int32),
+        "attention_mask": ((B, T), np.int32),
+        "labels": ((B,), np.int32),
+        "weights": ((B,), np.float32),
+    }
 
   def outputs(self, model, variables, batch, rngs, mutable):
-    out, state = model.apply(variables, batch["tokens"], batch["attention_mask"], rngs=rngs,
-                             mutable=mutable)
+    out, state = model.apply(
+        variables, batch["tokens"], batch["attention_mask"], rngs=rngs, mutable=mutable
+    )
     return (out["logits"], batch["labels"], batch["weights"]), state
 
   def data(self, config, model_cfg, workdir):
@@ -34,8 +39,9 @@ class TextClassification(Task):
       try:
         labelled = [(text, int(label)) for text, label in rows]
       except ValueError:
-        raise D.DataError(f"data.path '{config.data.path}': labels must be integers "
-                          "(text<TAB>label per line)") from None
+        raise D.DataError(
+            f"data.path '{config.data.path}': labels must be integers " "(text<TAB>label per line)"
+        ) from None
       train_idx, val_idx = split_rows(len(labelled), config.data.path)
       docs_train = [labelled[i] for i in train_idx]
       docs_val = [labelled[i] for i in val_idx]
@@ -44,24 +50,31 @@ class TextClassification(Task):
       corpus = D.build_corpus(config.data.max_bytes)
       docs_train = [(t, int(n.startswith("pydoc/"))) for n, t in corpus.train_docs]
       docs_val = [(t, int(n.startswith("pydoc/"))) for n, t in corpus.val_docs]
-      summary = ("corpus_kind: Python source (0) vs pydoc text (1), "
-                 f"{len(docs_train)} train / {len(docs_val)} validation documents")
+      summary = (
+          "corpus_kind: Python source (0) vs pydoc text (1), "
+          f"{len(docs_train)} train / {len(docs_val)} validation documents"
+      )
     tok = run_tokenizer(config, model_cfg, workdir, [t for t, _ in docs_train], specials=True)
     labels = sorted({y for _, y in docs_train + docs_val})
     if labels[0] < 0 or labels[-1] >= model_cfg.num_classes:
-      raise D.DataError(f"labels span {labels[0]}..{labels[-1]} but model.num_classes="
-                        f"{model_cfg.num_classes}: set --config.model.num_classes")
+      raise D.DataError(
+          f"labels span {labels[0]}..{labels[-1]} but model.num_classes="
+          f"{model_cfg.num_classes}: set --config.model.num_classes"
+      )
 
     def encode(texts_and_labels, rng):
       tokens = np.full((len(texts_and_labels), T), tok.pad_id, np.int32)
       for i, (text, _) in enumerate(texts_and_labels):
         ids = tok.encode(text)
         start = int(rng.integers(0, max(1, len(ids) - (T - 1)))) if rng is not None else 0
-        window = [tok.cls_id, *ids[start:start + T - 1]]
-        tokens[i, :len(window)] = window
-      return {"tokens": tokens, "attention_mask": (tokens != tok.pad_id).astype(np.int32),
-              "labels": np.array([y for _, y in texts_and_labels], np.int32),
-              "weights": np.ones(len(texts_and_labels), np.float32)}
+        window = [tok.cls_id, *ids[start : start + T - 1]]
+        tokens[i, : len(window)] = window
+      return {
+          "tokens": tokens,
+          "attention_mask": (tokens != tok.pad_id).astype(np.int32),
+          "labels": np.array([y for _, y in texts_and_labels], np.int32),
+          "weights": np.ones(len(texts_and_labels), np.float32),
+      }
 
     by_label = {y: [d for d in docs_train if d[1] == y] for y in labels}
     by_label = {y: ds for y, ds in by_label.items() if ds}
@@ -74,7 +87,7 @@ class TextClassification(Task):
 
     rng = np.random.default_rng([seed, 10**6])
     val = [docs_val[i % len(docs_val)] for i in range(B * config.eval_batches)]
-    evals = [encode(val[i:i + B], rng) for i in range(0, len(val), B)]
+    evals = [encode(val[i : i + B], rng) for i in range(0, len(val), B)]
     return TaskData(train_batch, evals, tok, summary)
 
 
@@ -86,8 +99,11 @@ class ImageClassification(Task):
 
   def batch_shapes(self, model_cfg, config):
     B, size, ch = config.batch_size, model_cfg.image_size, model_cfg.num_channels
-    return {"images": ((B, size, size, ch), np.float32), "labels": ((B,), np.int32),
-            "weights": ((B,), np.float32)}
+    return {
+        "images": ((B, size, size, ch), np.float32),
+        "labels": ((B,), np.int32),
+        "weights": ((B,), np.float32),
+    }
 
   def tokens_per_example(self, model_cfg, config):
     return model_cfg.seq_len_max  # patches (and the class token)
@@ -106,8 +122,10 @@ class ImageClassification(Task):
       cut = max(1, len(labels) // 10)
       val_idx, train_idx = order[:cut], order[cut:]
       if not len(train_idx):
-        raise D.DataError(f"data.path '{config.data.path}' holds {len(labels)} image(s): give "
-                          "at least 2, one of which is held out for validation")
+        raise D.DataError(
+            f"data.path '{config.data.path}' holds {len(labels)} image(s): give "
+            "at least 2, one of which is held out for validation"
+        )
       train = (images[train_idx], labels[train_idx])
       val = (images[val_idx], labels[val_idx])
       summary = f"{len(labels)} images from {config.data.path}"
@@ -116,14 +134,18 @@ class ImageClassification(Task):
       summary = f"sklearn digits: {len(train[1])} train / {len(val[1])} validation images"
     expected = (model_cfg.image_size, model_cfg.image_size, model_cfg.num_channels)
     if tuple(train[0].shape[1:]) != expected:
-      raise D.DataError(f"images are {tuple(train[0].shape[1:])} but the model expects "
-                        f"{expected}: set model.image_size / model.num_channels to match")
+      raise D.DataError(
+          f"images are {tuple(train[0].shape[1:])} but the model expects "
+          f"{expected}: set model.image_size / model.num_channels to match"
+      )
     if int(train[1].max()) >= model_cfg.num_classes:
-      raise D.DataError(f"labels reach {int(train[1].max())} but model.num_classes="
-                        f"{model_cfg.num_classes}: raise model.num_classes")
+      raise D.DataError(
+          f"labels reach {int(train[1].max())} but model.num_classes="
+          f"{model_cfg.num_classes}: raise model.num_classes"
+      )
     train_b, val_b = D.ImageBatches(*train), D.ImageBatches(*val)
 
     def train_batch(step):
       return {**train_b.batch(step, B, seed), "weights": np.ones(B, np.float32)}
 
-    return TaskData(train_batch, val_b.eval_batches(B)[:config.eval_batches], None, summary)
+    return TaskData(train_batch, val_b.eval_batches(B)[: config.eval_batches], None, summary)

@@ -29,17 +29,23 @@ class LanguageModeling(Task):
     train_b, val_b = D.LMBatches(train), D.LMBatches(val)
     B, T, seed = config.batch_size, config.seq_len, config.seed
     evals = [{"tokens": x} for x in val_b.eval_batches(B, T, config.eval_batches)]
-    return TaskData(lambda step: {"tokens": train_b.batch(step, B, T, seed)}, evals, tok,
-                    summary)
+    return TaskData(lambda step: {"tokens": train_b.batch(step, B, T, seed)}, evals, tok, summary)
 
   def sample(self, data, model_cfg, params, config):
     """The config's prompt continued with the KV cache."""
     from transformers_jax import decode
+
     tok = data.tokenizer
     ids = tok.encode(config.sample.prompt)
-    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len:]  # an empty prompt starts a line
-    out = decode.generate(model_cfg, params, [prompt], config.sample.max_new_tokens,
-                          temperature=config.sample.temperature, top_k=config.sample.top_k,
-                          seed=config.seed)
+    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len :]  # an empty prompt starts a line
+    out = decode.generate(
+        model_cfg,
+        params,
+        [prompt],
+        config.sample.max_new_tokens,
+        temperature=config.sample.temperature,
+        top_k=config.sample.top_k,
+        seed=config.seed,
+    )
     prefix = config.sample.prompt if prompt == ids else tok.decode(prompt)
     return prefix + tok.decode(out.ids()[0])

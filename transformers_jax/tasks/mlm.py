@@ -18,8 +18,11 @@ class MaskedLM(Task):
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
-    return {"inputs": ((B, T), np.int32), "labels": ((B, T), np.int32),
-            "weights": ((B, T), np.float32)}
+    return {
+        "inputs": ((B, T), np.int32),
+        "labels": ((B, T), np.int32),
+        "weights": ((B, T), np.float32),
+    }
 
   def outputs(self, model, variables, batch, rngs, mutable):
     out, state = model.apply(variables, batch["inputs"], rngs=rngs, mutable=mutable)
@@ -34,14 +37,16 @@ class MaskedLM(Task):
     p = config.data.mlm_probability
 
     def masked(tokens, rng):
-      inputs, labels, weights = D.mask_tokens(tokens, rng, tok.vocab_size, tok.mask_id,
-                                              tok.special_ids, p)
+      inputs, labels, weights = D.mask_tokens(
+          tokens, rng, tok.vocab_size, tok.mask_id, tok.special_ids, p
+      )
       return {"inputs": inputs, "labels": labels, "weights": weights}
 
     def train_batch(step):
-      return masked(train_b.batch(step, B, T, seed)[:, :T],
-                    np.random.default_rng([seed, step, 1]))
+      return masked(train_b.batch(step, B, T, seed)[:, :T], np.random.default_rng([seed, step, 1]))
 
-    evals = [masked(x[:, :T], np.random.default_rng([seed, i, 2]))
-             for i, x in enumerate(val_b.eval_batches(B, T, config.eval_batches))]
+    evals = [
+        masked(x[:, :T], np.random.default_rng([seed, i, 2]))
+        for i, x in enumerate(val_b.eval_batches(B, T, config.eval_batches))
+    ]
     return TaskData(train_batch, evals, tok, summary)

@@ -17,7 +17,7 @@ def _unpadded(row, mask) -> list[int]:
 
 def _until(ids, stop) -> list[int]:
   ids = [int(t) for t in ids]
-  return ids[:ids.index(stop)] if stop in ids else ids
+  return ids[: ids.index(stop)] if stop in ids else ids
 
 
 class Translation(Task):
@@ -35,8 +35,15 @@ class Translation(Task):
     return {**shapes, "weights": ((B,), np.float32)}  # 0 for the padding rows of a last batch
 
   def outputs(self, model, variables, batch, rngs, mutable):
-    out, state = model.apply(variables, batch["src"], batch["tgt_in"], batch["src_mask"],
-                             batch["tgt_mask"], rngs=rngs, mutable=mutable)
+    out, state = model.apply(
+        variables,
+        batch["src"],
+        batch["tgt_in"],
+        batch["src_mask"],
+        batch["tgt_mask"],
+        rngs=rngs,
+        mutable=mutable,
+    )
     weights = batch["tgt_mask"].astype(jnp.float32) * batch["weights"][:, None]
     return (out["logits"], batch["tgt_out"], weights), state
 
@@ -48,8 +55,7 @@ class Translation(Task):
       tok = run_tokenizer(config, model_cfg, workdir, texts, specials=True)
       names = [f"'{config.data.path}' pair {i + 1}" for i in range(len(rows))]
       train_idx, val_idx = split_rows(len(rows), config.data.path)
-      train = D.PairBatches([rows[i] for i in train_idx], tok, T, T,
-                            [names[i] for i in train_idx])
+      train = D.PairBatches([rows[i] for i in train_idx], tok, T, T, [names[i] for i in train_idx])
       val = D.PairBatches([rows[i] for i in val_idx], tok, T, T, [names[i] for i in val_idx])
       summary = f"{len(rows)} pairs from {config.data.path}"
       pair_batch = lambda step: train.batch(step, B, seed)  # noqa: E731
@@ -57,8 +63,10 @@ class Translation(Task):
       pairs = D.NumberPairs(config.data.direction, config.data.max_number)
       tok = run_tokenizer(config, model_cfg, workdir, None, specials=True)
       val = pairs.validation(B * config.eval_batches, tok, T, T)
-      summary = (f"numbers {config.data.direction} up to {config.data.max_number:,}, "
-                 f"{len(val)} held-out pairs")
+      summary = (
+          f"numbers {config.data.direction} up to {config.data.max_number:,}, "
+          f"{len(val)} held-out pairs"
+      )
       pair_batch = lambda step: pairs.batch(step, B, T, T, seed, tok)  # noqa: E731
 
     def batch(step):
@@ -72,14 +80,23 @@ class Translation(Task):
     import sacrebleu
 
     from transformers_jax import decode
+
     tok = data.tokenizer
     hyps, refs = [], []
-    for batch in data.eval_batches[:self.eval_translation_batches]:
+    for batch in data.eval_batches[: self.eval_translation_batches]:
       src_len, tgt_len = batch["src"].shape[1], batch["tgt_out"].shape[1]
       # every row, padding rows too, so that each batch has the same shapes (one compilation)
       sources = [_unpadded(s, m) or [tok.eos_id] for s, m in zip(batch["src"], batch["src_mask"])]
-      out = decode.translate(model_cfg, params, sources, tok.bos_id, tok.eos_id, tgt_len,
-                             beam_size=0, source_len=src_len)
+      out = decode.translate(
+          model_cfg,
+          params,
+          sources,
+          tok.bos_id,
+          tok.eos_id,
+          tgt_len,
+          beam_size=0,
+          source_len=src_len,
+      )
       weights = batch.get("weights", np.ones(len(sources)))
       for ids, target, w in zip(out.ids(), batch["tgt_out"], weights):
         if w > 0:
@@ -92,12 +109,21 @@ class Translation(Task):
   def sample(self, data, model_cfg, params, config):
     """Three held-out sources translated with beam search."""
     from transformers_jax import decode
+
     tok = data.tokenizer
     batch = data.eval_batches[0]
     n = min(3, len(batch["src"]))
-    sources = [_unpadded(s, m) or [tok.eos_id]
-               for s, m in zip(batch["src"][:n], batch["src_mask"][:n])]
-    out = decode.translate(model_cfg, params, sources, tok.bos_id, tok.eos_id,
-                           min(config.sample.max_new_tokens, batch["tgt_out"].shape[1]))
-    return "\n".join(f"{tok.decode(src)} -> {tok.decode(ids)}"
-                     for src, ids in zip(sources, out.ids()))
+    sources = [
+        _unpadded(s, m) or [tok.eos_id] for s, m in zip(batch["src"][:n], batch["src_mask"][:n])
+    ]
+    out = decode.translate(
+        model_cfg,
+        params,
+        sources,
+        tok.bos_id,
+        tok.eos_id,
+        min(config.sample.max_new_tokens, batch["tgt_out"].shape[1]),
+    )
+    return "\n".join(
+        f"{tok.decode(src)} -> {tok.decode(ids)}" for src, ids in zip(sources, out.ids())
+    )

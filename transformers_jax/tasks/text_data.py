@@ -13,7 +13,8 @@ def vocab_check(tokenizer, model_cfg):
     raise ValueError(
         f"model.vocab_size={model_cfg.vocab_size} is smaller than the {tokenizer.kind} "
         f"tokenizer's {tokenizer.vocab_size} ids: set --config.model.vocab_size="
-        f"{tokenizer.vocab_size}")
+        f"{tokenizer.vocab_size}"
+    )
 
 
 def run_tokenizer(config, model_cfg, workdir: pathlib.Path, texts, specials: bool):
@@ -23,14 +24,17 @@ def run_tokenizer(config, model_cfg, workdir: pathlib.Path, texts, specials: boo
     tok = D.load_tokenizer(path)
   elif config.data.tokenizer not in ("byte", "bpe"):  # a saved tokenizer, e.g. a converted one
     if not pathlib.Path(config.data.tokenizer).is_file():
-      raise D.DataError(f"data.tokenizer={config.data.tokenizer!r} is neither 'byte', 'bpe' nor "
-                        "a tokenizer file: pass one of those")
+      raise D.DataError(
+          f"data.tokenizer={config.data.tokenizer!r} is neither 'byte', 'bpe' nor "
+          "a tokenizer file: pass one of those"
+      )
     tok = D.load_tokenizer(config.data.tokenizer)
     tok.save(path)
   else:
     kind = config.data.tokenizer
-    tok = D.make_tokenizer(kind, model_cfg.vocab_size, texts=texts if kind == "bpe" else None,
-                           specials=specials)
+    tok = D.make_tokenizer(
+        kind, model_cfg.vocab_size, texts=texts if kind == "bpe" else None, specials=specials
+    )
     tok.save(path)
   vocab_check(tok, model_cfg)
   return tok
@@ -40,8 +44,10 @@ def split_rows(n: int, path: str) -> tuple[list[int], list[int]]:
   """(training rows, validation rows) of a user's n-row file: every 20th row is held out, or
   the last one when there are fewer than 20; no row is in both."""
   if n < 2:
-    raise D.DataError(f"data.path '{path}' holds {n} example(s): give at least 2, one of which "
-                      "is held out for validation")
+    raise D.DataError(
+        f"data.path '{path}' holds {n} example(s): give at least 2, one of which "
+        "is held out for validation"
+    )
   val = [i for i in range(n) if i % 20 == 19] or [n - 1]
   held = set(val)
   return [i for i in range(n) if i not in held], val
@@ -69,10 +75,17 @@ def token_arrays(config, model_cfg, workdir, specials):
   cache = pathlib.Path(config.data.cache_dir or workdir / "data")
   cache.mkdir(parents=True, exist_ok=True)
   name = "user" if config.data.path else "corpus"
-  train = D.prepare_tokens(texts, tok, cache / f"{name}-{tok.kind}-train.tokens",
-                           model_cfg.vocab_size)
-  val = D.prepare_tokens([t for _, t in val_docs], tok,
-                         cache / f"{name}-{tok.kind}-validation.tokens", model_cfg.vocab_size)
-  summary = (f"{name} text: {len(train_docs)} train / {len(val_docs)} validation documents, "
-             f"{len(train):,} / {len(val):,} {tok.kind} tokens")
+  train = D.prepare_tokens(
+      texts, tok, cache / f"{name}-{tok.kind}-train.tokens", model_cfg.vocab_size
+  )
+  val = D.prepare_tokens(
+      [t for _, t in val_docs],
+      tok,
+      cache / f"{name}-{tok.kind}-validation.tokens",
+      model_cfg.vocab_size,
+  )
+  summary = (
+      f"{name} text: {len(train_docs)} train / {len(val_docs)} validation documents, "
+      f"{len(train):,} / {len(val):,} {tok.kind} tokens"
+  )
   return tok, train, val, summary

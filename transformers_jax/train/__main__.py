@@ -15,10 +15,18 @@ from transformers_jax import cli
 
 cli.define_config_flag()
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the run's config.")
-flags.DEFINE_bool("compile_only", False, "Lower and compile the train step for the configured "
-                  "mesh, print per-device memory and FLOPs, and exit without training.")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for multi-process runs; "
-                    "without it JAX detects a cluster (TPU, SLURM …) or runs one process.")
+flags.DEFINE_bool(
+    "compile_only",
+    False,
+    "Lower and compile the train step for the configured "
+    "mesh, print per-device memory and FLOPs, and exit without training.",
+)
+flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "host:port of process 0 for multi-process runs; "
+    "without it JAX detects a cluster (TPU, SLURM …) or runs one process.",
+)
 flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
 FLAGS = flags.FLAGS
@@ -30,25 +38,32 @@ def main(argv):
   if FLAGS.config is None:
     raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
   from transformers_jax import parallel
-  parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                  FLAGS.process_id)
+
+  parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   if FLAGS.compile_only:
     from transformers_jax.train import compile as compile_step
+
     try:
       compile_step.report(FLAGS.config)
     except compile_step.OutOfMemory:
-      print("error: the step does not fit in device memory: shard more (a larger "
-            "--config.mesh.fsdp, or --config.mesh.tensor for heads and d_ff), recompute "
-            "activations (--config.model.remat=full), or lower the per-chip batch "
-            "(--config.batch_size, --config.grad_accum_steps)", file=sys.stderr)
+      print(
+          "error: the step does not fit in device memory: shard more (a larger "
+          "--config.mesh.fsdp, or --config.mesh.tensor for heads and d_ff), recompute "
+          "activations (--config.model.remat=full), or lower the per-chip batch "
+          "(--config.batch_size, --config.grad_accum_steps)",
+          file=sys.stderr,
+      )
       sys.exit(3)
     return
   if FLAGS.config.mesh.topology:
-    raise cli.UserError(f"mesh.topology={FLAGS.config.mesh.topology!r} only describes hardware "
-                        "to compile for: use it with --compile_only, or set it to '' to train")
+    raise cli.UserError(
+        f"mesh.topology={FLAGS.config.mesh.topology!r} only describes hardware "
+        "to compile for: use it with --compile_only, or set it to '' to train"
+    )
   if not FLAGS.workdir:
     raise cli.UserError("--workdir is required: where the run's files go (e.g. runs/x)")
   from transformers_jax.train.loop import train
+
   train(FLAGS.config, FLAGS.workdir)
 
 

@@ -14,11 +14,15 @@ import orbax.checkpoint as ocp
 
 
 class Checkpoints:
+
   def __init__(self, directory, keep: int = 2, async_save: bool = True):
     self.directory = pathlib.Path(directory).absolute()
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=True)
+        max_to_keep=keep,
+        create=True,
+        enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=True,
+    )
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:

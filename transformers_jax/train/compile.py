@@ -37,8 +37,9 @@ def build_step(config, devices=None, task=None):
   rules = parallel.rules(config.rules.to_dict())
   tx = optim.make_optimizer(config)
   abstract, shardings = state_shardings(model_cfg, tx, mesh, rules, config.seed)
-  step = make_train_step(task, model_cfg, config, tx, optim.schedule(config), mesh, rules,
-                         shardings)
+  step = make_train_step(
+      task, model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
+  )
   return step, abstract, shardings, model_cfg, mesh, task
 
 
@@ -47,8 +48,10 @@ def lower_train_step(config, devices=None, task=None):
   shapes alone: no parameter is allocated."""
   step, abstract, shardings, model_cfg, mesh, task = build_step(config, devices, task)
   data = parallel.batch_sharding(mesh)
-  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
-           for k, (shape, dtype) in task.batch_shapes(model_cfg, config).items()}
+  batch = {
+      k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
+      for k, (shape, dtype) in task.batch_shapes(model_cfg, config).items()
+  }
   args = (abstract_state(abstract, shardings), batch)
   return step.lower(*args), args, model_cfg, mesh
 
@@ -69,8 +72,13 @@ class OutOfMemory(Exception):
 
 # How XLA's TPU compiler states a refusal; sizes like "24.88G" (binary units).
 _REFUSALS = (
-    (re.compile(r"HLO temporaries \(([0-9.]+)([KMGTP]?)\) exceeds available HBM "
-                r"\(([0-9.]+)([KMGTP]?)\)"), "temp"),
+    (
+        re.compile(
+            r"HLO temporaries \(([0-9.]+)([KMGTP]?)\) exceeds available HBM "
+            r"\(([0-9.]+)([KMGTP]?)\)"
+        ),
+        "temp",
+    ),
     (re.compile(r"Used ([0-9.]+)([KMGTP]?) of ([0-9.]+)([KMGTP]?) hbm"), "total"),
 )
 
@@ -86,8 +94,12 @@ def _refusal(error: Exception, argument_bytes: float) -> dict | None:
   if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
     return None
   lines = [line.strip() for line in text.splitlines() if line.strip()]
-  out = {"compiler_message": next((line for line in lines if "memory" in line.lower()),
-                                  lines[0] if lines else "out of memory")[:400]}
+  out = {
+      "compiler_message": next(
+          (line for line in lines if "memory" in line.lower()),
+          lines[0] if lines else "out of memory",
+      )[:400]
+  }
   for pattern, kind in _REFUSALS:
     found = pattern.search(text)
     if found:
@@ -121,11 +133,16 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   task = task or task_for(model_cfg)
   per_example = task.tokens_per_example(model_cfg, config)
   tokens = config.batch_size * per_example
-  out = {"topology": topology or None, "chips": hardware.chips_of(devices),
-         "devices": len(devices), "device_kind": kind, "params": counting.count(model_cfg),
-         "batch_size": config.batch_size,
-         "tokens_per_step": tokens,
-         "hbm_gib": chip.hbm_gib if chip else None}
+  out = {
+      "topology": topology or None,
+      "chips": hardware.chips_of(devices),
+      "devices": len(devices),
+      "device_kind": kind,
+      "params": counting.count(model_cfg),
+      "batch_size": config.batch_size,
+      "tokens_per_step": tokens,
+      "hbm_gib": chip.hbm_gib if chip else None,
+  }
   start = time.perf_counter()
   sizes = parallel.mesh_shape(config.mesh.to_dict(), len(devices))
   validate(config, model_cfg, sizes["data"] * sizes["fsdp"])
@@ -148,16 +165,21 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   if mem is not None:
-    out.update({
-        "per_device_argument_gib": mem.argument_size_in_bytes / GIB,
-        "per_device_output_gib": mem.output_size_in_bytes / GIB,
-        "per_device_temp_gib": mem.temp_size_in_bytes / GIB,
-        "per_device_generated_code_gib": mem.generated_code_size_in_bytes / GIB,
-        "per_device_alias_gib": mem.alias_size_in_bytes / GIB,
-    })
+    out.update(
+        {
+            "per_device_argument_gib": mem.argument_size_in_bytes / GIB,
+            "per_device_output_gib": mem.output_size_in_bytes / GIB,
+            "per_device_temp_gib": mem.temp_size_in_bytes / GIB,
+            "per_device_generated_code_gib": mem.generated_code_size_in_bytes / GIB,
+            "per_device_alias_gib": mem.alias_size_in_bytes / GIB,
+        }
+    )
     out["per_device_peak_estimate_gib"] = (
-        mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes) / GIB
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    ) / GIB
     if chip:
       out["fits"] = out["per_device_peak_estimate_gib"] <= chip.hbm_gib
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
@@ -166,7 +188,8 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   out["model_flops_per_step"] = counting.flops_per_token(model_cfg, per_example) * tokens
   if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement
     out["step_s_at_50pct_mfu"] = out["model_flops_per_step"] / (
-        0.5 * chip.bf16_flops * out["chips"])
+        0.5 * chip.bf16_flops * out["chips"]
+    )
   if verbose:
     print(json.dumps(out, indent=1))
   return out

@@ -18,8 +18,13 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train_config import validate
 from transformers_jax.train.optim import make_optimizer, schedule
-from transformers_jax.train.step import (abstract_state, create_state, make_eval_step,
-                                         make_train_step, residual_rms)
+from transformers_jax.train.step import (
+    abstract_state,
+    create_state,
+    make_eval_step,
+    make_train_step,
+    residual_rms,
+)
 from transformers_jax.tasks import task_data, task_for
 
 
@@ -29,15 +34,19 @@ def _check_resume_config(run: Run, config) -> None:
     return
   diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
   if diffs:
-    raise UserError(f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "
-                    "use a new --workdir or the saved model config")
+    raise UserError(
+        f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "
+        "use a new --workdir or the saved model config"
+    )
 
 
 def _copy_matching(params, source, step=None):
   """Parameters whose path and shape match taken from `source` (a nested dict of arrays), the
   rest kept: (params, names loaded, names left fresh)."""
-  flat_src = {jax.tree_util.keystr(k, simple=True, separator="/"): v
-              for k, v in jax.tree_util.tree_flatten_with_path(source)[0]}
+  flat_src = {
+      jax.tree_util.keystr(k, simple=True, separator="/"): v
+      for k, v in jax.tree_util.tree_flatten_with_path(source)[0]
+  }
   loaded, fresh = [], []
 
   def take(keypath, leaf):
@@ -147,21 +156,26 @@ def train(config, workdir: str, task=None) -> dict:
       state = checkpoints.restore(start, abstract_state(state, shardings))
     except (ValueError, KeyError) as e:
       first = str(e).strip().splitlines()[0]
-      raise UserError(f"checkpoint step {start} in {checkpoints.directory} does not fit this "
-                      f"run's state ({first}): resume with the optimizer settings it was saved "
-                      "with (grad_clip, weight_decay …) or use a new --workdir") from None
+      raise UserError(
+          f"checkpoint step {start} in {checkpoints.directory} does not fit this "
+          f"run's state ({first}): resume with the optimizer settings it was saved "
+          "with (grad_clip, weight_decay …) or use a new --workdir"
+      ) from None
     note = f"resumed from step {start}"
   elif config.init_from:
     params, loaded, fresh, src_step = _init_from_run(config.init_from, state.params)
     state = state.replace(params=params)
-    note = (f"initialised {len(loaded)} tensors from {config.init_from} (step {src_step}); "
-            f"{len(fresh)} new: {', '.join(sorted({f.split('/')[0] for f in fresh})) or '-'}")
+    note = (
+        f"initialised {len(loaded)} tensors from {config.init_from} (step {src_step}); "
+        f"{len(fresh)} new: {', '.join(sorted({f.split('/')[0] for f in fresh})) or '-'}"
+    )
     start = 0
   else:
     note, start = "fresh start", 0
 
-  train_step = make_train_step(task, model_cfg, config, tx, schedule(config), mesh,
-                               rule_table, shardings)
+  train_step = make_train_step(
+      task, model_cfg, config, tx, schedule(config), mesh, rule_table, shardings
+  )
   eval_step = make_eval_step(task, model_cfg, mesh, rule_table, shardings)
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
   peak, peak_source = metrics_lib.device_peak()
@@ -171,8 +185,11 @@ def train(config, workdir: str, task=None) -> dict:
   params_count = counting.count(model_cfg)
   if is_main:
     print(f"{model_cfg.family} model, {params_count:,} parameters; {data.summary}")
-    print(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
-          f"devices; {note}; MFU peak: {peak_source}", flush=True)
+    print(
+        f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
+        f"devices; {note}; MFU peak: {peak_source}",
+        flush=True,
+    )
 
   interrupt = _Interrupt()
   progress = _Progress(start, config.steps, enabled=is_main)
@@ -195,8 +212,11 @@ def train(config, workdir: str, task=None) -> dict:
       last = done == end
       log_now = done % config.log_every == 0 or last
       eval_now = (config.eval_every and done % config.eval_every == 0) or last
-      save_now = ((config.checkpoint_every and done % config.checkpoint_every == 0)
-                  or last or interrupt.requested)
+      save_now = (
+          (config.checkpoint_every and done % config.checkpoint_every == 0)
+          or last
+          or interrupt.requested
+      )
       if log_now or eval_now or save_now:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         _stop_if_not_finite(pending, checkpoints, last_saved, values)
@@ -223,8 +243,10 @@ def train(config, workdir: str, task=None) -> dict:
         last_saved = done
       if interrupt.requested:
         checkpoints.close()
-        raise UserError(f"interrupted: saved step {done} in {checkpoints.directory}; run the "
-                        "same command again to resume")
+        raise UserError(
+            f"interrupted: saved step {done} in {checkpoints.directory}; run the "
+            "same command again to resume"
+        )
   finally:
     interrupt.restore()
     progress.close()
@@ -232,13 +254,16 @@ def train(config, workdir: str, task=None) -> dict:
   checkpoints.close()
   result["step"] = max(start, end)
   if is_main:
-    sample = (task.sample(data, model_cfg, state.params, config)
-              if config.sample.max_new_tokens else None)
+    sample = (
+        task.sample(data, model_cfg, state.params, config) if config.sample.max_new_tokens else None
+    )
     if sample is not None:
       (workdir / "sample.txt").write_text(sample)
       print("\n--- sample ---\n" + sample + "\n--------------")
-    print(f"run files: {workdir} (config.json, metrics.jsonl, tb/, checkpoints/"
-          f"{', sample.txt' if sample is not None else ''})")
+    print(
+        f"run files: {workdir} (config.json, metrics.jsonl, tb/, checkpoints/"
+        f"{', sample.txt' if sample is not None else ''})"
+    )
     result["sample"] = sample
   return result
 
@@ -248,11 +273,18 @@ def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):
   values = values or {k: float(v) for k, v in jax.device_get(metrics).items()}
   if not _finite(values):
     checkpoints.wait()
-    where = (f"the last good checkpoint is step {last_saved} in {checkpoints.directory}"
-             if last_saved else "no checkpoint was written")
-    raise TrainingDiverged(f"loss became {values['loss']} (grad norm {values['grad_norm']}) at "
-                           f"step {step}: {where}; lower --config.learning_rate or raise "
-                           "warmup_steps", step, values["loss"])
+    where = (
+        f"the last good checkpoint is step {last_saved} in {checkpoints.directory}"
+        if last_saved
+        else "no checkpoint was written"
+    )
+    raise TrainingDiverged(
+        f"loss became {values['loss']} (grad norm {values['grad_norm']}) at "
+        f"step {step}: {where}; lower --config.learning_rate or raise "
+        "warmup_steps",
+        step,
+        values["loss"],
+    )
 
 
 class _Progress:
@@ -263,6 +295,7 @@ class _Progress:
     self.bar = None
     if enabled and sys.stderr.isatty():
       from tqdm import tqdm
+
       self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
     self.last = start
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from transformers_jax import hardware
 
+
 @functools.cache
 def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
   """FLOP/s of a large float32 matmul on this CPU (all its cores), best of `repeats` (a shared
@@ -24,7 +25,7 @@ def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
     t = time.perf_counter()
     f(a).block_until_ready()
     best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  return 2 * n**3 / best
 
 
 def device_peak() -> tuple[float | None, str]:
@@ -36,8 +37,10 @@ def device_peak() -> tuple[float | None, str]:
   chip = hardware.chip_for_kind(kind)
   if chip is None:
     return None, f"unknown peak for {kind!r}: MFU not reported"
-  return (chip.bf16_flops * len(devices),
-          f"{chip.name} bf16 dense data-sheet peak x {len(devices)}")
+  return (
+      chip.bf16_flops * len(devices),
+      f"{chip.name} bf16 dense data-sheet peak x {len(devices)}",
+  )
 
 
 class MetricsWriter:
@@ -50,6 +53,7 @@ class MetricsWriter:
     workdir = pathlib.Path(workdir)
     self.file = open(workdir / "metrics.jsonl", "a", buffering=1)
     from tensorboardX import SummaryWriter
+
     self.tb = SummaryWriter(str(workdir / "tb"))
 
   def write(self, step: int, values: dict) -> None:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from transformers_jax.train_config import SCHEDULES
+
 DECAYED = ("kernel", "wi", "wi_1", "wo")  # matmul weights (dense kernels, MoE expert weights)
 
 
@@ -56,8 +57,14 @@ def make_optimizer(config) -> optax.GradientTransformation:
   parts = []
   if config.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(config.grad_clip))
-  parts.append(optax.adamw(
-      schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-      weight_decay=config.weight_decay,
-      mask=lambda p: decay_mask(p, config.decay_embeddings)))
+  parts.append(
+      optax.adamw(
+          schedule(config),
+          b1=config.adam_b1,
+          b2=config.adam_b2,
+          eps=config.adam_eps,
+          weight_decay=config.weight_decay,
+          mask=lambda p: decay_mask(p, config.decay_embeddings),
+      )
+  )
   return optax.chain(*parts)

@@ -30,7 +30,8 @@ def _params_like(opt_abstract, params_abstract, param_shardings, fallback):
   is_params = lambda x: jax.tree_util.tree_structure(x) == params_def  # noqa: E731
   leaves, treedef = jax.tree_util.tree_flatten(opt_abstract, is_leaf=is_params)
   return jax.tree_util.tree_unflatten(
-      treedef, [param_shardings if is_params(x) else fallback for x in leaves])
+      treedef, [param_shardings if is_params(x) else fallback for x in leaves]
+  )
 
 
 def _boxed_init(model_cfg):
@@ -51,12 +52,18 @@ def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
   abstract_params = nn.unbox(abstract_boxed)
   opt_abstract = jax.eval_shape(tx.init, abstract_params)
   repl = parallel.replicated(mesh)
-  shardings = TrainState(step=repl, params=param_shardings,
-                         opt_state=_params_like(opt_abstract, abstract_params, param_shardings,
-                                                repl),
-                         rng=repl)
-  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
-                        opt_state=opt_abstract, rng=jax.eval_shape(lambda: key))
+  shardings = TrainState(
+      step=repl,
+      params=param_shardings,
+      opt_state=_params_like(opt_abstract, abstract_params, param_shardings, repl),
+      rng=repl,
+  )
+  abstract = TrainState(
+      step=jax.ShapeDtypeStruct((), jnp.int32),
+      params=abstract_params,
+      opt_state=opt_abstract,
+      rng=jax.eval_shape(lambda: key),
+  )
   return abstract, shardings
 
 
@@ -69,8 +76,12 @@ def create_state(model_cfg, tx, mesh, rule_table, seed: int):
   def init(rng):
     with nn.logical_axis_rules(rule_table):
       params = nn.unbox(boxed_params(jax.random.fold_in(rng, 0)))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jax.random.fold_in(rng, 1))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.fold_in(rng, 1),
+    )
 
   state = jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(seed))
   return state, shardings
@@ -79,7 +90,8 @@ def create_state(model_cfg, tx, mesh, rule_table, seed: int):
 def abstract_state(state, shardings):
   """ShapeDtypeStructs with shardings: the restore target for a checkpoint."""
   return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+  )
 
 
 def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float):
@@ -89,10 +101,12 @@ def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float)
 
   def loss_fn(params, batch, rng):
     (logits, targets, weights), state = task.outputs(
-        train_model, {"params": params}, batch, {"dropout": rng}, ["losses"])
+        train_model, {"params": params}, batch, {"dropout": rng}, ["losses"]
+    )
     padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
-    sums = cross_entropy(logits, targets, weights, label_smoothing,
-                         model_cfg.vocab_size if padded else None)
+    sums = cross_entropy(
+        logits, targets, weights, label_smoothing, model_cfg.vocab_size if padded else None
+    )
     objective = sums["loss"]
     if moe:
       aux = sum(jnp.sum(a) for a in jax.tree_util.tree_leaves(state["losses"]))
@@ -115,7 +129,8 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
       (_, sums), grads = grad_fn(state.params, batch, rng)
     else:
       micro = jax.tree_util.tree_map(
-          lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+          lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch
+      )
 
       def body(carry, xs):
         i, mb = xs
@@ -125,17 +140,23 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
 
       zero_sums = jax.tree_util.tree_map(
           lambda s: jnp.zeros(s.shape, s.dtype),
-          jax.eval_shape(grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], micro),
-                         rng)[0][1])
+          jax.eval_shape(grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), rng)[
+              0
+          ][1],
+      )
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_sums)
       (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
     weight = jnp.maximum(sums["weight"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": sums["loss"] / weight, "nll": sums["nll"] / weight,
-               "accuracy": sums["correct"] / weight, "grad_norm": optax.tree_utils.tree_norm(grads),
-               "lr": schedule(state.step)}
+    metrics = {
+        "loss": sums["loss"] / weight,
+        "nll": sums["nll"] / weight,
+        "accuracy": sums["correct"] / weight,
+        "grad_norm": optax.tree_utils.tree_norm(grads),
+        "lr": schedule(state.step),
+    }
     if "aux" in sums:
       metrics["moe_aux_loss"] = sums["aux"] / weight
     new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
@@ -147,8 +168,12 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
       return step(state, batch)
 
-  return jax.jit(run, in_shardings=(shardings, parallel.batch_sharding(mesh)),
-                 out_shardings=(shardings, parallel.replicated(mesh)), donate_argnums=0)
+  return jax.jit(
+      run,
+      in_shardings=(shardings, parallel.batch_sharding(mesh)),
+      out_shardings=(shardings, parallel.replicated(mesh)),
+      donate_argnums=0,
+  )
 
 
 def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
@@ -158,11 +183,15 @@ def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
   def evaluate(params, batch):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
       (logits, targets, weights), state = task.outputs(
-          model, {"params": params}, batch, {}, ["intermediates"])
+          model, {"params": params}, batch, {}, ["intermediates"]
+      )
     return cross_entropy(logits, targets, weights), state["intermediates"]
 
-  return jax.jit(evaluate, in_shardings=(shardings.params, parallel.batch_sharding(mesh)),
-                 out_shardings=parallel.replicated(mesh))
+  return jax.jit(
+      evaluate,
+      in_shardings=(shardings.params, parallel.batch_sharding(mesh)),
+      out_shardings=parallel.replicated(mesh),
+  )
 
 
 def residual_rms(intermediates) -> dict[str, list[float]]:
