@@ -4,8 +4,17 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache for the whole run (every xdist worker and every subprocess a test
+# starts): the many small runs of the same tiny configs compile each step once.
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"transformers_jax_tests_{_RUN_ID}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import pytest  # noqa: E402
 
