@@ -4,7 +4,7 @@ Everything is numpy, deterministic in (seed, step), and bundled: nothing is
 downloaded. Bad input raises :class:`DataError` with a one-line fix.
 """
 
-from transformers_jax.data.corpus import Corpus, build_corpus, corpus_text
+from transformers_jax.data.corpus import Corpus, build_corpus
 from transformers_jax.data.errors import DataError
 from transformers_jax.data.images import ImageBatches, digits_dataset, load_npz
 from transformers_jax.data.seq2seq import (
@@ -35,7 +35,6 @@ __all__ = [
     "PairBatches",
     "Tokenizer",
     "build_corpus",
-    "corpus_text",
     "digits_dataset",
     "encode_pairs",
     "load_npz",

@@ -126,8 +126,3 @@ def build_corpus(max_bytes: int = DEFAULT_MAX_BYTES, val_fraction: float = 0.05)
         "raise max_bytes or pass your own text with --config.data.path"
     )
   return Corpus(tuple(train), tuple(val))
-
-
-def corpus_text(split: str, max_bytes: int = DEFAULT_MAX_BYTES, val_fraction: float = 0.05) -> str:
-  """Shortcut for ``build_corpus(max_bytes, val_fraction).text(split)``."""
-  return build_corpus(max_bytes, val_fraction).text(split)
