@@ -1,0 +1,248 @@
+"""What every Hugging Face architecture mapping shares: the errors, tensor rules and their
+transforms, helpers for config.json, and `Family`, the interface one model type implements
+(interop/gpt2.py, bert.py, vit.py). A new architecture is one such file, registered in
+interop/hf.py, and its fixture test."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+from collections.abc import Mapping
+
+import numpy as np
+
+from transformers_jax.config import ModelConfig
+
+ACTIVATIONS_IN = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
+ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+
+
+class HFCheckpointError(ValueError):
+  """Base class: a checkpoint or config that cannot be converted (message: problem and fix)."""
+
+
+class UnsupportedArchitecture(HFCheckpointError):
+  """config.json names an architecture (or an option of one) that has no mapping here."""
+
+
+class MissingCheckpointFile(HFCheckpointError):
+  """config.json, model.safetensors or a shard named by the index is not there."""
+
+
+class CorruptCheckpoint(HFCheckpointError):
+  """A file is there but cannot be parsed (truncated safetensors, invalid JSON)."""
+
+
+class MissingTensor(HFCheckpointError):
+  """The config implies a tensor that the checkpoint does not hold."""
+
+
+class UnexpectedTensor(HFCheckpointError):
+  """The checkpoint holds tensors that the config does not account for."""
+
+
+class TensorShapeMismatch(HFCheckpointError):
+  """A tensor's shape disagrees with the shape the config implies."""
+
+
+class UnsupportedConfig(HFCheckpointError):
+  """Our config (or params) cannot be written as the requested Hugging Face architecture."""
+
+
+# ----------------------------------------------------------------------------- tensor rules
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """HF tensors `hf` <-> our parameters `ours` (paths), converted as `kind`.
+
+  kinds: copy; bias (flat <-> our bias shape); linear (torch [out, in] <-> our kernel whose first
+  `n_in` axes are inputs); conv1d (GPT-2 [in, out] <-> our kernel); fused_kernel / fused_bias
+  (GPT-2 c_attn <-> query, key, value); patch (conv [D, C, P, P] <-> [P*P*C, D]); batch1
+  ([1, N, D] <-> [N, D]). `patch` holds (P, C) for the patch kind.
+  """
+
+  kind: str
+  hf: tuple[str, ...]
+  ours: tuple[tuple[str, ...], ...]
+  n_in: int = 1
+  patch: tuple[int, int] = (0, 0)
+
+
+def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+  s = shapes[0]
+  n = rule.n_in
+  if rule.kind == "copy":
+    return [s]
+  if rule.kind == "bias":
+    return [(math.prod(s),)]
+  if rule.kind == "linear":
+    return [(math.prod(s[n:]), math.prod(s[:n]))]
+  if rule.kind == "conv1d":
+    return [(math.prod(s[:n]), math.prod(s[n:]))]
+  if rule.kind == "fused_kernel":
+    return [(s[0], sum(math.prod(x[1:]) for x in shapes))]
+  if rule.kind == "fused_bias":
+    return [(sum(math.prod(x) for x in shapes),)]
+  if rule.kind == "patch":
+    P, C = rule.patch
+    return [(s[1], C, P, P)]
+  if rule.kind == "batch1":
+    return [(1,) + s]
+  raise AssertionError(rule.kind)
+
+
+def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[np.ndarray]:
+  (a,) = arrays
+  if rule.kind in ("copy", "bias", "conv1d", "batch1"):
+    return [a.reshape(shapes[0])]
+  if rule.kind == "linear":
+    return [a.T.reshape(shapes[0])]
+  if rule.kind in ("fused_kernel", "fused_bias"):
+    widths = [math.prod(x[1:] if rule.kind == "fused_kernel" else x) for x in shapes]
+    parts = np.split(a, np.cumsum(widths)[:-1], axis=-1)
+    return [p.reshape(x) for p, x in zip(parts, shapes)]
+  if rule.kind == "patch":  # [D, C, P, P] -> [P (row), P (col), C, D] -> [P*P*C, D]
+    return [a.transpose(2, 3, 1, 0).reshape(shapes[0])]
+  raise AssertionError(rule.kind)
+
+
+def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
+  a, n = arrays[0], rule.n_in
+  if rule.kind == "copy":
+    return [a]
+  if rule.kind == "bias":
+    return [a.reshape(-1)]
+  if rule.kind == "linear":
+    return [a.reshape(math.prod(a.shape[:n]), -1).T]
+  if rule.kind == "conv1d":
+    return [a.reshape(math.prod(a.shape[:n]), -1)]
+  if rule.kind == "fused_kernel":
+    return [np.concatenate([x.reshape(x.shape[0], -1) for x in arrays], axis=-1)]
+  if rule.kind == "fused_bias":
+    return [np.concatenate([x.reshape(-1) for x in arrays])]
+  if rule.kind == "patch":
+    P, C = rule.patch
+    return [a.reshape(P, P, C, a.shape[1]).transpose(3, 2, 0, 1)]
+  if rule.kind == "batch1":
+    return [a[None]]
+  raise AssertionError(rule.kind)
+
+
+def dense(hf: str, path: tuple[str, ...], kind: str = "linear", n_in: int = 1) -> list[Rule]:
+  return [
+      Rule(kind, (hf + ".weight",), (path + ("kernel",),), n_in),
+      Rule("bias", (hf + ".bias",), (path + ("bias",),)),
+  ]
+
+
+def norm(hf: str, path: tuple[str, ...]) -> list[Rule]:
+  return [
+      Rule("copy", (hf + ".weight",), (path + ("scale",),)),
+      Rule("copy", (hf + ".bias",), (path + ("bias",),)),
+  ]
+
+
+def encoder_layer_rules(
+    c: ModelConfig, prefix: str, attention: str, norms: tuple[str, str]
+) -> list[Rule]:
+  """The `encoder.layer.{i}` tensors BERT and ViT share: q, k, v under `attention`
+  ("attention.self." or "attention.attention."), the output and FFN dense layers, and the two
+  norms named `norms` (before or after attention, then the FFN's), in order."""
+  rules = []
+  for i in range(c.num_layers):
+    h, ours = f"{prefix}encoder.layer.{i}.", ("encoder", f"layer_{i}")
+    attn = ours + ("self_attn",)
+    for p in ("query", "key", "value"):
+      rules += dense(h + attention + p, attn + (p,))
+    rules += dense(h + "attention.output.dense", attn + ("out",), n_in=2)
+    rules += dense(h + "intermediate.dense", ours + ("ffn", "wi"))
+    rules += dense(h + "output.dense", ours + ("ffn", "wo"))
+    rules += norm(h + norms[0], ours + ("self_attn_norm",))
+    rules += norm(h + norms[1], ours + ("ffn_norm",))
+  return rules
+
+
+def get(hf: Mapping, *names, default=None):
+  for n in names:
+    if hf.get(n) is not None:
+      return hf[n]
+  return default
+
+
+def activation(hf: Mapping, key: str, where: str) -> str:
+  name = hf.get(key, "gelu")
+  if name not in ACTIVATIONS_IN:
+    raise UnsupportedArchitecture(
+        f"{where}: {key}={name!r} is not supported: use one of {', '.join(ACTIVATIONS_IN)}"
+    )
+  return ACTIVATIONS_IN[name]
+
+
+def require(hf: Mapping, where: str, **expected) -> None:
+  for key, want in expected.items():
+    if key in hf and hf[key] is not None and hf[key] != want:
+      raise UnsupportedArchitecture(
+          f"{where}: {key}={hf[key]!r} is not supported (only {want!r} maps onto our blocks)"
+      )
+
+
+class Family:
+  """One Hugging Face model type (GPT-2, BERT, ViT …): how its config.json and tensors map onto
+  a ModelConfig and our parameter tree. Subclasses fill in the class attributes and methods."""
+
+  model_type = ""  # config.json's model_type
+  architectures: Mapping[str, tuple[str, ...]] = {}  # architecture -> the heads it can hold
+  base_prefix: Mapping[str, str] = {}  # architecture -> prefix of its base model's tensors
+  load_prefix = ""  # stripped from tensor names on load (the base model of a head class)
+  defaults: Mapping[str, Any] = {}  # what the reference config class assumes for a missing key
+  aliases: Mapping[str, str] = {}  # generic config names that stand for this type's own
+  summary_keys: tuple[str, ...] = ()  # config.json keys quoted in shape-mismatch messages
+
+  def config(self, hf: Mapping) -> dict:
+    """config.json with aliases resolved and missing keys at the reference defaults."""
+    given = {k: v for k, v in hf.items() if v is not None}
+    for alias, name in self.aliases.items():
+      if alias in given and name not in given:
+        given[name] = given.pop(alias)
+    return {**self.defaults, **given}
+
+  def fields(self, hf: Mapping, architecture: str, where: str) -> dict[str, Any]:
+    """ModelConfig fields of a config.json (already through `config`)."""
+    raise NotImplementedError
+
+  def hf_config(self, c: ModelConfig, architecture: str) -> dict[str, Any]:
+    """The config.json entries (besides architectures, model_type, dtype) that describe `c`."""
+    raise NotImplementedError
+
+  def rules(self, c: ModelConfig, base: str) -> list[Rule]:
+    """How each tensor maps, with `base` before the base model's tensor names."""
+    raise NotImplementedError
+
+  def ignorable(self, c: ModelConfig) -> list[str]:
+    """Patterns of tensor names a checkpoint may hold that carry nothing we need."""
+    return []
+
+  def default_architecture(self, c: ModelConfig) -> str | None:
+    """The architecture a model of this family and head is written as (None: none fits)."""
+    return None
+
+  def requirements(self, c: ModelConfig, architecture: str) -> dict[str, Any]:
+    """ModelConfig attributes this architecture needs (a value or a tuple of allowed ones)."""
+    return {}
+
+  def check_exportable(self, c: ModelConfig, architecture: str) -> None:
+    """Refuse (UnsupportedConfig) what `requirements` cannot say."""
+
+  def adjust_loaded(self, tensors: dict, fields: dict) -> None:
+    """Fix up tensor names or fields after loading (in place)."""
+
+  def adjust_saved(self, tensors: dict, c: ModelConfig) -> None:
+    """Add what the written files need beyond the rules (in place)."""
+
+  def summary(self, hf: Mapping) -> str:
+    return ", ".join(f"{k}={hf[k]}" for k in self.summary_keys if k in hf)
