@@ -320,9 +320,16 @@ def test_tsv_pairs(tmp_path):
   blank.write_text("\n\n", encoding="utf-8")
   with pytest.raises(DataError, match="no pairs"):
     load_tsv_pairs(blank)
-  tok = ByteTokenizer(specials=True)
-  with pytest.raises(DataError, match=r"line 3 needs 3 source .* src_len=2"):
-    PairBatches.from_tsv(good, tok, 2, 40)
+  # the seq2seq task's errors name the file's line
+  from transformers_jax.config import ModelConfig, load_config_module
+  from transformers_jax.tasks import TASKS
+
+  config = load_config_module("experiments/transformer.py").get_config("tiny")
+  long = tmp_path / "long.tsv"
+  long.write_text("a\tb\n\na long source\tc\n", encoding="utf-8")
+  config.data.path, config.seq_len = str(long), 4
+  with pytest.raises(DataError, match=r"line 3 needs 13 source .* src_len=4"):
+    TASKS["seq2seq"].data(config, ModelConfig.from_dict(config.model), tmp_path)
 
 
 def test_pair_batches_deterministic_and_eval_weights():

@@ -12,6 +12,7 @@ from transformers_jax.data.seq2seq import (
     PairBatches,
     encode_pairs,
     load_tsv_pairs,
+    read_tsv_rows,
     number_to_words,
 )
 from transformers_jax.data.text import LMBatches, mask_tokens, prepare_tokens, read_text_path
@@ -40,6 +41,7 @@ __all__ = [
     "load_npz",
     "load_tokenizer",
     "load_tsv_pairs",
+    "read_tsv_rows",
     "make_tokenizer",
     "mask_tokens",
     "number_to_words",

@@ -112,15 +112,6 @@ class PairBatches:
     self.pairs = list(pairs)
     self.arrays = encode_pairs(self.pairs, tokenizer, src_len, tgt_len, names)
 
-  @classmethod
-  def from_tsv(
-      cls, path: str | os.PathLike, tokenizer: Tokenizer, src_len: int, tgt_len: int
-  ) -> PairBatches:
-    """Pairs of a TSV file; errors name the file's line numbers."""
-    rows = _read_tsv(path)
-    names = [f"'{path}' line {n}" for n, _, _ in rows]
-    return cls([(s, t) for _, s, t in rows], tokenizer, src_len, tgt_len, names)
-
   def __len__(self) -> int:
     return len(self.pairs)
 
@@ -136,7 +127,9 @@ class PairBatches:
     ]
 
 
-def _read_tsv(path: str | os.PathLike) -> list[tuple[int, str, str]]:
+def read_tsv_rows(path: str | os.PathLike) -> list[tuple[int, str, str]]:
+  """``(line number, source, target)`` per non-blank line of a UTF-8 file of two tab-separated
+  columns; errors name the line."""
   path = pathlib.Path(path)
   fix = "write one 'source<TAB>target' pair per line"
   if not path.is_file():
@@ -166,7 +159,7 @@ def _read_tsv(path: str | os.PathLike) -> list[tuple[int, str, str]]:
 
 def load_tsv_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
   """``(source, target)`` per non-blank line of a UTF-8 file: exactly two tab-separated columns."""
-  return [(s, t) for _, s, t in _read_tsv(path)]
+  return [(s, t) for _, s, t in read_tsv_rows(path)]
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

@@ -50,10 +50,11 @@ class Translation(Task):
   def data(self, config, model_cfg, workdir):
     B, T, seed = config.batch_size, config.seq_len, config.seed
     if config.data.path:
-      rows = D.load_tsv_pairs(config.data.path)
+      numbered = D.read_tsv_rows(config.data.path)
+      rows = [(s, t) for _, s, t in numbered]
       texts = [s for s, _ in rows] + [t for _, t in rows]
       tok = run_tokenizer(config, model_cfg, workdir, texts, specials=True)
-      names = [f"'{config.data.path}' pair {i + 1}" for i in range(len(rows))]
+      names = [f"'{config.data.path}' line {n}" for n, _, _ in numbered]
       train_idx, val_idx = split_rows(len(rows), config.data.path)
       train = D.PairBatches([rows[i] for i in train_idx], tok, T, T, [names[i] for i in train_idx])
       val = D.PairBatches([rows[i] for i in val_idx], tok, T, T, [names[i] for i in val_idx])
