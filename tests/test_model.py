@@ -288,6 +288,12 @@ def test_moe_block_sows_aux_loss_and_counts():
   assert all(0.99 <= float(a) <= 4.0 for a in aux)  # 1 = balanced, E = all on one expert
   rms = jax.tree_util.tree_leaves(state["intermediates"]["decoder"])
   assert len([r for r in rms if r.ndim == 0]) >= 2
+  # what evaluation reports: the share of routing choices over capacity, averaged over layers
+  from transformers_jax.train.step import moe_dropped_fraction
+
+  dropped = moe_dropped_fraction(state["intermediates"])
+  assert 0.0 <= dropped < 1.0
+  assert moe_dropped_fraction({"decoder": {"layer_0": {"residual_rms": jnp.ones(())}}}) is None
 
 
 def test_remat_gives_the_same_gradients():

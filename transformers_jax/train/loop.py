@@ -23,6 +23,7 @@ from transformers_jax.train.step import (
     create_state,
     make_eval_step,
     make_train_step,
+    moe_dropped_fraction,
     residual_rms,
 )
 from transformers_jax.tasks import task_data, task_for
@@ -102,18 +103,20 @@ def _finite(metrics) -> bool:
 
 
 def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
-  totals, rms = None, None
+  totals, rms, dropped = None, None, None
   for batch in data.eval_batches:
     sums, inter = eval_step(params, parallel.put_batch(_local(batch), mesh))
     sums = jax.device_get(sums)
     totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
     if rms is None:
-      rms = residual_rms(inter)
+      rms, dropped = residual_rms(inter), moe_dropped_fraction(inter)
   w = max(float(totals["weight"]), 1.0)
   out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
   if task.language_model:
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
   out.update(task.eval_metrics(data, model_cfg, params))
+  if dropped is not None:  # MoE: routing choices over expert capacity (first held-out batch)
+    out["eval_moe_dropped_fraction"] = dropped
   out["residual_rms"] = rms
   return out
 

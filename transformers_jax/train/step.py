@@ -209,3 +209,14 @@ def residual_rms(intermediates) -> dict[str, list[float]]:
     else:
       found.setdefault(stack, []).append((int(layer.split("_")[1]), float(values[0])))
   return {stack: [v for _, v in sorted(items)] for stack, items in found.items()}
+
+
+def moe_dropped_fraction(intermediates) -> float | None:
+  """Mean over MoE layers of the fraction of routing choices dropped for lack of expert
+  capacity, from the sown intermediates; None for a model without MoE layers."""
+  values = [
+      jnp.ravel(jnp.asarray(leaf))
+      for path, leaf in jax.tree_util.tree_flatten_with_path(intermediates)[0]
+      if "moe_dropped_fraction" in jax.tree_util.keystr(path)
+  ]
+  return float(jnp.mean(jnp.concatenate(values))) if values else None
