@@ -1,7 +1,7 @@
 """Run a sweep (one training run per point) and write its table, plots and raw runs.
 
     python scripts/ablate.py --sweep experiments/norm_ablation.py \
-        --out experiments/results/norm_ablation [--scale] [--max-points N] [--report-only]
+        --out experiments/results/norm_ablation [--scale] [--max_points N] [--report_only]
 
 Each point trains in this process with the project's `train()` in OUT/runs/<name> (checkpoints,
 metrics.jsonl, train.log), sharing one token cache (OUT/data). A point is finished when its line
@@ -22,7 +22,6 @@ logged step whose train loss is at or below the sweep's TARGET_LOSS.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -33,7 +32,37 @@ import shutil
 import sys
 import time
 
+from absl import flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+from transformers_jax import cli  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_string(
+    "sweep", None, "Sweep file, e.g. experiments/norm_ablation.py.", flag_values=FLAGS
+)
+flags.DEFINE_string("out", None, "Output folder.", flag_values=FLAGS)
+flags.DEFINE_bool("scale", False, "The larger sweep, for an accelerator.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "max_points",
+    0,
+    "Run at most this many unfinished points, then stop " "(0 = all).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "report_only",
+    False,
+    "Rewrite the table and plots from runs.jsonl; train " "nothing.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "keep_checkpoints",
+    False,
+    "Keep finished points' checkpoints (deleted by " "default).",
+    flag_values=FLAGS,
+)
 PLACEMENT_COLORS = {
     "pre": "tab:blue",
     "post": "tab:orange",
@@ -406,59 +435,41 @@ def _work(point) -> float:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument(
-      "--sweep", required=True, help="sweep file, e.g. experiments/norm_ablation.py"
-  )
-  parser.add_argument("--out", required=True, help="output folder")
-  parser.add_argument("--scale", action="store_true", help="the larger sweep, for an accelerator")
-  parser.add_argument(
-      "--max-points",
-      type=int,
-      default=0,
-      help="run at most this many unfinished points, then stop (0 = all)",
-  )
-  parser.add_argument(
-      "--report-only",
-      action="store_true",
-      help="rewrite the table and plots from runs.jsonl; train nothing",
-  )
-  parser.add_argument(
-      "--keep-checkpoints",
-      action="store_true",
-      help="keep finished points' checkpoints (deleted by default)",
-  )
-  args = parser.parse_args(argv)
-
+  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "ablate.py")
+  if not FLAGS.sweep or not FLAGS.out:
+    raise cli.UserError(
+        "--sweep and --out are required, e.g. --sweep "
+        "experiments/norm_ablation.py --out experiments/results/norm_ablation"
+    )
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  sweep = load_sweep(args.sweep)
-  out = pathlib.Path(args.out)
+  sweep = load_sweep(FLAGS.sweep)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
-  points = sweep.points(args.scale)
+  points = sweep.points(FLAGS.scale)
   names = [p["name"] for p in points]
   if len(set(names)) != len(names):
-    raise ValueError(f"--sweep {args.sweep}: point names repeat")
-  if args.max_points < 0:
-    raise ValueError(f"--max-points={args.max_points}: give 0 (all) or a positive number")
+    raise ValueError(f"--sweep {FLAGS.sweep}: point names repeat")
+  if FLAGS.max_points < 0:
+    raise ValueError(f"--max_points={FLAGS.max_points}: give 0 (all) or a positive number")
   for p in points:  # every point's config is checked before anything trains
     point_config(sweep, p, out)
   done = read_runs(out / "runs.jsonl")
   todo = [p for p in points if p["name"] not in done]
-  if args.max_points:
-    todo = todo[: args.max_points]
+  if FLAGS.max_points:
+    todo = todo[: FLAGS.max_points]
   finished = sum(p["name"] in done for p in points)
   print(
-      f"{len(points)} points: {finished} finished, {0 if args.report_only else len(todo)} to "
+      f"{len(points)} points: {finished} finished, {0 if FLAGS.report_only else len(todo)} to "
       f"run now; results in {out}",
       flush=True,
   )
   total_work = sum(_work(p) for p in todo)
   work_done, t0 = 0.0, time.perf_counter()
   try:
-    for k, p in enumerate([] if args.report_only else todo, start=1):
-      record = run_point(sweep, p, out, args.keep_checkpoints)
+    for k, p in enumerate([] if FLAGS.report_only else todo, start=1):
+      record = run_point(sweep, p, out, FLAGS.keep_checkpoints)
       append_run(out / "runs.jsonl", record)
       work_done += _work(p)
       elapsed = time.perf_counter() - t0
@@ -485,10 +496,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  from transformers_jax.cli import UserError
-
-  try:
-    sys.exit(main())
-  except (UserError, ValueError, FileNotFoundError) as e:  # interrupted, bad sweep, bad config
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  cli.run_script(main)

@@ -1,6 +1,6 @@
 """The lesson's "weakness is cost": time and memory of one attention layer as the sequence doubles.
 
-    python scripts/lesson_attention_cost.py [--max-len 4096] [--d-model 256] [--heads 4]
+    python scripts/lesson_attention_cost.py [--max_len 4096] [--d_model 256] [--heads 4]
         [--out experiments/results/lesson]
 
 One causal self-attention layer of this project (`modules.attention.Attention`: q, k, v and output
@@ -16,12 +16,31 @@ grow linearly in memory, but their time is still quadratic.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
+import sys
 import time
 
+from absl import flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+from transformers_jax import cli  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("min_len", 128, "Shortest sequence.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "max_len", 4096, "Longest sequence (doubling from --min_len).", flag_values=FLAGS
+)
+flags.DEFINE_integer("d_model", 256, "Model width.", flag_values=FLAGS)
+flags.DEFINE_integer("heads", 4, "Attention heads.", flag_values=FLAGS)
+flags.DEFINE_string(
+    "out",
+    str(ROOT / "experiments" / "results" / "lesson"),
+    "Folder for attention_cost.png and .json.",
+    flag_values=FLAGS,
+)
 
 
 def measure(length: int, d_model: int, heads: int, min_time: float = 0.5) -> dict:
@@ -96,24 +115,18 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--min-len", type=int, default=128)
-  parser.add_argument("--max-len", type=int, default=4096)
-  parser.add_argument("--d-model", type=int, default=256)
-  parser.add_argument("--heads", type=int, default=4)
-  parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "lesson"))
-  args = parser.parse_args(argv)
+  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "lesson_attention_cost.py")
   import jax
 
   device = jax.devices()[0]
   print(
-      f"one causal attention layer, d_model {args.d_model}, {args.heads} heads, batch 1, "
+      f"one causal attention layer, d_model {FLAGS.d_model}, {FLAGS.heads} heads, batch 1, "
       f"{device.platform} ({device.device_kind})"
   )
   print(f"{'T':>6} {'time':>10} {'x':>5} {'memory':>10} {'x':>5} {'H*T*T scores':>13}")
-  rows, length = [], args.min_len
-  while length <= args.max_len:
-    r = measure(length, args.d_model, args.heads)
+  rows, length = [], FLAGS.min_len
+  while length <= FLAGS.max_len:
+    r = measure(length, FLAGS.d_model, FLAGS.heads)
     prev = rows[-1] if rows else None
     tx = f"{r['time_s'] / prev['time_s']:5.1f}" if prev else "    -"
     mx = f"{r['temp_bytes'] / max(prev['temp_bytes'], 1):5.1f}" if prev else "    -"
@@ -125,11 +138,11 @@ def main(argv=None) -> None:
     rows.append(r)
     length *= 2
   print("each doubling of T: the score matrix and, once it dominates, time and memory grow 4x")
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   meta = {
-      "d_model": args.d_model,
-      "heads": args.heads,
+      "d_model": FLAGS.d_model,
+      "heads": FLAGS.heads,
       "batch": 1,
       "device": f"{device.platform} ({device.device_kind})",
       "rows": rows,
@@ -138,10 +151,10 @@ def main(argv=None) -> None:
   plot(
       rows,
       out / "attention_cost.png",
-      f"one attention layer (d_model {args.d_model}, {args.heads} heads), {meta['device']}",
+      f"one attention layer (d_model {FLAGS.d_model}, {FLAGS.heads} heads), {meta['device']}",
   )
   print(f"wrote {out / 'attention_cost.png'} and attention_cost.json")
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

@@ -13,14 +13,26 @@ families.md, the same lines as a table.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import pathlib
+import sys
 import tempfile
 import time
 
+from absl import flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+from transformers_jax import cli  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("steps", 0, "Train steps (0 = the preset's own).", flag_values=FLAGS)
+flags.DEFINE_string(
+    "workdir", "", "Keep the runs here (default: a temporary folder).", flag_values=FLAGS
+)
+flags.DEFINE_string("out", "", "Also write families.md to this folder.", flag_values=FLAGS)
 FAMILIES = {  # file: (family, what it learns, what its accuracy counts)
     "gpt2": ("decoder-only", "next byte of Python source and pydoc text", "next-byte accuracy"),
     "bert": ("encoder-only", "masked bytes of the same text (15% chosen)", "masked-byte accuracy"),
@@ -102,28 +114,26 @@ def write_table(results: list[dict], path: pathlib.Path) -> None:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("families", nargs="*", help=f"any of {', '.join(FAMILIES)} (default: all)")
-  parser.add_argument("--steps", type=int, default=0, help="train steps (0 = the preset's own)")
-  parser.add_argument("--workdir", default="", help="keep the runs here (default: a temp folder)")
-  parser.add_argument("--out", default="", help="also write families.md to this folder")
-  args = parser.parse_args(argv)
-  files = args.families or list(FAMILIES)
+  """Positional arguments: families to train (default: all)."""
+  names = cli.parse_script_flags(
+      FLAGS, sys.argv[1:] if argv is None else argv, "lesson_families.py"
+  )
+  files = names or list(FAMILIES)
   unknown = [f for f in files if f not in FAMILIES]
   if unknown:
-    parser.error(f"unknown family {unknown[0]!r}: choose from {', '.join(FAMILIES)}")
+    raise cli.UserError(f"unknown family {unknown[0]!r}: choose from {', '.join(FAMILIES)}")
   results = []
   with contextlib.ExitStack() as stack:
-    base = pathlib.Path(args.workdir or stack.enter_context(tempfile.TemporaryDirectory()))
+    base = pathlib.Path(FLAGS.workdir or stack.enter_context(tempfile.TemporaryDirectory()))
     for file in files:
       workdir = base / file
-      results.append(run_family(file, workdir, args.steps))
+      results.append(run_family(file, workdir, FLAGS.steps))
       print(line(results[-1]), flush=True)
-  if args.out:
-    out = pathlib.Path(args.out)
+  if FLAGS.out:
+    out = pathlib.Path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
     write_table(results, out / "families.md")
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

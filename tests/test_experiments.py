@@ -59,7 +59,7 @@ def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
   config = ablate.point_config(sweep, ok, out)
   config.stop_after = 3
   train(config, str(out / "runs" / "ok"))
-  first = run_main(ablate, *args, "--max-points", "1")
+  first = run_main(ablate, *args, "--max_points", "1")
   assert "2 points: 0 finished, 1 to run now" in first and "[1/2] ok" in first
   assert [r["name"] for r in jsonl(out / "runs.jsonl")] == ["ok"]
   second = run_main(ablate, *args)
@@ -197,11 +197,11 @@ def test_params_script_prints_the_lesson_counts():
 def test_attention_cost_grows_with_length(tmp_path):
   text = run_main(
       script("lesson_attention_cost"),
-      "--min-len",
+      "--min_len",
       "64",
-      "--max-len",
+      "--max_len",
       "256",
-      "--d-model",
+      "--d_model",
       "32",
       "--heads",
       "2",
@@ -253,5 +253,5 @@ def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, o
   with pytest.raises(ValueError, match=re.escape(needle)):
     run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "out"))
   assert not (tmp_path / "out" / "runs").exists()
-  with pytest.raises(ValueError, match="--max-points=-1"):
-    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max-points", "-1")
+  with pytest.raises(ValueError, match="--max_points=-1"):
+    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max_points", "-1")

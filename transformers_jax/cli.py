@@ -128,3 +128,32 @@ def parse_flags(argv):
 
 def run(main) -> None:
   app.run(user_errors(main), flags_parser=parse_flags)
+
+
+def parse_script_flags(flag_values: flags.FlagValues, argv, program: str) -> list[str]:
+  """Parse a script's own flags (a FlagValues of its own, so that scripts imported side by side,
+  as tests do, never clash) from `argv` (the arguments after the program name), every flag back
+  at its default first. Returns the positional arguments. A bad flag is one error line (a
+  UserError)."""
+  flag_values.unparse_flags()
+  try:
+    return flag_values([program, *argv])[1:]
+  except flags.Error as e:
+    raise UserError(str(e).strip().splitlines()[0]) from None
+
+
+def run_script(main) -> None:
+  """`main(sys.argv[1:])` of a script with one error line and exit code 2 for a user's mistake;
+  --help prints the script's docstring and flags."""
+  if any(a in ("-h", "--help", "-help") for a in sys.argv[1:]):
+    module = sys.modules[main.__module__]
+    print((module.__doc__ or "").strip() + "\n")
+    flag_values = getattr(module, "FLAGS", None)
+    if isinstance(flag_values, flags.FlagValues):
+      print(flag_values.main_module_help() or flag_values.get_help())
+    return
+  try:
+    sys.exit(main(sys.argv[1:]) or 0)
+  except (UserError, ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
