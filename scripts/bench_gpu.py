@@ -14,14 +14,26 @@ attention (to try the script, not to measure a GPU).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import subprocess
 import sys
 
+from absl import app, flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+flags.DEFINE_list("presets", ["small", "medium"], "GPT-2 presets to time.")
+flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
+flags.DEFINE_integer("seq_len", 1024, "Tokens per sequence.")
+flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
+flags.DEFINE_string(
+    "out",
+    str(ROOT / "experiments/results/benchmarks/train_gpu_gpt2.json"),
+    "JSON file for the results.",
+)
+flags.DEFINE_bool("allow_cpu", False, "Run without a GPU (XLA attention), to try the script.")
+FLAGS = flags.FLAGS
 
 
 def fail(message: str) -> None:
@@ -29,36 +41,30 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
-def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--presets", default="small,medium")
-  p.add_argument("--batch_size", type=int, default=16)
-  p.add_argument("--seq_len", type=int, default=1024)
-  p.add_argument("--steps", type=int, default=20)
-  p.add_argument("--out", default=str(ROOT / "experiments/results/benchmarks/train_gpu_gpt2.json"))
-  p.add_argument("--allow_cpu", action="store_true")
-  a = p.parse_args()
+def main(argv) -> None:
+  if len(argv) > 1:
+    fail(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   # this process only asks which backend there is: leave the GPU's memory to the benchmarks
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax
 
   on_gpu = jax.default_backend() == "gpu"
-  if not on_gpu and not a.allow_cpu:
+  if not on_gpu and not FLAGS.allow_cpu:
     fail(
         f"no GPU (JAX's backend is {jax.default_backend()}): run this on a GPU machine, or "
         "pass --allow_cpu to try the script with XLA attention"
     )
   results = []
-  for preset in a.presets.split(","):
+  for preset in FLAGS.presets:
     cmd = [
         sys.executable,
         str(ROOT / "scripts/bench_train.py"),
         "--config",
         f"experiments/gpt2.py:{preset}",
-        f"--steps={a.steps}",
-        f"--config.batch_size={a.batch_size}",
-        f"--config.seq_len={a.seq_len}",
-        f"--config.model.max_len={a.seq_len}",
+        f"--steps={FLAGS.steps}",
+        f"--config.batch_size={FLAGS.batch_size}",
+        f"--config.seq_len={FLAGS.seq_len}",
+        f"--config.model.max_len={FLAGS.seq_len}",
         "--config.model.dropout=0.0",
         "--config.model.dtype=bfloat16",
         f"--config.model.attention_impl={'cudnn' if on_gpu else 'fused'}",
@@ -75,10 +81,12 @@ def main() -> None:
         f"gpt2 {preset}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.1f} ms, "
         f"MFU {mfu} of {row['peak_tflops_per_s'] or 0:.4g} TFLOP/s ({row['device']})"
     )
-  pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-  pathlib.Path(a.out).write_text(json.dumps({"jax": jax.__version__, "runs": results}, indent=1))
-  print(f"wrote {a.out}")
+  pathlib.Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
+  pathlib.Path(FLAGS.out).write_text(
+      json.dumps({"jax": jax.__version__, "runs": results}, indent=1)
+  )
+  print(f"wrote {FLAGS.out}")
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -10,11 +10,16 @@ d_model 128, 4 heads, sequence 64, batch 2, lowered from shapes only and compile
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
+
+from absl import app, flags
+
+flags.DEFINE_list("layers", ["2", "96"], "Depths whose compile time is measured.")
+flags.DEFINE_string("out", "", "Also write the JSON to this file.")
+FLAGS = flags.FLAGS
 
 COUNT_175B = r"""
 import json, resource, sys, time
@@ -63,12 +68,9 @@ def compile_seconds(layers: int, scan: bool) -> float:
   return time.perf_counter() - start
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--layers", default="2,96")
-  parser.add_argument("--out", default="")
-  args = parser.parse_args()
-  depths = [int(x) for x in args.layers.split(",")]
+def main(argv):
+  del argv
+  depths = [int(x) for x in FLAGS.layers]
   import jax
 
   result = {
@@ -97,10 +99,10 @@ def main():
     print(f"| compile fwd+bwd, {key.replace('_', ', ')} layers | {secs:.2f} s |")
   print(f"| {hi} / {lo} layers, scanned | {result['scan_ratio']:.2f}x |")
   print(f"| {hi} / {lo} layers, looped | {result['loop_ratio']:.2f}x |")
-  if args.out:
-    with open(args.out, "w") as f:
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
       json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -14,14 +14,27 @@ goes (matmuls, flash attention, GELU, norms, ...), to set beside scripts/profile
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
+from absl import app, flags
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+for _name, _default, _help in [
+    ("d_model", 256, "Model width."),
+    ("layers", 4, "Blocks."),
+    ("heads", 4, "Attention heads."),
+    ("seq_len", 256, "Tokens per sequence."),
+    ("batch_size", 16, "Sequences per step."),
+    ("vocab", 256, "Vocabulary size."),
+    ("steps", 20, "Timed steps (the median is reported)."),
+]:
+  flags.DEFINE_integer(_name, _default, _help)
+flags.DEFINE_bool("profile", False, "Also print PyTorch's profile of three steps.")
+FLAGS = flags.FLAGS
 
 
 class Block(nn.Module):
@@ -58,20 +71,9 @@ class GPT(nn.Module):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  for name, default in [
-      ("d_model", 256),
-      ("layers", 4),
-      ("heads", 4),
-      ("seq_len", 256),
-      ("batch_size", 16),
-      ("vocab", 256),
-      ("steps", 20),
-  ]:
-    p.add_argument(f"--{name}", type=int, default=default)
-  p.add_argument("--profile", action="store_true")
-  a = p.parse_args()
+def main(argv):
+  del argv
+  a = FLAGS
   torch.manual_seed(0)
   model = GPT(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)
   decay = [q for q in model.parameters() if q.dim() >= 2]
@@ -121,4 +123,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -14,12 +14,12 @@ zeros and ones HF initialises them to (a mapping that mixed them up would otherw
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import shutil
 import sys
 import tempfile
 
+from absl import app, flags
 import numpy as np
 import torch
 import transformers
@@ -59,6 +59,14 @@ VIT = dict(
     initializer_range=0.1,
 )
 VIT_LABELS = 5
+
+
+flags.DEFINE_bool(
+    "check",
+    True,
+    "Check that transformers loads what save_hf writes (--nocheck " "skips the round trip).",
+)
+FLAGS = flags.FLAGS
 
 
 def perturb(model, seed: int) -> None:
@@ -183,16 +191,14 @@ def check_export(name: str, directory: pathlib.Path) -> None:
   print(f"{name:15s} save_hf -> from_pretrained matches the reference")
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--no-check", action="store_true", help="skip the save_hf round trip")
-  args = parser.parse_args()
+def main(argv):
+  del argv
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier"):
     directory = write(name)
-    if not args.no_check:
+    if FLAGS.check:
       check_export(name, directory)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
