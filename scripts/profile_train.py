@@ -3,7 +3,7 @@ runs, attributed to a part of the model by the name stack XLA keeps in its metad
 
     python scripts/profile_train.py [--config experiments/gpt2.py:tiny --config.x=y ...] [--json]
 
-Without `--config.*` overrides it profiles the issue's reference model: d_model 256, 4 layers,
+Without `--config.*` overrides it profiles the reference model: d_model 256, 4 layers,
 4 heads, sequence 256, batch 16, byte vocabulary. Traces `--steps` compiled steps with
 `jax.profiler`, reads the trace, and sums each operation's time into parts (attention core,
 attention projections, feed-forward, norms, embeddings + unembedding + cross-entropy, optimizer

@@ -266,12 +266,15 @@ def model_config_dict(**overrides) -> ml_collections.ConfigDict:
   as `--config.model.num_kv_heads=2` type-check.
   """
   base = ModelConfig().to_dict()
-  ints = {"num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"}
+  # "int | None" -> int: the type a derived (None) field takes when set
+  kinds = {
+      f.name: {"int": int, "bool": bool, "float": float, "str": str}[str(f.type).split(" |")[0]]
+      for f in dataclasses.fields(ModelConfig)
+  }
   d = ml_collections.ConfigDict()
   for name, value in base.items():
     if value is None:
-      kind = int if name in ints else bool
-      setattr(d, name, ml_collections.config_dict.placeholder(kind))
+      setattr(d, name, ml_collections.config_dict.placeholder(kinds[name]))
     else:
       setattr(d, name, value)
   for name, value in overrides.items():

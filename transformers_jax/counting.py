@@ -1,6 +1,6 @@
 """Parameter and FLOP accounting: eval_shape counts, the analytic formula, per-component shares.
 
-The analytic formula generalises the lesson's GPT-2 count
+The analytic formula generalises the classic GPT-2 count
     V*d + ctx*d + L * (12 d^2 + 13 d) + 2 d
 to every option of ModelConfig (GQA, separate head_dim, gated FFNs, MoE, biases, norm kinds and
 placements, every family and head). Tests hold it equal to the eval_shape count, component by

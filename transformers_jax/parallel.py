@@ -30,6 +30,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("mlp", "tensor"),
+    # the output side of a D -> D head transform (pooler, MLM transform): kept whole, so that
+    # what follows sees the residual-stream layout, not an FFN hidden layer's
+    ("embed_out", None),
     ("experts", "expert"),
     ("classes", None),
     ("layers", None),
@@ -45,7 +48,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-PRESETS = {
+MESH_PRESETS = {
     "data": {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1},  # pure data parallel
     "fsdp": {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1},  # ZeRO-3 style
     "fsdp_tensor": {"data": 1, "fsdp": -1, "tensor": 2, "expert": 1},  # + Megatron split
@@ -59,9 +62,9 @@ def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
   preset = axes.pop("preset", "") or ""
   if not preset:
     return axes
-  if preset not in PRESETS:
-    raise ValueError(f"mesh.preset={preset!r}: choose one of {', '.join(PRESETS)} (or '')")
-  out = dict(PRESETS[preset])
+  if preset not in MESH_PRESETS:
+    raise ValueError(f"mesh.preset={preset!r}: choose one of {', '.join(MESH_PRESETS)} (or '')")
+  out = dict(MESH_PRESETS[preset])
   out.update({a: n for a, n in axes.items() if n not in (1, -1) or a not in out})
   return out
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flax import linen as nn
 
-from transformers_jax.models.base import check_length, default_positions, lm_logits, padding_mask
+from transformers_jax.models.common import check_length, default_positions, lm_logits, padding_mask
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.norms import Norm

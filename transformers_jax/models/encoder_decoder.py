@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.base import (
+from transformers_jax.models.common import (
     check_length,
     default_positions,
     mask_padded_vocab,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.base import check_length, default_positions, lm_logits, padding_mask
+from transformers_jax.models.common import check_length, default_positions, lm_logits, padding_mask
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.common import activation, dense, dtype_of, zeros
 from transformers_jax.modules.embed import Embedder
@@ -41,7 +41,7 @@ class EncoderOnly(nn.Module):
     head = c.head_kind
     if head in ("pooler", "classifier"):
       out["pooled"] = jnp.tanh(
-          dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(x[:, 0])
+          dense(c, c.d_model, -1, ("embed", "embed_out"), ("embed_out",), "pooler")(x[:, 0])
       )
     if head == "classifier":
       pooled = nn.Dropout(c.dropout)(out["pooled"], deterministic=self.deterministic)
@@ -50,7 +50,7 @@ class EncoderOnly(nn.Module):
       ).astype(jnp.float32)
     if head == "mlm":
       act = activation("gelu" if c.gated else c.activation)
-      h = act(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "mlm_transform")(x))
+      h = act(dense(c, c.d_model, -1, ("embed", "embed_out"), ("embed_out",), "mlm_transform")(x))
       h = Norm(c, name="mlm_norm")(h)
       bias = self.param("mlm_bias", zeros(("vocab",)), (c.padded_vocab,), dtype_of(c.param_dtype))
       out["logits"] = lm_logits(c, embedder, h, name="mlm_decoder", bias=bias)

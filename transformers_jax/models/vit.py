@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.base import default_positions
+from transformers_jax.models.common import default_positions
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.common import dense, dtype_of, zeros
 from transformers_jax.modules.embed import Embedder
@@ -55,7 +55,9 @@ class ViT(nn.Module):
       x = Norm(c, name="final_norm")(x)
     pooled = x[:, 0] if c.pool == "cls" else jnp.mean(x, axis=1)
     if c.head_kind == "pooler":
-      pooled = jnp.tanh(dense(c, c.d_model, -1, ("embed", "mlp"), ("mlp",), "pooler")(pooled))
+      pooled = jnp.tanh(
+          dense(c, c.d_model, -1, ("embed", "embed_out"), ("embed_out",), "pooler")(pooled)
+      )
     out = {"hidden": x, "pooled": pooled}
     if c.head_kind == "classifier":
       out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")(

@@ -13,7 +13,7 @@ from flax import linen as nn
 def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
   """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) (Vaswani et al.).
 
-  Columns interleave sine and cosine as in the paper (and the lesson's `positional_encoding`).
+  Columns interleave sine and cosine as in the paper: column 2i is sin, column 2i + 1 is cos.
   """
   pos = np.arange(length, dtype=np.float64)[:, None]
   i = np.arange(d_model // 2, dtype=np.float64)[None, :]
