@@ -17,7 +17,15 @@ FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "none")
 NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+# The FFN's non-linearity: name -> (the jax.nn function, its keyword arguments, gated). A gated
+# FFN (GLU variants) multiplies the function of one projection by a second projection.
+ACTIVATIONS = {
+    "relu": ("relu", {}, False),
+    "gelu": ("gelu", {"approximate": False}, False),
+    "gelu_tanh": ("gelu", {"approximate": True}, False),
+    "swiglu": ("silu", {}, True),
+    "geglu": ("gelu", {"approximate": False}, True),
+}
 FEED_FORWARDS = ("dense", "moe")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -134,7 +142,7 @@ class ModelConfig:
 
   @property
   def gated(self) -> bool:
-    return self.activation in ("swiglu", "geglu")
+    return ACTIVATIONS[self.activation][2]
 
   @property
   def num_patches(self) -> int:
@@ -189,7 +197,7 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "positions", POSITIONS)
   _choice(c, "norm_placement", NORM_PLACEMENTS)
   _choice(c, "norm", NORMS)
-  _choice(c, "activation", ACTIVATIONS)
+  _choice(c, "activation", tuple(ACTIVATIONS))
   _choice(c, "feed_forward", FEED_FORWARDS)
   _choice(c, "remat", REMAT_POLICIES)
   _choice(c, "attention_impl", ATTENTION_IMPLS)

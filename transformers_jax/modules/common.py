@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+
+from transformers_jax.config import ACTIVATIONS
 
 
 def dtype_of(name: str):
@@ -27,14 +31,10 @@ def ones(names: tuple[str | None, ...]):
 
 
 def activation(name: str):
-  """The pointwise non-linearity of a non-gated FFN, or the gate's non-linearity when gated."""
-  return {
-      "relu": jax.nn.relu,
-      "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-      "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-      "swiglu": jax.nn.silu,
-      "geglu": lambda x: jax.nn.gelu(x, approximate=False),
-  }[name]
+  """The pointwise non-linearity of a non-gated FFN, or the gate's non-linearity when gated
+  (config.ACTIVATIONS)."""
+  function, kwargs, _ = ACTIVATIONS[name]
+  return functools.partial(getattr(jax.nn, function), **kwargs)
 
 
 def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None):
