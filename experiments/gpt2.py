@@ -7,7 +7,7 @@ in a few minutes on a 2-core CPU (the README's quick start). Published counts ar
 is the token embedding, so it is counted once); they equal the lesson's formula
 V*d + 1024*d + L*(12d^2 + 13d) + 2d.
 
-    python -m transformers_jax.params --config experiments/gpt2.py:small
+    python -m transformers_jax.param_count --config experiments/gpt2.py:small
 """
 
 from transformers_jax.config import preset_config

@@ -170,7 +170,7 @@ def test_params_cli_json():
       [
           sys.executable,
           "-m",
-          "transformers_jax.params",
+          "transformers_jax.param_count",
           "--config",
           str(ROOT / "experiments/gpt2.py") + ":small",
           "--json",
@@ -199,7 +199,7 @@ def test_params_cli_bad_config_is_one_line():
       [
           sys.executable,
           "-m",
-          "transformers_jax.params",
+          "transformers_jax.param_count",
           "--config",
           str(ROOT / "experiments/gpt2.py") + ":tiny",
           "--config.model.num_heads=5",

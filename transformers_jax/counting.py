@@ -214,7 +214,7 @@ def flops_per_token(cfg, seq_len: int | None = None) -> int:
 
 
 def summary(config) -> dict:
-  """Everything `python -m transformers_jax.params` prints, for a full experiment config."""
+  """Everything `python -m transformers_jax.param_count` prints, for a full experiment config."""
   c = as_model_config(config.model)
   shapes = param_shapes(c)
   parts = tree_breakdown(shapes, c)

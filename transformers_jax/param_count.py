@@ -1,7 +1,7 @@
 """Print a model's parameter count, the analytic formula's count, the published figure, a
 per-component breakdown and training FLOPs per token.
 
-    python -m transformers_jax.params --config experiments/gpt2.py:small [--json]
+    python -m transformers_jax.param_count --config experiments/gpt2.py:small [--json]
 """
 
 from __future__ import annotations
