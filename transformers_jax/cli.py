@@ -51,7 +51,7 @@ class UserError(Exception):
   """A mistake in what the user asked for: printed as one line, exit code 2."""
 
 
-def user_errors(main):
+def user_errors(main, start_backends: bool = True):
   """Wrap an absl main: a UserError, ValueError or OSError becomes one 'error: ...' line and
   exit code 2."""
 
@@ -61,6 +61,10 @@ def user_errors(main):
       logging.set_verbosity(logging.WARNING)
     try:
       apply_cpu_devices()
+      if start_backends:  # (train starts them itself, after joining a multi-process cluster)
+        from transformers_jax import hardware
+
+        hardware.start_backends()
       return main(argv)
     except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
       print(f"error: {e}", file=sys.stderr)
@@ -126,8 +130,8 @@ def parse_flags(argv):
   sys.exit(2)
 
 
-def run(main) -> None:
-  app.run(user_errors(main), flags_parser=parse_flags)
+def run(main, start_backends: bool = True) -> None:
+  app.run(user_errors(main, start_backends), flags_parser=parse_flags)
 
 
 def parse_script_flags(flag_values: flags.FlagValues, argv, program: str) -> list[str]:
@@ -153,6 +157,9 @@ def run_script(main) -> None:
       print(flag_values.main_module_help() or flag_values.get_help())
     return
   try:
+    from transformers_jax import hardware
+
+    hardware.start_backends()
     sys.exit(main(sys.argv[1:]) or 0)
   except (UserError, ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
