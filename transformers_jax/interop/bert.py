@@ -5,12 +5,13 @@ are read too."""
 from __future__ import annotations
 
 from transformers_jax.interop.common import (
-    ACTIVATIONS_OUT,
+    ENCODER_DEFAULTS,
     Family,
     Rule,
     UnsupportedConfig,
-    activation,
     dense,
+    encoder_fields,
+    encoder_hf_config,
     encoder_layer_rules,
     norm,
     require,
@@ -27,18 +28,12 @@ class BERT(Family):
   base_prefix = {"BertForMaskedLM": "bert."}
   load_prefix = "bert."
   defaults = dict(
+      ENCODER_DEFAULTS,
       vocab_size=30522,
-      hidden_size=768,
-      num_hidden_layers=12,
-      num_attention_heads=12,
-      intermediate_size=3072,
-      hidden_act="gelu",
       hidden_dropout_prob=0.1,
       attention_probs_dropout_prob=0.1,
       max_position_embeddings=512,
       type_vocab_size=2,
-      initializer_range=0.02,
-      layer_norm_eps=1e-12,
       tie_word_embeddings=True,
   )
   summary_keys = (
@@ -56,39 +51,20 @@ class BERT(Family):
         hf, where, position_embedding_type="absolute", is_decoder=False, add_cross_attention=False
     )
     return dict(
+        encoder_fields(hf, where),
         family="encoder",
-        num_layers=hf["num_hidden_layers"],
-        d_model=hf["hidden_size"],
-        num_heads=hf["num_attention_heads"],
-        d_ff=hf["intermediate_size"],
         vocab_size=hf["vocab_size"],
         max_len=hf["max_position_embeddings"],
         type_vocab_size=hf["type_vocab_size"],
-        positions="learned",
-        norm="layernorm",
-        norm_eps=hf["layer_norm_eps"],
         norm_placement="post",
         embed_norm=True,
-        activation=activation(hf, "hidden_act", where),
-        use_bias=True,
-        dropout=hf["hidden_dropout_prob"],
-        attention_dropout=hf["attention_probs_dropout_prob"],
-        init_std=hf["initializer_range"],
         tie_embeddings=hf["tie_word_embeddings"],
         head="mlm" if architecture == "BertForMaskedLM" else "pooler",
     )
 
   def hf_config(self, c, architecture):
     return dict(
-        hidden_size=c.d_model,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        intermediate_size=c.ff_width,
-        hidden_act=ACTIVATIONS_OUT[c.activation],
-        layer_norm_eps=c.norm_eps,
-        hidden_dropout_prob=c.dropout,
-        attention_probs_dropout_prob=c.attention_dropout,
-        initializer_range=c.init_std,
+        encoder_hf_config(c),
         vocab_size=c.vocab_size,
         max_position_embeddings=c.max_len,
         type_vocab_size=c.type_vocab_size,

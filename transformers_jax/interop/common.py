@@ -191,6 +191,51 @@ def require(hf: Mapping, where: str, **expected) -> None:
       )
 
 
+# BertConfig and ViTConfig share these keys (and defaults) for the encoder stack.
+ENCODER_DEFAULTS = dict(
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    hidden_act="gelu",
+    initializer_range=0.02,
+    layer_norm_eps=1e-12,
+)
+
+
+def encoder_fields(hf: Mapping, where: str) -> dict[str, Any]:
+  """ModelConfig fields of the encoder-stack keys BERT and ViT configs share."""
+  return dict(
+      num_layers=hf["num_hidden_layers"],
+      d_model=hf["hidden_size"],
+      num_heads=hf["num_attention_heads"],
+      d_ff=hf["intermediate_size"],
+      positions="learned",
+      norm="layernorm",
+      norm_eps=hf["layer_norm_eps"],
+      activation=activation(hf, "hidden_act", where),
+      use_bias=True,
+      dropout=hf["hidden_dropout_prob"],
+      attention_dropout=hf["attention_probs_dropout_prob"],
+      init_std=hf["initializer_range"],
+  )
+
+
+def encoder_hf_config(c: ModelConfig) -> dict[str, Any]:
+  """The encoder-stack keys of a BERT or ViT config.json for `c`."""
+  return dict(
+      hidden_size=c.d_model,
+      num_hidden_layers=c.num_layers,
+      num_attention_heads=c.num_heads,
+      intermediate_size=c.ff_width,
+      hidden_act=ACTIVATIONS_OUT[c.activation],
+      layer_norm_eps=c.norm_eps,
+      hidden_dropout_prob=c.dropout,
+      attention_probs_dropout_prob=c.attention_dropout,
+      initializer_range=c.init_std,
+  )
+
+
 class Family:
   """One Hugging Face model type (GPT-2, BERT, ViT …): how its config.json and tensors map onto
   a ModelConfig and our parameter tree. Subclasses fill in the class attributes and methods."""

@@ -6,12 +6,13 @@ order, as `patchify` lays them out; the [1, N, D] position table loses its batch
 from __future__ import annotations
 
 from transformers_jax.interop.common import (
-    ACTIVATIONS_OUT,
+    ENCODER_DEFAULTS,
     Family,
     Rule,
     UnsupportedArchitecture,
-    activation,
     dense,
+    encoder_fields,
+    encoder_hf_config,
     encoder_layer_rules,
     norm,
     require,
@@ -24,15 +25,9 @@ class ViT(Family):
   base_prefix = {"ViTForImageClassification": "vit."}
   load_prefix = "vit."
   defaults = dict(
-      hidden_size=768,
-      num_hidden_layers=12,
-      num_attention_heads=12,
-      intermediate_size=3072,
-      hidden_act="gelu",
+      ENCODER_DEFAULTS,
       hidden_dropout_prob=0.0,
       attention_probs_dropout_prob=0.0,
-      initializer_range=0.02,
-      layer_norm_eps=1e-12,
       image_size=224,
       patch_size=16,
       num_channels=3,
@@ -62,19 +57,8 @@ class ViT(Family):
         value = value[0]
       sides[key] = value
     fields = dict(
+        encoder_fields(hf, where),
         family="vit",
-        num_layers=hf["num_hidden_layers"],
-        d_model=hf["hidden_size"],
-        num_heads=hf["num_attention_heads"],
-        d_ff=hf["intermediate_size"],
-        positions="learned",
-        norm="layernorm",
-        norm_eps=hf["layer_norm_eps"],
-        activation=activation(hf, "hidden_act", where),
-        use_bias=True,
-        dropout=hf["hidden_dropout_prob"],
-        attention_dropout=hf["attention_probs_dropout_prob"],
-        init_std=hf["initializer_range"],
         image_size=sides["image_size"],
         patch_size=sides["patch_size"],
         num_channels=hf["num_channels"],
@@ -91,15 +75,7 @@ class ViT(Family):
 
   def hf_config(self, c, architecture):
     out = dict(
-        hidden_size=c.d_model,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        intermediate_size=c.ff_width,
-        hidden_act=ACTIVATIONS_OUT[c.activation],
-        layer_norm_eps=c.norm_eps,
-        hidden_dropout_prob=c.dropout,
-        attention_probs_dropout_prob=c.attention_dropout,
-        initializer_range=c.init_std,
+        encoder_hf_config(c),
         image_size=c.image_size,
         patch_size=c.patch_size,
         num_channels=c.num_channels,
