@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from transformers_jax import counting
 from transformers_jax.config import ModelConfig
-from transformers_jax.interop import hf as interop
+from transformers_jax import interop
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.models import build_model, param_shapes
 from transformers_jax.models.vit import patchify

@@ -1,8 +1,7 @@
 """Conversion to and from other libraries' checkpoints: `hf` reads and writes Hugging Face
 GPT-2, BERT and ViT models (config.json + safetensors) without torch or transformers."""
 
-from transformers_jax.interop.hf import (
-    SUPPORTED_ARCHITECTURES,
+from transformers_jax.interop.common import (
     CorruptCheckpoint,
     HFCheckpointError,
     MissingCheckpointFile,
@@ -11,9 +10,8 @@ from transformers_jax.interop.hf import (
     UnexpectedTensor,
     UnsupportedArchitecture,
     UnsupportedConfig,
-    load_hf,
-    save_hf,
 )
+from transformers_jax.interop.hf import SUPPORTED_ARCHITECTURES, load_hf, save_hf
 
 __all__ = [
     "load_hf",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from transformers_jax.interop.common import (
     ENCODER_DEFAULTS,
+    ENCODER_SUMMARY_KEYS,
     Family,
     Rule,
     UnsupportedConfig,
@@ -37,13 +38,8 @@ class BERT(Family):
       tie_word_embeddings=True,
   )
   summary_keys = (
-      "num_hidden_layers",
-      "hidden_size",
-      "num_attention_heads",
-      "intermediate_size",
-      "vocab_size",
-      "max_position_embeddings",
-      "type_vocab_size",
+      *ENCODER_SUMMARY_KEYS,
+      *("vocab_size", "max_position_embeddings", "type_vocab_size"),
   )
 
   def fields(self, hf, architecture, where):

@@ -203,6 +203,15 @@ ENCODER_DEFAULTS = dict(
 )
 
 
+# The encoder-stack keys quoted (with the family's own) when a tensor's shape disagrees.
+ENCODER_SUMMARY_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+)
+
+
 def encoder_fields(hf: Mapping, where: str) -> dict[str, Any]:
   """ModelConfig fields of the encoder-stack keys BERT and ViT configs share."""
   return dict(

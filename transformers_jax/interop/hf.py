@@ -41,7 +41,6 @@ from transformers_jax.interop.common import (
     ACTIVATIONS_OUT,
     CorruptCheckpoint,
     Family,
-    HFCheckpointError,
     MissingCheckpointFile,
     MissingTensor,
     TensorShapeMismatch,
@@ -62,21 +61,6 @@ SUPPORTED_ARCHITECTURES = {arch: f.model_type for arch, f in FAMILY_OF.items()}
 MODEL_TYPE_DEFAULT = {f.model_type: next(iter(f.architectures)) for f in FAMILIES}
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-
-__all__ = [
-    "load_hf",
-    "save_hf",
-    "FAMILIES",
-    "SUPPORTED_ARCHITECTURES",
-    "HFCheckpointError",
-    "UnsupportedArchitecture",
-    "MissingCheckpointFile",
-    "CorruptCheckpoint",
-    "MissingTensor",
-    "UnexpectedTensor",
-    "TensorShapeMismatch",
-    "UnsupportedConfig",
-]
 
 
 # ----------------------------------------------------------------------------- files

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from transformers_jax.interop.common import (
     ENCODER_DEFAULTS,
+    ENCODER_SUMMARY_KEYS,
     Family,
     Rule,
     UnsupportedArchitecture,
@@ -33,15 +34,7 @@ class ViT(Family):
       num_channels=3,
       qkv_bias=True,
   )
-  summary_keys = (
-      "num_hidden_layers",
-      "hidden_size",
-      "num_attention_heads",
-      "intermediate_size",
-      "image_size",
-      "patch_size",
-      "num_channels",
-  )
+  summary_keys = (*ENCODER_SUMMARY_KEYS, *("image_size", "patch_size", "num_channels"))
 
   def fields(self, hf, architecture, where):
     require(hf, where, qkv_bias=True, pooler_act="tanh", pooler_output_size=hf["hidden_size"])

@@ -42,6 +42,12 @@ def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
     logits = dense(cfg, cfg.padded_vocab, -1, ("embed", "vocab"), ("vocab",), name, use_bias=False)(
         x
     )
+  return output_logits(cfg, logits, bias)
+
+
+def output_logits(cfg, logits, bias=None):
+  """What every vocabulary head returns: float32 logits (+ `bias`), kept split over the batch and
+  the vocabulary over `tensor`, the rows that only pad the vocabulary masked out."""
   logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)

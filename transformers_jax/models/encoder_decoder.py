@@ -8,13 +8,12 @@ the encoder output on the first `decode_logits` call only (see Attention).
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.models.common import (
     check_length,
     default_positions,
-    mask_padded_vocab,
+    output_logits,
     padding_mask,
 )
 from transformers_jax.modules.block import Stack
@@ -75,10 +74,7 @@ class EncoderDecoder(nn.Module):
     if c.has_final_norm:
       x = self.decoder_norm(x)
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)
-    logits = nn.with_logical_constraint(
-        logits.astype(jnp.float32), ("act_batch", "act_length", "act_vocab")
-    )
-    return {"hidden": x, "logits": mask_padded_vocab(c, logits)}
+    return {"hidden": x, "logits": output_logits(c, logits)}
 
   def __call__(self, src, tgt, src_mask=None, tgt_mask=None):
     return self.decode_logits(self.encode(src, src_mask), tgt, src_mask, tgt_mask)
