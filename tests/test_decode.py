@@ -1,7 +1,6 @@
 """Decoding: the KV cache equals a full forward pass, strategies agree where they must, beam
 search beats greedy where it should, bad input is refused, sharded decoding equals one device."""
 
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.decode import filter_logits, length_penalty, select_tokens
 from transformers_jax.models import build_model, param_shapes
 
-from conftest import ROOT
+from conftest import ROOT, subprocess_env
 
 KEY = jax.random.PRNGKey(0)
 # init_std 0.3: attention that is far from uniform, so a wrong mask or position shows
@@ -292,9 +291,12 @@ print("ok")
 
 def test_sharded_decoding_equals_one_device():
   """4 CPU devices, data 2 x tensor 2, GQA + RoPE: the same tokens and logits as one device."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   out = subprocess.run(
-      [sys.executable, "-c", SHARDED], capture_output=True, text=True, cwd=ROOT, env=env
+      [sys.executable, "-c", SHARDED],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=subprocess_env(4),
   )
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 

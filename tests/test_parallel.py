@@ -6,7 +6,6 @@ before JAX starts, and this test process has already started it with one device)
 """
 
 import json
-import os
 import pathlib
 import shutil
 import socket
@@ -21,7 +20,7 @@ from transformers_jax import parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 
-from conftest import ROOT
+from conftest import ROOT, subprocess_env
 
 MESHES = {
     "one": {"data": 1, "devices": 1},
@@ -33,10 +32,7 @@ FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 
 
 def env(devices: int) -> dict:
-  e = dict(os.environ)
-  e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  e["JAX_PLATFORMS"] = "cpu"
-  return e
+  return subprocess_env(devices)
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +207,7 @@ def test_axis_that_does_not_divide_is_refused_before_compiling():
 
 
 def test_cpu_devices_splits_the_host_and_the_mesh_spans_them():
-  plain = dict(os.environ, JAX_PLATFORMS="cpu")
-  plain.pop("XLA_FLAGS", None)
+  plain = subprocess_env()  # no simulated device count: --cpu_devices sets it
   base = [
       sys.executable,
       "-m",
