@@ -3,7 +3,10 @@ exact, evaluation reports the instability diagnostics; qk_norm and z_loss do wha
 
 import json
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +21,8 @@ from transformers_jax.models import build_model, example_inputs
 from transformers_jax.tasks import cross_entropy
 from transformers_jax.train import optim, population
 from transformers_jax.train.loop import train
+
+from conftest import ROOT
 
 STEPS = 20
 TINY = {
@@ -106,6 +111,8 @@ def test_a_member_trains_as_its_solo_run(experiment, population_run, tmp_path):
   np.testing.assert_allclose(
       [member[s] for s in sorted(member)], [solo_losses[s] for s in sorted(member)], atol=1e-5
   )
+  solo_eval = [x for x in lines(tmp_path) if "eval_loss" in x][-1]
+  assert len(solo_eval["attention_logit_max"]["decoder"]) == 2  # solo runs report it too
   # the two seeds differ (parameters and batches are the seed's)
   assert member_losses(workdir, 0)[STEPS] != member[STEPS]
 
@@ -199,3 +206,49 @@ def test_z_loss_adds_the_squared_log_partition():
   np.testing.assert_allclose(with_z["loss"] - plain["loss"], 1e-2 * jnp.sum(lse**2), rtol=1e-5)
   np.testing.assert_allclose(plain["z_loss"], jnp.sum(lse**2), rtol=1e-6)
   assert plain["nll"] == with_z["nll"]
+
+
+def test_members_split_over_devices_train_as_on_one(population_run, tmp_path):
+  """The same population on two CPU devices (two members each) logs the same losses."""
+  workdir, result = population_run
+  assert result["member_devices"] == 1
+  flags = [f"--config.{k}={v}" for k, v in {**TINY, **POPULATION}.items()]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.train", "--cpu_devices=2"]
+      + ["--config", str(ROOT / "experiments" / "gpt2.py:tiny"), f"--workdir={tmp_path}"]
+      + flags
+      + ["--config.eval_every=0", "--config.checkpoint_every=0"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "split over 2 device(s)" in proc.stdout
+  for member in (0, 2):
+    split, one = member_losses(tmp_path, member), member_losses(workdir, member)
+    np.testing.assert_allclose(
+        [split[s] for s in sorted(one)], [one[s] for s in sorted(one)], atol=1e-5
+    )
+
+
+def test_lr_sensitivity_figure_of_merit():
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import lr_sensitivity
+
+  initial = math.log(256)
+  flat = {1e-3: [2.0, 2.0], 1e-2: [2.0, 2.0]}
+  assert lr_sensitivity.lr_sensitivity(flat, initial) == (0.0, 1e-3, 2.0)
+  # one rate at the best loss, one diverged (capped at the initial loss): half the gap
+  sens, best_lr, best = lr_sensitivity.lr_sensitivity({1e-3: [2.0], 1e-1: [initial]}, initial)
+  assert (best_lr, best) == (1e-3, 2.0) and sens == pytest.approx((initial - 2.0) / 2)
+  record = {
+      "vocab_size": 256,
+      "members": [
+          {"learning_rate": 1e-3, "warmup_steps": 0, "eval_loss": 2.5, "diverged": False},
+          {"learning_rate": 1e-1, "warmup_steps": 0, "eval_loss": float("nan"), "diverged": True},
+          {"learning_rate": 1e-1, "warmup_steps": 0, "eval_loss": 9.0, "diverged": False},
+      ],
+  }
+  assert lr_sensitivity.curves(record) == {0: {1e-3: [2.5], 1e-1: [initial, initial]}}

@@ -151,7 +151,8 @@ def _member_sharding(mesh, count: int):
 
 def train_population(config, workdir: str, task=None) -> dict:
   """Train (or resume) a population in `workdir`: train()'s run folder, checkpoints and
-  metrics, one line per member. Returns {"members": [final metrics per member], "step"}."""
+  metrics, one line per member. Returns {"members": [final metrics per member], "step",
+  "member_devices": how many devices the members are split over}."""
   from transformers_jax.train.loop import _check_resume_config, _Interrupt
 
   run = Run(workdir)
@@ -183,6 +184,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   run.write_config(config)
 
   msharding = _member_sharding(mesh, count)
+  split = mesh.shape["data"] if msharding.spec == P("data") else 1
   repl = parallel.replicated(mesh)
   boxed_init = _boxed_init(model_cfg)
   hp = _hparam_arrays(table)
@@ -326,7 +328,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   print(
       f"population of {count} {model_cfg.family} models ({len(seeds)} seeds x "
       + " x ".join(f"{len(_values(config, n))} {LISTS[n]}" for n in LISTS)
-      + f"); {data.summary}; {note}",
+      + f"), split over {split} device(s); {data.summary}; {note}",
       flush=True,
   )
   interrupt = _Interrupt()
@@ -391,7 +393,7 @@ def train_population(config, workdir: str, task=None) -> dict:
       f"run files: {workdir} (config.json, metrics.jsonl with one line per member, tb/, "
       "checkpoints/)"
   )
-  return {"members": results, "step": max(start, end)}
+  return {"members": results, "step": max(start, end), "member_devices": split}
 
 
 def _describe(m: dict) -> str:
