@@ -252,3 +252,22 @@ def test_lr_sensitivity_figure_of_merit():
       ],
   }
   assert lr_sensitivity.curves(record) == {0: {1e-3: [2.5], 1e-1: [initial, initial]}}
+
+
+def test_lr_sensitivity_grid_covers_the_study():
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import lr_sensitivity
+
+  sweep = lr_sensitivity.load_sweep(ROOT / "experiments" / "lr_sensitivity.py")
+  entries = sweep.populations()
+  configs = [lr_sensitivity.population_config(sweep, e, ROOT / "unused") for e in entries]
+  assert len({e["name"] for e in entries}) == len(entries) == 3 * 2 * 2
+  assert {(c.model.norm_placement, c.model.qk_norm, c.model.num_layers) for c in configs} == {
+      (p, q, d) for p in ("pre", "post", "sandwich") for q in (False, True) for d in (2, 4)
+  }
+  for c in configs:
+    table = population.members(c)
+    rates = sorted({m["learning_rate"] for m in table})
+    assert len(rates) >= 7 and rates[0] <= 1e-4 and rates[-1] >= 1e-1
+    assert len({m["seed"] for m in table}) >= 3 and c.steps >= 1000
+    assert {m["warmup_steps"] for m in table} == {0, c.steps // 10}
