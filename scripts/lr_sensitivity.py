@@ -232,7 +232,8 @@ def plot(records, out: pathlib.Path) -> None:
           alpha=0.12,
       )
       ax.set_xscale("log")
-      ax.set_title(f"depth {r['depth']}, warmup {warmup} steps")
+      ax.axhline(math.log(r["vocab_size"]), color="grey", lw=0.6, ls=":")  # initial loss
+      ax.set_title(f"depth {r['depth']}, warmup {warmup} of {r['steps']} steps")
       ax.set_xlabel("peak learning rate")
       ax.set_ylabel("final held-out loss")
   axes[0][0].legend(fontsize=7)
