@@ -232,11 +232,13 @@ def plot(records, out: pathlib.Path) -> None:
           alpha=0.12,
       )
       ax.set_xscale("log")
-      ax.axhline(math.log(r["vocab_size"]), color="grey", lw=0.6, ls=":")  # initial loss
       ax.set_title(f"depth {r['depth']}, warmup {warmup} of {r['steps']} steps")
       ax.set_xlabel("peak learning rate")
       ax.set_ylabel("final held-out loss")
   axes[0][0].legend(fontsize=7)
+  finals = [v for r in records for by in curves(r).values() for vs in by.values() for v in vs]
+  for ax in axes.flat:  # the trained range; a diverged member would sit at ln(vocab)
+    ax.set_ylim(min(finals) - 0.05, min(max(finals), 4.0) + 0.05)
   fig.tight_layout()
   fig.savefig(out / "loss_vs_lr.png", dpi=110)
   plt.close(fig)
