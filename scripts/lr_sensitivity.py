@@ -113,7 +113,18 @@ def summarize(workdir: pathlib.Path, config) -> list[dict]:
       m.setdefault("attention_logit_max_per_layer", []).append(logits)
       m.setdefault("output_logit_max", []).append(x["eval_logit_max"])
       m.setdefault("output_logit_mean", []).append(x["eval_logit_mean"])
-  return [members[i] for i in sorted(members)]
+  return [_rounded(members[i]) for i in sorted(members)]
+
+
+def _rounded(x):
+  """Floats to 5 significant digits (the file stays small; losses differ in the 3rd decimal)."""
+  if isinstance(x, float):
+    return float(f"{x:.5g}")
+  if isinstance(x, dict):
+    return {k: _rounded(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_rounded(v) for v in x]
+  return x
 
 
 def run_population(sweep, entry, out: pathlib.Path) -> dict:
