@@ -165,6 +165,11 @@ def train_population(config, workdir: str, task=None) -> dict:
         "a population splits its members over the data axis only: set "
         "--config.mesh.fsdp=1 --config.mesh.tensor=1 --config.mesh.expert=1"
     )
+  if jax.process_count() > 1:
+    raise UserError(
+        "a population trains in one process: run it on one host (its members split over "
+        "that host's devices)"
+    )
   if config.grad_accum_steps != 1:
     raise UserError("grad_accum_steps: a population takes whole batches; set it to 1")
   if config.init_from:
