@@ -1,5 +1,8 @@
 """Norm-placement ablation: what do pre-, post- and sandwich norm do as a decoder gets deeper?
 
+Superseded by experiments/lr_sensitivity.py (several seeds, a learning-rate grid, qk_norm):
+one seed at one learning rate cannot tell the placements apart. Kept for its recorded results.
+
     python scripts/ablate.py --sweep experiments/norm_ablation.py \
         --out experiments/results/norm_ablation [--scale]
 

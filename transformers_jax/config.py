@@ -65,6 +65,7 @@ class ModelConfig:
   norm_placement: str = "pre"  # pre | post | sandwich | none
   norm: str = "layernorm"  # layernorm | rmsnorm
   norm_eps: float = 1e-5  # epsilon inside the norm's square root
+  qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
   norm_scale: bool = True  # learned scale (gamma) in every norm
   norm_bias: bool | None = (
       None  # learned shift (beta); None = True for layernorm, False for rmsnorm
@@ -239,6 +240,8 @@ def validate(c: ModelConfig) -> None:
   for field in ("dropout", "attention_dropout"):
     if not 0.0 <= getattr(c, field) < 1.0:
       _fail(field, str(getattr(c, field)), "must be in [0, 1)")
+  if not isinstance(c.qk_norm, bool):
+    _fail("qk_norm", repr(c.qk_norm), "must be True or False")
   if c.norm_eps <= 0:
     _fail("norm_eps", str(c.norm_eps), "must be positive")
   if c.feed_forward == "moe":

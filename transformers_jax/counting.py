@@ -131,12 +131,17 @@ def _sublayer_norms(c: ModelConfig) -> int:
   return per * _norm(c)
 
 
+def _qk_norms(c: ModelConfig) -> int:
+  """query_norm and key_norm of one attention sublayer (over head_dim)."""
+  return 2 * c.head_width * (int(c.norm_scale) + int(c.has_norm_bias)) * int(c.qk_norm)
+
+
 def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
   sub = 3 if cross else 2
   return {
       "attention": layers * _attention(c) * (2 if cross else 1),
       "feed_forward": sum(_ffn(c, c.is_moe_layer(i), active) for i in range(layers)),
-      "norms": layers * sub * _sublayer_norms(c),
+      "norms": layers * sub * _sublayer_norms(c) + layers * (2 if cross else 1) * _qk_norms(c),
   }
 
 

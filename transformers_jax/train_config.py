@@ -31,12 +31,26 @@ def training_fields() -> ml_collections.ConfigDict:
   c.grad_accum_steps = 1  # micro-batches per update (batch_size must divide evenly)
   c.label_smoothing = 0.0  # label smoothing of the cross-entropy (the 2017 paper used 0.1)
   c.moe_aux_weight = 0.01  # weight of the MoE load-balancing loss
+  c.z_loss = 0.0  # weight of log(Z)^2, the squared log-partition of the output logits; 0 = off
   c.seed = 0  # parameters, dropout and the batch stream all derive from it
   c.log_every = 50  # steps between metrics lines
   c.eval_every = 500  # steps between held-out evaluations (and at the end); 0 = only at the end
   c.eval_batches = 8  # held-out batches per evaluation
   c.checkpoint_every = 500  # steps between checkpoints (and at the end); 0 = only at the end
   c.keep_checkpoints = 2  # how many recent checkpoints to keep
+  # population: train many members as one vmapped program (train/population.py); every
+  # combination of the lists below is a member, each with its own seed. The lists are tuples
+  # written as strings, e.g. --config.population.learning_rates="(1e-3, 3e-3)"; "" = the single
+  # value of the top-level field. seeds=0 and every list "" = an ordinary single run.
+  c.population = ml_collections.ConfigDict(
+      {
+          "seeds": 0,  # members per hyperparameter combination: seeds seed, seed+1, ...
+          "learning_rates": "",
+          "weight_decay": "",
+          "warmup_steps": "",
+          "z_loss": "",
+      }
+  )
   c.init_from = ""  # workdir (or checkpoint dir) whose parameters initialise matching ones
   c.data = ml_collections.ConfigDict()
   c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
@@ -93,6 +107,8 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
       "grad_clip",
       "weight_decay",
       "moe_aux_weight",
+      "z_loss",
+      "population.seeds",
       "sample.max_new_tokens",
       "sample.top_k",
   ):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.modules.common import DenseWeights, fused_dense
+from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import apply_rope
 
 
@@ -89,6 +90,25 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
+def max_attention_logit(q, k, mask, causal: bool):
+  """The largest pre-softmax attention score q.k / sqrt(K) over the positions a query may
+  attend (float32 scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
+  is the attention-logit instability that query/key normalisation removes."""
+  B, T, H, K = q.shape
+  S, G = k.shape[1], k.shape[2]
+  qg = q.reshape(B, T, G, H // G, K)
+  s = jnp.einsum("btgrk,bsgk->bgrts", qg, k, preferred_element_type=jnp.float32)
+  s = s / jnp.sqrt(jnp.float32(K))
+  allowed = jnp.ones((1, 1, 1, T, S), bool)
+  if causal:
+    allowed = allowed & (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])
+  if mask is not None:  # broadcastable to [B, H, T, S]
+    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    m = jnp.broadcast_to(m, (m.shape[0], H, T, S)).reshape(m.shape[0], G, H // G, T, S)
+    allowed = allowed & m
+  return jnp.max(jnp.where(allowed, s, -jnp.inf))
+
+
 def attend_cache(q, k, v, mask, k_new=None, v_new=None, new_mask=None):
   """Attention of q [B, T, H, K] over keys/values kept as a cache, k and v [B, G, L, K] (kv heads
   before slots, so both products are batched matmuls over the cache as it lies), plus
@@ -165,6 +185,9 @@ class Attention(nn.Module):
       out = attend_cache(q, *self._cross_cached(project, context), mask)
     else:
       k, v = project(context if is_cross else x)
+      if c.qk_norm:  # normalise each head's queries and keys over head_dim
+        q = Norm(c, axis="head_dim", name="query_norm")(q)
+        k = Norm(c, axis="head_dim", name="key_norm")(k)
       if c.positions == "rope" and not is_cross:
         q = apply_rope(q, positions, c.rope_theta)
         k = apply_rope(k, positions, c.rope_theta)
@@ -173,15 +196,18 @@ class Attention(nn.Module):
       else:
         if self.decode:
           self._cached(k, v, mask)  # init: shape the cache
+        causal = self.causal and not is_cross
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
+        if self.is_mutable_collection("intermediates"):  # evaluation: logit growth
+          self.sow("intermediates", "attention_logit_max", max_attention_logit(q, k, mask, causal))
         out = attend(
             q,
             k,
             v,
             mask,
-            self.causal and not is_cross,
+            causal,
             dropout_fn,
             c.attention_impl,
             c.attention_query_blocks,

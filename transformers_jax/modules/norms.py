@@ -16,6 +16,7 @@ class Norm(nn.Module):
   """
 
   cfg: "ModelConfig"  # noqa: F821
+  axis: str = "embed"  # logical name of the normalised feature axis (its parameters' sharding)
 
   @nn.compact
   def __call__(self, x):
@@ -26,7 +27,7 @@ class Norm(nn.Module):
     y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
     features = x.shape[-1]
     if c.norm_scale:
-      y = y * self.param("scale", ones(("embed",)), (features,), dtype_of(c.param_dtype))
+      y = y * self.param("scale", ones((self.axis,)), (features,), dtype_of(c.param_dtype))
     if c.has_norm_bias:
-      y = y + self.param("bias", zeros(("embed",)), (features,), dtype_of(c.param_dtype))
+      y = y + self.param("bias", zeros((self.axis,)), (features,), dtype_of(c.param_dtype))
     return y.astype(dtype_of(c.dtype))

@@ -81,14 +81,22 @@ class Task:
 
 
 def cross_entropy(
-    logits, targets, weights, label_smoothing: float = 0.0, num_classes: int | None = None
+    logits,
+    targets,
+    weights,
+    label_smoothing: float = 0.0,
+    num_classes: int | None = None,
+    z_loss=0.0,
 ) -> dict:
   """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight.
 
   Written as reductions over the class axis (log-sum-exp, a one-hot product) rather than a
   gather, so logits split over the vocabulary (`tensor`) are never gathered whole.
   `num_classes`: the real classes when the last axis is padded (padded logits are masked by
-  the model); label smoothing spreads over the real ones only.
+  the model); label smoothing spreads over the real ones only. `z_loss` (a float, or a traced
+  scalar) adds z_loss * log(Z)^2 per position, log(Z) being the log-partition function
+  (log-sum-exp of the logits): it keeps the output logits from drifting (PaLM); "z_loss" in the
+  sums is the weighted sum of log(Z)^2 either way.
   """
   logits = logits.astype(jnp.float32)
   n = logits.shape[-1]
@@ -105,10 +113,14 @@ def cross_entropy(
     )
     loss = (1.0 - label_smoothing) * nll - label_smoothing * (mean_logit - lse)
   w = weights.astype(jnp.float32)
+  lse_squared = jnp.square(lse)
+  if not (isinstance(z_loss, (int, float)) and z_loss == 0):
+    loss = loss + z_loss * lse_squared
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
   return {
       "loss": jnp.sum(loss * w),
       "nll": jnp.sum(nll * w),
       "correct": jnp.sum(correct * w),
       "weight": jnp.sum(w),
+      "z_loss": jnp.sum(lse_squared * w),
   }

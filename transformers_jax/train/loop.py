@@ -20,6 +20,7 @@ from transformers_jax.train_config import validate
 from transformers_jax.train.optim import make_optimizer, schedule
 from transformers_jax.train.step import (
     abstract_state,
+    attention_logit_max,
     create_state,
     make_eval_step,
     make_train_step,
@@ -103,13 +104,14 @@ def _finite(metrics) -> bool:
 
 
 def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
-  totals, rms, dropped = None, None, None
+  totals, rms, dropped, logit_max = None, None, None, None
   for batch in data.eval_batches:
     sums, inter = eval_step(params, parallel.put_batch(_local(batch), mesh))
     sums = jax.device_get(sums)
     totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
     if rms is None:
       rms, dropped = residual_rms(inter), moe_dropped_fraction(inter)
+      logit_max = attention_logit_max(inter)
   w = max(float(totals["weight"]), 1.0)
   out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
   if task.language_model:
@@ -118,6 +120,8 @@ def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
   if dropped is not None:  # MoE: routing choices over expert capacity (first held-out batch)
     out["eval_moe_dropped_fraction"] = dropped
   out["residual_rms"] = rms
+  if logit_max:  # largest attention logit per block (first held-out batch)
+    out["attention_logit_max"] = logit_max
   return out
 
 
@@ -131,7 +135,12 @@ def _local(batch: dict) -> dict:
 
 def train(config, workdir: str, task=None) -> dict:
   """Train (or resume) the run in `workdir`; returns the final metrics. The objective is the
-  model's (tasks.task_for) unless a Task is given."""
+  model's (tasks.task_for) unless a Task is given. A config with `population` settings trains
+  its members as one program (train/population.py)."""
+  from transformers_jax.train import population
+
+  if population.enabled(config):
+    return population.train_population(config, workdir, task)
   run = Run(workdir)
   workdir = run.path
   model_cfg = ModelConfig.from_dict(config.model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import pathlib
 import time
 
@@ -56,17 +57,21 @@ class MetricsWriter:
 
     self.tb = SummaryWriter(str(workdir / "tb"))
 
-  def write(self, step: int, values: dict) -> None:
+  def write(self, step: int, values: dict, tb_prefix: str = "") -> None:
+    """One metrics.jsonl line; TensorBoard scalars named `tb_prefix` + key (a population
+    member's values go under member_<i>/)."""
     if not self.enabled:
       return
     self.file.write(json.dumps({"step": step, **values}) + "\n")
     for key, value in values.items():
       if isinstance(value, (int, float)):
-        self.tb.add_scalar(key, value, step)
-      elif isinstance(value, dict):  # residual RMS per layer, per stack
+        if math.isfinite(value):  # a diverged member's NaN stays in metrics.jsonl only
+          self.tb.add_scalar(tb_prefix + key, value, step)
+      elif isinstance(value, dict):  # per layer, per stack (residual RMS, attention logits)
         for stack, layers in value.items():
           for i, v in enumerate(layers):
-            self.tb.add_scalar(f"{key}/{stack}/layer_{i}", v, step)
+            if math.isfinite(v):
+              self.tb.add_scalar(f"{tb_prefix}{key}/{stack}/layer_{i}", v, step)
 
   def close(self) -> None:
     if self.enabled:

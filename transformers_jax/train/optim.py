@@ -53,17 +53,19 @@ def decay_mask(params, decay_embeddings: bool = False):
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
+def make_optimizer(config, learning_rate=None, weight_decay=None) -> optax.GradientTransformation:
+  """The config's optimizer; `learning_rate` (a schedule) and `weight_decay` (a float or a
+  traced scalar) replace the config's own when given (one member of a population)."""
   parts = []
   if config.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(config.grad_clip))
   parts.append(
       optax.adamw(
-          schedule(config),
+          schedule(config) if learning_rate is None else learning_rate,
           b1=config.adam_b1,
           b2=config.adam_b2,
           eps=config.adam_eps,
-          weight_decay=config.weight_decay,
+          weight_decay=config.weight_decay if weight_decay is None else weight_decay,
           mask=lambda p: decay_mask(p, config.decay_embeddings),
       )
   )

@@ -94,18 +94,24 @@ def abstract_state(state, shardings):
   )
 
 
-def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float):
-  """loss(params, batch, rng) -> (objective, sums) for a Task (transformers_jax.tasks)."""
+def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float, z_loss=0.0):
+  """loss(params, batch, rng) -> (objective, sums) for a Task (transformers_jax.tasks).
+  `z_loss` may be a float or, given as loss(params, batch, rng, z_loss), a traced scalar."""
   train_model = build_model(model_cfg, deterministic=False)
   moe = model_cfg.feed_forward == "moe"
 
-  def loss_fn(params, batch, rng):
+  def loss_fn(params, batch, rng, z_weight=z_loss):
     (logits, targets, weights), state = task.outputs(
         train_model, {"params": params}, batch, {"dropout": rng}, ["losses"]
     )
     padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
     sums = cross_entropy(
-        logits, targets, weights, label_smoothing, model_cfg.vocab_size if padded else None
+        logits,
+        targets,
+        weights,
+        label_smoothing,
+        model_cfg.vocab_size if padded else None,
+        z_weight,
     )
     objective = sums["loss"]
     if moe:
@@ -119,7 +125,9 @@ def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float)
 
 def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, shardings):
   """jit(step)(state, batch) -> (state, metrics); the state is donated."""
-  loss_fn = make_loss_fn(task, model_cfg, config.label_smoothing, config.moe_aux_weight)
+  loss_fn = make_loss_fn(
+      task, model_cfg, config.label_smoothing, config.moe_aux_weight, config.get("z_loss", 0.0)
+  )
   accum = config.grad_accum_steps
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -157,6 +165,8 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
         "grad_norm": optax.tree_utils.tree_norm(grads),
         "lr": schedule(state.step),
     }
+    if config.get("z_loss", 0.0):
+      metrics["log_z_squared"] = sums["z_loss"] / weight
     if "aux" in sums:
       metrics["moe_aux_loss"] = sums["aux"] / weight
     new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
@@ -196,10 +206,22 @@ def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
 
 def residual_rms(intermediates) -> dict[str, list[float]]:
   """{stack: [RMS of the residual stream after each block]} from the sown intermediates."""
+  return per_layer(intermediates, "residual_rms")
+
+
+def attention_logit_max(intermediates) -> dict[str, list[float]]:
+  """{stack: [largest attention logit in each block]} (self- and cross-attention together)
+  from the sown intermediates; empty when none were sown."""
+  return per_layer(intermediates, "attention_logit_max")
+
+
+def per_layer(intermediates, name: str) -> dict[str, list[float]]:
+  """{stack: [value of the sown scalar `name` in each block]}; a block that sows it more than
+  once (self- and cross-attention) reports the largest."""
   found: dict[str, list[tuple[int, Any]]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(intermediates)[0]:
     keys = jax.tree_util.keystr(path, simple=True, separator="/").split("/")
-    if "residual_rms" not in keys:
+    if name not in keys:
       continue
     stack = keys[0]
     layer = next((k for k in keys if re.fullmatch(r"layer_\d+|layers", k)), None)
@@ -208,7 +230,13 @@ def residual_rms(intermediates) -> dict[str, list[float]]:
       found.setdefault(stack, []).extend(enumerate(values.tolist()))
     else:
       found.setdefault(stack, []).append((int(layer.split("_")[1]), float(values[0])))
-  return {stack: [v for _, v in sorted(items)] for stack, items in found.items()}
+  out = {}
+  for stack, items in found.items():
+    layers: dict[int, float] = {}
+    for i, v in items:
+      layers[i] = max(layers.get(i, v), v)
+    out[stack] = [layers[i] for i in sorted(layers)]
+  return out
 
 
 def moe_dropped_fraction(intermediates) -> float | None:

@@ -1,0 +1,118 @@
+"""8 models of the LR-sensitivity sweep as one population against the same 8 run one by one.
+
+    python scripts/bench_population.py [--steps 1000] [--depth 2] \
+        [--json experiments/results/benchmarks/population_cpu.json]
+
+The 8 models are the sweep's (experiments/lr_sensitivity.py) pre-norm configuration at the
+given depth: learning rates 1e-4, 3e-4, 1e-3, 3e-3 x warmup {0, 10% of steps}, seed 0. "one by
+one" is 8 ordinary `train()` runs, each with its own compile, data loading, evaluations and
+checkpoint, as a researcher sweeping them in a loop would get; "population" is one `train()`
+of the population (one compile, vmapped step). Both write their run folders under a temporary
+directory that is deleted afterwards; the token cache is made once before timing. Prints (and
+with --json writes) wall and process CPU seconds of each side and the speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+from absl import flags
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+from transformers_jax import cli  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("steps", 1000, "Training steps of every model.", flag_values=FLAGS)
+flags.DEFINE_integer("depth", 2, "Blocks per model (the sweep has 2 and 4).", flag_values=FLAGS)
+flags.DEFINE_string("json", "", "Also write the result to this file.", flag_values=FLAGS)
+LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
+
+
+def configs(steps: int, depth: int, cache: pathlib.Path):
+  """(population config, [the 8 solo configs])."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  from lr_sensitivity import load_sweep, population_config
+
+  sweep = load_sweep(ROOT / "experiments" / "lr_sensitivity.py")
+  entry = next(e for e in sweep.populations() if e["name"] == f"pre-qkoff-L{depth}")  # noqa: E501
+  warmups = (0, steps // 10)
+  overrides = {
+      **entry["overrides"],
+      "steps": steps,
+      "eval_every": max(steps // 10, 1),
+      "population.seeds": 1,
+      "population.learning_rates": repr(LEARNING_RATES),
+      "population.warmup_steps": repr(warmups),
+  }
+  pop = population_config(sweep, {"name": entry["name"], "overrides": overrides}, cache)
+  solos = []
+  for lr in LEARNING_RATES:
+    for warmup in warmups:
+      solo = {
+          k: v for k, v in overrides.items() if not k.startswith("population.")
+      }  # an ordinary run
+      solo.update({"learning_rate": lr, "warmup_steps": warmup})
+      solos.append(population_config(sweep, {"name": "solo", "overrides": solo}, cache))
+  return pop, solos
+
+
+def main(argv=None) -> int:
+  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_population.py")
+  if FLAGS.steps < 1 or FLAGS.depth < 1:
+    raise cli.UserError("--steps and --depth must be positive integers")
+  from absl import logging
+
+  logging.set_verbosity(logging.WARNING)
+  from transformers_jax.train.loop import train
+
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    pop, solos = configs(FLAGS.steps, FLAGS.depth, tmp)
+    from transformers_jax.tasks import task_data, task_for
+    from transformers_jax.config import ModelConfig
+
+    model_cfg = ModelConfig.from_dict(pop.model)
+    task_data(task_for(model_cfg), pop, model_cfg, tmp / "warm")  # the token cache, untimed
+
+    def timed(fn):
+      wall, cpu = time.perf_counter(), time.process_time()
+      out = fn()
+      return out, time.perf_counter() - wall, time.process_time() - cpu
+
+    solo_results, solo_wall, solo_cpu = timed(
+        lambda: [train(c, tmp / f"solo_{i}") for i, c in enumerate(solos)]
+    )
+    pop_result, pop_wall, pop_cpu = timed(lambda: train(pop, tmp / "population"))
+  solo_loss = [r["eval_loss"] for r in solo_results]
+  pop_loss = [m["eval_loss"] for m in pop_result["members"]]
+  result = {
+      "models": len(solos),
+      "steps": FLAGS.steps,
+      "depth": FLAGS.depth,
+      "model": "experiments/lr_sensitivity.py pre-norm, d_model 32, batch 4 x 16 bytes",
+      "one_by_one_wall_s": round(solo_wall, 1),
+      "one_by_one_cpu_s": round(solo_cpu, 1),
+      "population_wall_s": round(pop_wall, 1),
+      "population_cpu_s": round(pop_cpu, 1),
+      "speedup_wall": round(solo_wall / pop_wall, 2),
+      "speedup_cpu": round(solo_cpu / pop_cpu, 2),
+      "max_final_eval_loss_difference": round(
+          max(abs(a - b) for a, b in zip(solo_loss, pop_loss)), 6
+      ),
+  }
+  print(json.dumps(result, indent=1))
+  if FLAGS.json:
+    path = pathlib.Path(FLAGS.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run_script(main)

@@ -1,0 +1,331 @@
+"""Run a learning-rate sensitivity sweep (one population per configuration) and report it.
+
+    python scripts/lr_sensitivity.py --sweep experiments/lr_sensitivity.py \
+        --out experiments/results/lr_sensitivity [--scale] [--max_populations N] [--report_only]
+
+The successor of scripts/ablate.py for stability questions: each configuration of the sweep
+file is one population (transformers_jax/train/population.py) whose members are the learning
+rates x warmups x seeds, trained in this process in OUT/runs/<name>. A configuration is finished
+when its line is in OUT/populations.jsonl; rerunning skips finished ones (an interrupted one
+resumes from its checkpoint). OUT then holds
+
+  populations.jsonl   per configuration: every member's final losses, divergence, logit curves,
+                      and the wall and CPU seconds the population took
+  table.md            per configuration and warmup: LR sensitivity, best rate and loss, diverged
+                      members, final attention logits
+  loss_vs_lr.png      final held-out loss against learning rate, the seed mean with a min-max
+                      band over seeds; one column per depth, one row per warmup
+  attention_logits.png  the largest attention logit (over blocks) against step at the largest
+                      learning rate, seed mean; one column per depth
+
+Definitions (in table.md too): a member's "final loss" is its last held-out evaluation loss; a
+member that diverged (non-finite loss) or ends above the initial loss ln(vocab) counts as the
+initial loss. "LR sensitivity" (Wortsman et al. 2023) is the mean over the learning-rate grid of
+min(loss(lr), initial loss) - min over lr of loss(lr), on seed-mean losses: 0 when every rate
+reaches the best loss, large when only a narrow band of rates trains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+import shutil
+import sys
+import time
+
+from absl import flags
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+from transformers_jax import cli  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_string(
+    "sweep", None, "Sweep file, e.g. experiments/lr_sensitivity.py.", flag_values=FLAGS
+)
+flags.DEFINE_string("out", None, "Output folder.", flag_values=FLAGS)
+flags.DEFINE_bool("scale", False, "The larger sweep, for an accelerator.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "max_populations",
+    0,
+    "Run at most this many unfinished populations (0 = all).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "report_only", False, "Rewrite table and plots from populations.jsonl.", flag_values=FLAGS
+)
+PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green"}
+
+
+def load_sweep(path):
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"--sweep {path}: no such file")
+  spec = importlib.util.spec_from_file_location(f"sweep_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for name in ("BASE", "populations"):
+    if not hasattr(module, name):
+      raise ValueError(f"--sweep {path}: a sweep file defines BASE and populations(scale)")
+  module.path = path
+  return module
+
+
+def population_config(sweep, entry, out: pathlib.Path):
+  """BASE with the entry's overrides (a misspelt field is an error), tokens cached in OUT/data."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  from ablate import point_config
+
+  return point_config(sweep, entry, out)
+
+
+def read_done(path: pathlib.Path) -> dict:
+  if not path.is_file():
+    return {}
+  return {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+
+
+def summarize(workdir: pathlib.Path, config) -> list[dict]:
+  """Per member: hyperparameters, final train/eval loss, divergence, eval curves."""
+  members: dict[int, dict] = {}
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    x = json.loads(line)
+    m = members.setdefault(
+        x["member"],
+        {
+            k: x[k]
+            for k in ("member", "seed", "learning_rate", "warmup_steps", "weight_decay", "z_loss")
+        },
+    )
+    if "loss" in x:
+      m["train_loss"] = x["loss"]
+      m["diverged"] = x["diverged"]
+      if x["diverged"]:
+        m["diverged_at"] = x["diverged_at"]
+    if "eval_loss" in x:
+      m["eval_loss"] = x["eval_loss"]
+      m.setdefault("eval_steps", []).append(x["step"])
+      logits = x.get("attention_logit_max", {}).get("decoder", [])
+      m.setdefault("attention_logit_max", []).append(max(logits) if logits else None)
+      m.setdefault("attention_logit_max_per_layer", []).append(logits)
+      m.setdefault("output_logit_max", []).append(x["eval_logit_max"])
+      m.setdefault("output_logit_mean", []).append(x["eval_logit_mean"])
+  return [_rounded(members[i]) for i in sorted(members)]
+
+
+def _rounded(x):
+  """Floats to 5 significant digits (the file stays small; losses differ in the 3rd decimal)."""
+  if isinstance(x, float):
+    return float(f"{x:.5g}")
+  if isinstance(x, dict):
+    return {k: _rounded(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_rounded(v) for v in x]
+  return x
+
+
+def run_population(sweep, entry, out: pathlib.Path) -> dict:
+  from transformers_jax.train.loop import train
+
+  config = population_config(sweep, entry, out)
+  workdir = out / "runs" / entry["name"]
+  wall, cpu = time.perf_counter(), time.process_time()
+  train(config, workdir)
+  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  record = {
+      "name": entry["name"],
+      "placement": config.model.norm_placement,
+      "qk_norm": bool(config.model.qk_norm),
+      "depth": config.model.num_layers,
+      "steps": config.steps,
+      "vocab_size": config.model.vocab_size,
+      "wall_s": round(wall, 1),
+      "cpu_s": round(cpu, 1),
+      "members": summarize(workdir, config),
+  }
+  shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
+  return record
+
+
+# ----------------------------------------------------------------------------- analysis
+def capped(loss, initial):
+  return initial if loss is None or not math.isfinite(loss) or loss > initial else loss
+
+
+def curves(record) -> dict:
+  """{warmup: {lr: [final loss per seed]}} with diverged members at the initial loss."""
+  initial = math.log(record["vocab_size"])
+  out: dict = {}
+  for m in record["members"]:
+    loss = capped(m.get("eval_loss"), initial) if not m.get("diverged") else initial
+    out.setdefault(m["warmup_steps"], {}).setdefault(m["learning_rate"], []).append(loss)
+  return out
+
+
+def lr_sensitivity(by_lr: dict, initial: float) -> tuple[float, float, float]:
+  """(sensitivity, best rate, best seed-mean loss)."""
+  means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
+  best_lr = min(means, key=means.get)
+  best = means[best_lr]
+  sens = sum(min(v, initial) - best for v in means.values()) / len(means)
+  return sens, best_lr, best
+
+
+def write_table(records, out: pathlib.Path) -> None:
+  rows = [
+      "| depth | placement | qk_norm | warmup | LR sensitivity | best LR | best loss | "
+      "diverged members | attn logit max at the largest LR (end) |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in sorted(records, key=lambda r: (r["depth"], r["placement"], r["qk_norm"])):
+    initial = math.log(r["vocab_size"])
+    for warmup, by_lr in sorted(curves(r).items()):
+      sens, best_lr, best = lr_sensitivity(by_lr, initial)
+      mem = [m for m in r["members"] if m["warmup_steps"] == warmup]
+      diverged = sum(bool(m.get("diverged")) for m in mem)
+      top = max(m["learning_rate"] for m in mem)
+      logits = [
+          m["attention_logit_max"][-1]
+          for m in mem
+          if m["learning_rate"] == top and m.get("attention_logit_max") and not m.get("diverged")
+      ]
+      logit = f"{sum(logits) / len(logits):.1f}" if logits else "-"
+      rows.append(
+          f"| {r['depth']} | {r['placement']} | {'on' if r['qk_norm'] else 'off'} | {warmup} | "
+          f"{sens:.3f} | {best_lr:g} | {best:.3f} | {diverged}/{len(mem)} | {logit} |"
+      )
+  wall = sum(r["wall_s"] for r in records)
+  cpu = sum(r["cpu_s"] for r in records)
+  members = sum(len(r["members"]) for r in records)
+  text = (
+      "# LR sensitivity: norm placement x qk_norm x warmup x depth\n\n"
+      + "\n".join(rows)
+      + "\n\nFinal loss = last held-out evaluation loss (nats per byte); a diverged member, or "
+      "one ending above the initial loss ln(vocab), counts as the initial loss. LR sensitivity "
+      "= mean over the learning-rate grid of min(loss(lr), initial) - min_lr loss(lr), on the "
+      "seed-mean loss (Wortsman et al. 2023). Attention logit = largest pre-softmax q.k/sqrt(d) "
+      "over blocks on the first held-out batch at the last evaluation, mean over seeds.\n\n"
+      f"{len(records)} populations, {members} members; training wall time {wall / 60:.1f} min, "
+      f"process CPU time {cpu / 60:.1f} min (sum over populations).\n"
+  )
+  (out / "table.md").write_text(text)
+
+
+def plot(records, out: pathlib.Path) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  depths = sorted({r["depth"] for r in records})
+  warmups = sorted({w for r in records for w in curves(r)})
+  fig, axes = plt.subplots(
+      len(warmups), len(depths), figsize=(5 * len(depths), 3.6 * len(warmups)), squeeze=False
+  )
+  for r in records:
+    col = depths.index(r["depth"])
+    for warmup, by_lr in curves(r).items():
+      ax = axes[warmups.index(warmup)][col]
+      lrs = sorted(by_lr)
+      mean = [sum(by_lr[lr]) / len(by_lr[lr]) for lr in lrs]
+      style = "-" if r["qk_norm"] else "--"
+      label = f"{r['placement']}, qk_norm {'on' if r['qk_norm'] else 'off'}"
+      color = PLACEMENT_COLORS[r["placement"]]
+      ax.plot(lrs, mean, style, color=color, marker="o", ms=3, label=label)
+      ax.fill_between(
+          lrs,
+          [min(by_lr[lr]) for lr in lrs],
+          [max(by_lr[lr]) for lr in lrs],
+          color=color,
+          alpha=0.12,
+      )
+      ax.set_xscale("log")
+      ax.set_title(f"depth {r['depth']}, warmup {warmup} of {r['steps']} steps")
+      ax.set_xlabel("peak learning rate")
+      ax.set_ylabel("final held-out loss")
+  axes[0][0].legend(fontsize=7)
+  finals = [v for r in records for by in curves(r).values() for vs in by.values() for v in vs]
+  for ax in axes.flat:  # the trained range; a diverged member would sit at ln(vocab)
+    ax.set_ylim(min(finals) - 0.05, min(max(finals), 4.0) + 0.05)
+  fig.tight_layout()
+  fig.savefig(out / "loss_vs_lr.png", dpi=110)
+  plt.close(fig)
+
+  fig, axes = plt.subplots(1, len(depths), figsize=(5 * len(depths), 3.6), squeeze=False)
+  for r in records:
+    ax = axes[0][depths.index(r["depth"])]
+    top = max(m["learning_rate"] for m in r["members"])
+    for warmup in sorted({m["warmup_steps"] for m in r["members"]}):
+      mem = [
+          m
+          for m in r["members"]
+          if m["learning_rate"] == top and m["warmup_steps"] == warmup and not m.get("diverged")
+      ]
+      if not mem:
+        continue
+      steps = mem[0]["eval_steps"]
+      mean = [sum(m["attention_logit_max"][i] for m in mem) / len(mem) for i in range(len(steps))]
+      ax.plot(
+          steps,
+          mean,
+          "-" if r["qk_norm"] else "--",
+          color=PLACEMENT_COLORS[r["placement"]],
+          alpha=1.0 if warmup else 0.5,
+          label=f"{r['placement']}, qk {'on' if r['qk_norm'] else 'off'}, warmup {warmup}",
+      )
+    ax.set_yscale("log")
+    ax.set_title(f"depth {r['depth']}: largest attention logit, LR {top:g}")
+    ax.set_xlabel("step")
+  if axes[0][0].get_legend_handles_labels()[0]:
+    axes[0][0].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(out / "attention_logits.png", dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "lr_sensitivity.py")
+  if not FLAGS.sweep or not FLAGS.out:
+    raise cli.UserError(
+        "--sweep and --out are required, e.g. --sweep experiments/lr_sensitivity.py "
+        "--out experiments/results/lr_sensitivity"
+    )
+  from absl import logging
+
+  logging.set_verbosity(logging.WARNING)
+  sweep = load_sweep(FLAGS.sweep)
+  out = pathlib.Path(FLAGS.out)
+  out.mkdir(parents=True, exist_ok=True)
+  entries = sweep.populations(FLAGS.scale)
+  for e in entries:  # every configuration is checked before anything trains
+    population_config(sweep, e, out)
+  done = read_done(out / "populations.jsonl")
+  todo = [] if FLAGS.report_only else [e for e in entries if e["name"] not in done]
+  if FLAGS.max_populations:
+    todo = todo[: FLAGS.max_populations]
+  print(f"{len(entries)} populations: {len(done)} finished, {len(todo)} to run now", flush=True)
+  t0 = time.perf_counter()
+  for k, e in enumerate(todo, start=1):
+    record = run_population(sweep, e, out)
+    with open(out / "populations.jsonl", "a") as f:
+      f.write(json.dumps(record) + "\n")
+    done[e["name"]] = record
+    print(
+        f"[{k}/{len(todo)}] {e['name']}: {record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s "
+        f"CPU; {time.perf_counter() - t0:.0f} s so far",
+        flush=True,
+    )
+  shutil.rmtree(out / "data", ignore_errors=True)  # the token cache
+  records = [done[e["name"]] for e in entries if e["name"] in done]
+  if records:
+    write_table(records, out)
+    plot(records, out)
+    print(f"wrote {out}/table.md, loss_vs_lr.png, attention_logits.png", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run_script(main)

@@ -1,0 +1,273 @@
+"""Population training: members equal their solo runs, a diverged member is masked, resume is
+exact, evaluation reports the instability diagnostics; qk_norm and z_loss do what they say."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from transformers_jax import counting
+from transformers_jax.cli import UserError
+from transformers_jax.config import ModelConfig
+from transformers_jax.models import build_model, example_inputs
+from transformers_jax.tasks import cross_entropy
+from transformers_jax.train import optim, population
+from transformers_jax.train.loop import train
+
+from conftest import ROOT
+
+STEPS = 20
+TINY = {
+    "steps": STEPS,
+    "batch_size": 4,
+    "seq_len": 16,
+    "log_every": 1,
+    "eval_every": 10,
+    "eval_batches": 1,
+    "checkpoint_every": 10,
+    "warmup_steps": 5,
+    "learning_rate": 3e-3,
+    "model.d_model": 32,
+    "model.num_heads": 2,
+    "model.max_len": 32,
+    "model.scan_layers": True,
+    "sample.max_new_tokens": 0,
+}
+# Two seeds x (a sane rate, a rate that overflows the parameters at once) = four members.
+POPULATION = {"population.seeds": 2, "population.learning_rates": "(3e-3, 1e30)"}
+
+
+def make_config(experiment, **fields):
+  config = experiment("gpt2", "tiny")
+  config.update_from_flattened_dict({**TINY, **fields})
+  return config
+
+
+def lines(workdir):
+  text = (pathlib.Path(workdir) / "metrics.jsonl").read_text()
+  return [json.loads(x) for x in text.splitlines()]
+
+
+def member_losses(workdir, member):
+  return {x["step"]: x["loss"] for x in lines(workdir) if x.get("member") == member and "loss" in x}
+
+
+@pytest.fixture(scope="module")
+def population_run(experiment, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("population")
+  result = train(make_config(experiment, **POPULATION), workdir)
+  return workdir, result
+
+
+def test_members_are_the_product_of_seeds_and_lists(experiment):
+  config = make_config(
+      experiment,
+      **{
+          "population.seeds": 3,
+          "population.learning_rates": "(1e-3, 1e-2)",
+          "population.warmup_steps": "(0, 4)",
+      },
+  )
+  table = population.members(config)
+  assert len(table) == 3 * 2 * 2
+  assert {(m["seed"], m["learning_rate"], m["warmup_steps"]) for m in table} == {
+      (s, lr, w) for s in (0, 1, 2) for lr in (1e-3, 1e-2) for w in (0, 4)
+  }
+  assert all(m["weight_decay"] == config.weight_decay for m in table)
+  assert [m["member"] for m in table] == list(range(12))
+
+
+@pytest.mark.parametrize("text", ["(1e-3, x)", "()", "(-1e-3,)", "[1e-3, nan]"])
+def test_bad_population_lists_are_refused(experiment, text):
+  config = make_config(experiment, **{"population.learning_rates": text})
+  with pytest.raises(UserError, match="population.learning_rates"):
+    population.members(config)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "constant", "rsqrt"])
+def test_member_schedule_equals_the_solo_schedule(experiment, kind):
+  config = make_config(experiment, lr_schedule=kind, steps=50, warmup_steps=7)
+  solo = optim.schedule(config)
+  member = population.member_schedule(config, jnp.float32(3e-3), jnp.float32(7))
+  steps = jnp.arange(0, 60)
+  np.testing.assert_allclose(jax.vmap(member)(steps), jax.vmap(solo)(steps), rtol=1e-6, atol=1e-12)
+
+
+def test_a_member_trains_as_its_solo_run(experiment, population_run, tmp_path):
+  workdir, _ = population_run
+  solo = make_config(experiment, seed=1, learning_rate=3e-3)
+  train(solo, tmp_path)
+  solo_losses = {x["step"]: x["loss"] for x in lines(tmp_path) if "loss" in x}
+  member = member_losses(workdir, 2)  # seed 1, learning rate 3e-3
+  assert sorted(member) == list(range(1, STEPS + 1)) == sorted(solo_losses)
+  np.testing.assert_allclose(
+      [member[s] for s in sorted(member)], [solo_losses[s] for s in sorted(member)], atol=1e-5
+  )
+  solo_eval = [x for x in lines(tmp_path) if "eval_loss" in x][-1]
+  assert len(solo_eval["attention_logit_max"]["decoder"]) == 2  # solo runs report it too
+  # the two seeds differ (parameters and batches are the seed's)
+  assert member_losses(workdir, 0)[STEPS] != member[STEPS]
+
+
+def test_a_diverged_member_is_marked_and_the_others_carry_on(population_run):
+  workdir, result = population_run
+  final = {m["member"]: m for m in result["members"]}
+  for i in (1, 3):  # learning rate 1e30
+    assert final[i]["diverged"] and 1 <= final[i]["diverged_at"] <= STEPS
+  for i in (0, 2):
+    assert not final[i]["diverged"] and math.isfinite(final[i]["loss"])
+    assert final[i]["loss"] < math.log(256)  # learned something
+  last = [x for x in lines(workdir) if x["step"] == STEPS and "loss" in x]
+  assert [x["diverged"] for x in sorted(last, key=lambda x: x["member"])] == [
+      False,
+      True,
+      False,
+      True,
+  ]
+
+
+def test_evaluation_reports_logit_diagnostics_per_member(population_run):
+  workdir, _ = population_run
+  evals = [x for x in lines(workdir) if "eval_loss" in x]
+  assert sorted({(x["step"], x["member"]) for x in evals}) == [
+      (s, m) for s in (10, 20) for m in range(4)
+  ]
+  healthy = [x for x in evals if x["member"] in (0, 2)]
+  for x in healthy:
+    assert len(x["attention_logit_max"]["decoder"]) == 2  # one per block
+    assert all(math.isfinite(v) for v in x["attention_logit_max"]["decoder"])
+    assert x["eval_logit_max"] >= x["eval_logit_mean"]
+    assert math.isfinite(x["eval_loss"])
+  assert any((pathlib.Path(workdir) / "tb").glob("events*")), "TensorBoard events are written"
+
+
+def test_resume_is_bit_exact(experiment, population_run, tmp_path):
+  workdir, _ = population_run
+  config = make_config(experiment, **POPULATION, stop_after=10)
+  train(config, tmp_path)
+  assert max(x["step"] for x in lines(tmp_path)) == 10
+  config = make_config(experiment, **POPULATION)
+  train(config, tmp_path)
+  for member in range(4):
+    resumed, straight = member_losses(tmp_path, member), member_losses(workdir, member)
+    assert [resumed[s] for s in range(11, STEPS + 1)] == [
+        straight[s] for s in range(11, STEPS + 1)
+    ] or all(math.isnan(resumed[s]) and math.isnan(straight[s]) for s in range(11, STEPS + 1))
+  # resuming with other members is refused
+  config = make_config(experiment, **{**POPULATION, "population.learning_rates": "(1e-3, 1.0)"})
+  with pytest.raises(UserError, match="other members"):
+    train(config, tmp_path)
+
+
+def _largest_logit(c, scale_qk: float) -> float:
+  """The largest first-block attention logit with the query and key kernels scaled up."""
+  model = build_model(c)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), *example_inputs(c))["params"])
+
+  def grow(path, x):
+    names = jax.tree_util.keystr(path)
+    return x * scale_qk if ("'query'" in names or "'key'" in names) else x
+
+  params = jax.tree_util.tree_map_with_path(grow, params)
+  _, state = model.apply({"params": params}, *example_inputs(c), mutable=["intermediates"])
+  return float(state["intermediates"]["decoder"]["layer_0"]["self_attn"]["attention_logit_max"][0])
+
+
+def test_qk_norm_normalises_queries_and_keys_and_is_counted():
+  c = ModelConfig(qk_norm=True, d_model=32, num_heads=2, max_len=16)
+  model = build_model(c)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), *example_inputs(c))["params"])
+  attn = params["decoder"]["layer_0"]["self_attn"]
+  assert attn["query_norm"]["scale"].shape == (16,) == attn["key_norm"]["scale"].shape
+  assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == counting.count(c)
+  # unit-scale normalised queries and keys: a logit is at most |q||k|/sqrt(K) = sqrt(K) = 4,
+  # however large the projections grow; without the norms the logits grow with them
+  assert _largest_logit(c, 100.0) <= 4.0 + 1e-4
+  assert _largest_logit(c.replace(qk_norm=False), 100.0) > 100.0
+  with pytest.raises(ValueError, match="model.qk_norm"):
+    ModelConfig(qk_norm="yes")
+
+
+def test_z_loss_adds_the_squared_log_partition():
+  logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 7)) * 3
+  targets = jnp.zeros((2, 3), jnp.int32)
+  weights = jnp.ones((2, 3))
+  plain = cross_entropy(logits, targets, weights)
+  with_z = cross_entropy(logits, targets, weights, z_loss=1e-2)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  np.testing.assert_allclose(with_z["loss"] - plain["loss"], 1e-2 * jnp.sum(lse**2), rtol=1e-5)
+  np.testing.assert_allclose(plain["z_loss"], jnp.sum(lse**2), rtol=1e-6)
+  assert plain["nll"] == with_z["nll"]
+
+
+def test_members_split_over_devices_train_as_on_one(population_run, tmp_path):
+  """The same population on two CPU devices (two members each) logs the same losses."""
+  workdir, result = population_run
+  assert result["member_devices"] == 1
+  flags = [f"--config.{k}={v}" for k, v in {**TINY, **POPULATION}.items()]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.train", "--cpu_devices=2"]
+      + ["--config", str(ROOT / "experiments" / "gpt2.py:tiny"), f"--workdir={tmp_path}"]
+      + flags
+      + ["--config.eval_every=0", "--config.checkpoint_every=0"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "split over 2 device(s)" in proc.stdout
+  for member in (0, 2):
+    split, one = member_losses(tmp_path, member), member_losses(workdir, member)
+    np.testing.assert_allclose(
+        [split[s] for s in sorted(one)], [one[s] for s in sorted(one)], atol=1e-5
+    )
+
+
+def test_lr_sensitivity_figure_of_merit():
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import lr_sensitivity
+
+  initial = math.log(256)
+  flat = {1e-3: [2.0, 2.0], 1e-2: [2.0, 2.0]}
+  assert lr_sensitivity.lr_sensitivity(flat, initial) == (0.0, 1e-3, 2.0)
+  # one rate at the best loss, one diverged (capped at the initial loss): half the gap
+  sens, best_lr, best = lr_sensitivity.lr_sensitivity({1e-3: [2.0], 1e-1: [initial]}, initial)
+  assert (best_lr, best) == (1e-3, 2.0) and sens == pytest.approx((initial - 2.0) / 2)
+  record = {
+      "vocab_size": 256,
+      "members": [
+          {"learning_rate": 1e-3, "warmup_steps": 0, "eval_loss": 2.5, "diverged": False},
+          {"learning_rate": 1e-1, "warmup_steps": 0, "eval_loss": float("nan"), "diverged": True},
+          {"learning_rate": 1e-1, "warmup_steps": 0, "eval_loss": 9.0, "diverged": False},
+      ],
+  }
+  assert lr_sensitivity.curves(record) == {0: {1e-3: [2.5], 1e-1: [initial, initial]}}
+
+
+def test_lr_sensitivity_grid_covers_the_study():
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import lr_sensitivity
+
+  sweep = lr_sensitivity.load_sweep(ROOT / "experiments" / "lr_sensitivity.py")
+  entries = sweep.populations()
+  configs = [lr_sensitivity.population_config(sweep, e, ROOT / "unused") for e in entries]
+  assert len({e["name"] for e in entries}) == len(entries) == 3 * 2 * 2
+  assert {(c.model.norm_placement, c.model.qk_norm, c.model.num_layers) for c in configs} == {
+      (p, q, d) for p in ("pre", "post", "sandwich") for q in (False, True) for d in (2, 4)
+  }
+  for c in configs:
+    table = population.members(c)
+    rates = sorted({m["learning_rate"] for m in table})
+    assert len(rates) >= 7 and rates[0] <= 1e-4 and rates[-1] >= 1e-1
+    assert len({m["seed"] for m in table}) >= 3 and c.steps >= 1000
+    assert {m["warmup_steps"] for m in table} == {0, c.steps // 10}
