@@ -249,7 +249,10 @@ def batch_stream(fn, start: int, end: int, workers: int = 0, prefetch: int = 4) 
   """fn(start), fn(start + 1), ... fn(end - 1) from a grain dataset: `workers` processes
   (0 = threads in this process) compute them ahead, `prefetch` batches buffered."""
   import grain
+  from absl import flags
 
+  if not flags.FLAGS.is_parsed():  # grain reads its absl flags; a library caller parsed none
+    flags.FLAGS.mark_as_parsed()
   ds = grain.MapDataset.range(start, end).map(fn)
   it = ds.to_iter_dataset(
       grain.ReadOptions(num_threads=max(1, min(prefetch, 8)), prefetch_buffer_size=max(prefetch, 1))

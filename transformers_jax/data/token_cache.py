@@ -2,7 +2,7 @@
 
 Layout of a cache folder (one per source content and tokenizer, under `root/<key>/`):
 
-  00000.tokens   flat token ids of unit 0 (uint16, or uint32 for vocabularies over 65,536)
+  00000.tokens   flat token ids of unit 0 (uint8, uint16 or uint32: the smallest that fits)
   00000.docs     uint64 end offsets of the documents in 00000.tokens
   00000.json     the shard's record: token count, source bytes, CRC-32 of both files
   manifest.json  every shard's record, written last: a cache without it is incomplete
@@ -36,6 +36,9 @@ FORMAT = 1
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
+  """The smallest unsigned integer type holding every id."""
+  if vocab_size <= 2**8:
+    return np.dtype(np.uint8)
   return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
