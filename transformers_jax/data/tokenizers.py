@@ -95,7 +95,9 @@ class BPETokenizer(Tokenizer):
     return self.hf.encode(text).ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in self.hf.encode_batch(list(texts))]
+    # the fast variant skips character offsets (same ids); older `tokenizers` lack it
+    encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
+    return [e.ids for e in encode(list(texts))]
 
   def decode(self, ids: Iterable[int]) -> str:
     return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
