@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -52,21 +53,39 @@ def split_spans(cache: TokenCache, fraction: float = 0.05) -> tuple[list[Span], 
 
 
 class TokenSpans:
-  """Random access to spans of a cache's shards, memory-mapped on first use (so the object
-  pickles small into grain's worker processes)."""
+  """Random access to spans of a cache's shards. Rows are read with positioned reads (pread)
+  rather than through a memory map, so the process's resident memory does not grow with the
+  part of the corpus it has touched; files open on first use (the object pickles small into
+  grain's worker processes)."""
 
   def __init__(self, cache: TokenCache, spans: Sequence[Span]):
     self.folder, self.dtype = cache.folder, cache.dtype
     self.spans = [s for s in spans if s.hi > s.lo]
     self._maps: dict[int, np.ndarray] = {}
+    self._files: dict[int, int] = {}
     self._docs = None
     self._doc_shards = {s.shard for s in self.spans}
     self._cache = cache
 
   def __getstate__(self):
     state = dict(self.__dict__)
-    state["_maps"], state["_docs"] = {}, None
+    state["_maps"], state["_files"], state["_docs"] = {}, {}, None
     return state
+
+  def __del__(self):
+    try:
+      for fd in self._files.values():
+        os.close(fd)
+    except (AttributeError, TypeError, OSError):  # at interpreter exit os may be gone
+      pass
+
+  def read(self, shard: int, start: int, count: int) -> np.ndarray:
+    """Tokens [start, start + count) of a shard as int32."""
+    if shard not in self._files:
+      self._files[shard] = os.open(self.folder / f"{shard:05d}.tokens", os.O_RDONLY)
+    size = self.dtype.itemsize
+    data = os.pread(self._files[shard], count * size, start * size)
+    return np.frombuffer(data, self.dtype).astype(np.int32)
 
   def tokens(self, shard: int) -> np.ndarray:
     if shard not in self._maps:
@@ -86,8 +105,7 @@ class TokenSpans:
     k = int(np.searchsorted(cumulative, index, side="right"))
     before = int(cumulative[k - 1]) if k else 0
     span = self.spans[k]
-    start = span.lo + index - before
-    return np.asarray(self.tokens(span.shard)[start : start + length], np.int32)
+    return self.read(span.shard, span.lo + index - before, length)
 
   def documents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shard, start, end) of every document piece inside the spans, in order."""
@@ -122,7 +140,7 @@ class TokenSpans:
         break
       size = min(size, length - filled)
       segment += 1
-      piece = self.tokens(int(shard_ids[d]))[int(starts[d]) : int(starts[d]) + size]
+      piece = self.read(int(shard_ids[d]), int(starts[d]), size)
       tokens[filled : filled + size] = piece
       segments[filled : filled + size] = segment
       positions[filled : filled + size] = np.arange(size)
@@ -231,7 +249,7 @@ def eval_windows(data: TokenSpans, batch_size: int, length: int, num_batches: in
   windows = []
   for span in data.spans:
     for start in range(span.lo, span.hi - length + 1, length):
-      windows.append(np.asarray(data.tokens(span.shard)[start : start + length], np.int32))
+      windows.append(data.read(span.shard, start, length))
       if len(windows) == batch_size * num_batches:
         break
     if len(windows) == batch_size * num_batches:

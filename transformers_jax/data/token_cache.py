@@ -117,10 +117,16 @@ def _tokenize_unit(args) -> dict:
   def flush():
     nonlocal count, separators
     for ids, ends_doc in zip(_encode(tok, texts), flags):
-      pieces.append(ids)
+      if ids.size and int(ids.max()) >= vocab_size:
+        raise DataError(
+            f"token id {int(ids.max())} is outside [0, vocab_size={vocab_size}) for the "
+            f"{tok.kind} tokenizer (vocab {tok.vocab_size}): set --config.model.vocab_size to "
+            f"at least {tok.vocab_size}"
+        )
+      pieces.append(ids.astype(dtype, copy=False))  # stored as they will be written
       count += len(ids)
       if ends_doc and count > (ends[-1] if ends else 0):  # an empty document adds nothing
-        extra = np.asarray([tok.eos_id]) if sep is None else sep
+        extra = (np.asarray([tok.eos_id]) if sep is None else sep).astype(dtype)
         pieces.append(extra)
         count += len(extra)
         separators += len(extra)
@@ -140,16 +146,10 @@ def _tokenize_unit(args) -> dict:
     if len(texts) >= 1024:
       flush()
   flush()
-  ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+  ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype)
   if tok.kind == "byte":
     source_bytes = count - separators
-  if ids.size and int(ids.max()) >= vocab_size:
-    raise DataError(
-        f"token id {int(ids.max())} is outside [0, vocab_size={vocab_size}) for the "
-        f"{tok.kind} tokenizer (vocab {tok.vocab_size}): set --config.model.vocab_size to at "
-        f"least {tok.vocab_size}"
-    )
-  tokens = ids.astype(dtype).tobytes()
+  tokens = ids.tobytes()
   docs = np.asarray(ends, np.uint64).tobytes()
   stem = folder / f"{index:05d}"
   _write_atomic(stem.with_suffix(".tokens"), tokens)
