@@ -161,37 +161,48 @@ def test_packed_rows_hold_whole_documents_with_restarting_positions(spans):
 
 
 def _per_example_logits(family):
-  """Per-token log-likelihoods of two short examples packed into one row, and each alone."""
+  """Logits of two short examples packed into one row of 16, and of each alone (padded to 16,
+  masked): ([16, V], [[9, V], [6, V]]), and the two examples."""
   from transformers_jax.config import ModelConfig, load_config_module
   from transformers_jax.models import build_model
 
   exp = {"decoder": "gpt2", "encoder": "bert", "encoder_decoder": "transformer"}[family]
   cfg = ModelConfig.from_dict(load_config_module(f"experiments/{exp}.py").get_config("tiny").model)
   model = build_model(cfg)
+  apply = model.apply  # eager: cheaper than compiling the whole model for three calls
   rng = np.random.default_rng(0)
   a, b = (rng.integers(3, 200, n).astype(np.int32) for n in (9, 6))
   row = np.concatenate([a, b, np.zeros(1, np.int32)])[None]
   seg = np.asarray([[1] * 9 + [2] * 6 + [0]], np.int32)
   pos = np.asarray([list(range(9)) + list(range(6)) + [0]], np.int32)
+  alone = np.zeros((2, 16), np.int32)
+  alone[0, :9], alone[1, :6] = a, b
+  mask = (np.arange(16) < np.asarray([[9], [6]])).astype(np.int32)
   if family == "encoder_decoder":
-    packing = dict(src_segments=seg, src_positions=pos, tgt_segments=seg, tgt_positions=pos)
     variables = model.init(jax.random.key(0), row, row)
-    packed = model.apply(variables, row, row, packing=packing)["logits"][0]
-    alone = [model.apply(variables, x[None], x[None])["logits"][0] for x in (a, b)]
+    packing = dict(src_segments=seg, src_positions=pos, tgt_segments=seg, tgt_positions=pos)
+    packed = apply(variables, row, row, packing=packing)["logits"][0]
+    single = apply(variables, alone, alone, src_mask=mask, tgt_mask=mask)["logits"]
   else:
     variables = model.init(jax.random.key(0), row)
-    packed = model.apply(variables, row, positions=pos, segment_ids=seg)["logits"][0]
-    alone = [model.apply(variables, x[None])["logits"][0] for x in (a, b)]
-  return packed, alone
+    packed = apply(variables, row, positions=pos, segment_ids=seg)["logits"][0]
+    single = apply(variables, alone, attention_mask=mask)["logits"]
+  return packed, [single[0, :9], single[1, :6]], (a, b)
 
 
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
 def test_a_packed_row_gives_each_example_its_own_losses(family):
-  packed, (alone_a, alone_b) = _per_example_logits(family)
+  packed, (alone_a, alone_b), (a, b) = _per_example_logits(family)
   logp = jax.nn.log_softmax(packed)
   np.testing.assert_allclose(logp[:9], jax.nn.log_softmax(alone_a), atol=2e-5)
   np.testing.assert_allclose(logp[9:15], jax.nn.log_softmax(alone_b), atol=2e-5)
   assert jnp.all(jnp.isfinite(packed))
+
+  def loss(lp, targets):  # each example's summed cross-entropy on its own tokens
+    return float(-jnp.take_along_axis(lp, jnp.asarray(targets)[:, None], 1).sum())
+
+  np.testing.assert_allclose(loss(logp[:9], a), loss(jax.nn.log_softmax(alone_a), a), rtol=1e-5)
+  np.testing.assert_allclose(loss(logp[9:15], b), loss(jax.nn.log_softmax(alone_b), b), rtol=1e-5)
 
 
 WORKER = r"""
