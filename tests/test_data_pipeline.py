@@ -293,3 +293,19 @@ def test_training_on_packed_jsonl_resumes_bit_exactly_and_reports_bits_per_byte(
   bpb = [r["eval_bits_per_byte"] for r in rows if "eval_bits_per_byte" in r]
   # byte tokens: one byte per target except the end-of-document ids, which stand for none
   assert len(bpb) == 1 and bpb[0] >= whole["eval_loss"] / np.log(2)
+
+
+def test_packing_is_refused_where_it_has_no_meaning():
+  from transformers_jax.config import ModelConfig, load_config_module
+  from transformers_jax.train_config import validate
+
+  bert = load_config_module("experiments/bert.py").get_config("tiny")
+  bert.model.head, bert.data.packing, bert.data.path = "classifier", True, "x.tsv"
+  with pytest.raises(ValueError, match="data.packing"):
+    validate(bert, ModelConfig.from_dict(bert.model), 1)
+  gpt = load_config_module("experiments/gpt2.py").get_config("tiny")
+  gpt.data.packing = True  # the bundled corpus is one token stream: nothing to pack
+  with pytest.raises(ValueError, match="data.path"):
+    validate(gpt, ModelConfig.from_dict(gpt.model), 1)
+  gpt.data.path = "corpus.jsonl"
+  validate(gpt, ModelConfig.from_dict(gpt.model), 1)

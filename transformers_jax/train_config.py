@@ -120,6 +120,11 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
       fail(field, "must be >= 0")
   if config.data.packing and not config.data.path:
     fail("data.packing", "packs the documents of --config.data.path; set one or turn it off")
+  if config.data.packing and not (
+      model_cfg.family == "decoder"
+      or (model_cfg.family == "encoder" and model_cfg.head_kind == "mlm")
+  ):
+    fail("data.packing", "packs documents for language models (decoder, or encoder with head=mlm)")
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
   if not config.adam_eps > 0:

@@ -31,15 +31,26 @@ def text_cache(config, model_cfg, workdir: pathlib.Path, specials: bool):
     texts = sources.sample_texts(files, config.data.text_field, BPE_TRAIN_BYTES)
   tok = run_tokenizer(config, model_cfg, workdir, texts, specials)
   root = pathlib.Path(config.data.cache_dir or workdir / "data") / "token_cache"
-  cache = build_cache(
-      config.data.path,
-      tok,
-      root,
-      model_cfg.vocab_size,
-      workers=tokenize_workers(config),
-      text_field=config.data.text_field,
-  )
-  return tok, cache
+
+  def build():
+    return build_cache(
+        config.data.path,
+        tok,
+        root,
+        model_cfg.vocab_size,
+        workers=tokenize_workers(config),
+        text_field=config.data.text_field,
+    )
+
+  if jax.process_count() == 1:
+    return tok, build()
+  # Several hosts: process 0 tokenizes first; the others then find its cache complete on a
+  # shared file system (or build their own where the folder is local).
+  from jax.experimental import multihost_utils
+
+  cache = build() if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices("token cache built")
+  return tok, cache or build()
 
 
 def streamed_text_data(config, model_cfg, workdir, kind: str) -> TaskData:
