@@ -300,7 +300,8 @@ def test_packing_is_refused_where_it_has_no_meaning():
   from transformers_jax.train_config import validate
 
   bert = load_config_module("experiments/bert.py").get_config("tiny")
-  bert.model.head, bert.data.packing, bert.data.path = "classifier", True, "x.tsv"
+  bert.model.head, bert.model.num_classes = "classifier", 2
+  bert.data.packing, bert.data.path = True, "x.tsv"
   with pytest.raises(ValueError, match="data.packing"):
     validate(bert, ModelConfig.from_dict(bert.model), 1)
   gpt = load_config_module("experiments/gpt2.py").get_config("tiny")
