@@ -59,6 +59,11 @@ def training_fields() -> ml_collections.ConfigDict:
   c.data.cache_dir = ""  # where token files go; "" = WORKDIR/data
   c.data.max_bytes = 4_000_000  # size cap of the bundled corpus's training split
   c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
+  c.data.text_field = "text"  # .jsonl field / .parquet column holding the text
+  c.data.packing = False  # LM / MLM on data.path: rows of whole documents with segment ids
+  c.data.workers = 0  # batch worker processes of the grain pipeline (0 = threads in-process)
+  c.data.prefetch = 4  # batches computed ahead of the train step
+  c.data.tokenize_workers = 0  # processes tokenizing data.path into its cache; 0 = all cores
   c.data.max_number = 99_999  # numbers task: largest number translated
   c.data.direction = "digits_to_words"  # numbers task: digits_to_words | words_to_digits
   # device mesh: axis sizes (-1 = the rest) or a preset: data | fsdp | fsdp_tensor
@@ -126,6 +131,16 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     fail("lr_schedule", f"choose one of {', '.join(SCHEDULES)}")
   if config.data.direction not in DIRECTIONS:
     fail("data.direction", f"choose one of {', '.join(DIRECTIONS)}")
+  for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
+    if config_value(config, field) < 0:
+      fail(field, "must be >= 0")
+  if config.data.packing and not config.data.path:
+    fail("data.packing", "packs the documents of --config.data.path; set one or turn it off")
+  if config.data.packing and not (
+      model_cfg.family == "decoder"
+      or (model_cfg.family == "encoder" and model_cfg.head_kind == "mlm")
+  ):
+    fail("data.packing", "packs documents for language models (decoder, or encoder with head=mlm)")
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
   if not config.adam_eps > 0:

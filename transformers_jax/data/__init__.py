@@ -22,6 +22,7 @@ from transformers_jax.data.tokenizers import (
     Tokenizer,
     load_tokenizer,
     make_tokenizer,
+    token_byte_lengths,
     train_bpe,
 )
 
@@ -47,5 +48,6 @@ __all__ = [
     "number_to_words",
     "prepare_tokens",
     "read_text_path",
+    "token_byte_lengths",
     "train_bpe",
 ]

@@ -95,7 +95,9 @@ class BPETokenizer(Tokenizer):
     return self.hf.encode(text).ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in self.hf.encode_batch(list(texts))]
+    # the fast variant skips character offsets (same ids); older `tokenizers` lack it
+    encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
+    return [e.ids for e in encode(list(texts))]
 
   def decode(self, ids: Iterable[int]) -> str:
     return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -131,11 +133,16 @@ def load_tokenizer(path: str | pathlib.Path) -> Tokenizer:
   """Load a tokenizer saved with ``Tokenizer.save``."""
   path = pathlib.Path(path)
   try:
-    spec = json.loads(path.read_text(encoding="utf-8"))
+    return load_tokenizer_json(path.read_text(encoding="utf-8"), path)
   except (OSError, ValueError) as e:
     raise DataError(
         f"cannot read tokenizer file '{path}' ({e}): pass a JSON file written by Tokenizer.save"
     ) from e
+
+
+def load_tokenizer_json(text: str, path: str | pathlib.Path = "<json>") -> Tokenizer:
+  """A tokenizer from the JSON text ``Tokenizer.to_json`` wrote."""
+  spec = json.loads(text)
   if isinstance(spec, dict) and spec.get("kind") == "byte":
     return ByteTokenizer(bool(spec.get("specials")))
   if isinstance(spec, dict) and "model" in spec:
@@ -164,3 +171,23 @@ def make_tokenizer(
       raise DataError("the BPE tokenizer needs training text: pass texts to make_tokenizer")
     return train_bpe(texts, vocab_size)
   raise DataError(f"unknown tokenizer kind {kind!r}: use 'byte' or 'bpe'")
+
+
+def token_byte_lengths(tok: Tokenizer) -> list[int]:
+  """UTF-8 bytes each id stands for (0 for special ids), for bits per byte."""
+  special = set(tok.special_ids)
+  if tok.kind == "byte":
+    return [0 if i in special or i >= 256 else 1 for i in range(tok.vocab_size)]
+  from tokenizers import pre_tokenizers
+
+  alphabet = set(pre_tokenizers.ByteLevel.alphabet())  # byte-level BPE: one char per byte
+  out = []
+  for i in range(tok.vocab_size):
+    piece = tok.hf.id_to_token(i)
+    if i in special or piece is None:
+      out.append(0)
+    elif all(ch in alphabet for ch in piece):
+      out.append(len(piece))
+    else:
+      out.append(len(tok.hf.decode([i]).encode("utf-8")))
+  return out

@@ -33,6 +33,27 @@ def padding_mask(query_mask, key_mask=None):
   return keys.astype(bool)[:, None, None, :]
 
 
+def segment_mask(query_segments, key_segments=None):
+  """Packed rows: [B, T] and [B, S] integer segment ids -> boolean [B, 1, T, S], True where a
+  query and a key belong to the same segment (None if no ids are given). Padding shares id 0,
+  so its rows attend only padding and stay finite; the loss gives them no weight."""
+  if query_segments is None:
+    return None
+  keys = query_segments if key_segments is None else key_segments
+  return query_segments[:, None, :, None] == keys[:, None, None, :]
+
+
+def and_masks(*masks):
+  """The conjunction of boolean masks that broadcast together; None ones are skipped."""
+  present = [m for m in masks if m is not None]
+  if not present:
+    return None
+  out = present[0]
+  for m in present[1:]:
+    out = out & m
+  return out
+
+
 def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
   """Tied (x E^T) or separate unembedding (+ `bias` [V padded]), in float32 for the loss, kept
   split over the batch (and the vocabulary over `tensor`), padded ids masked out."""

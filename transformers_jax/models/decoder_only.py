@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from flax import linen as nn
 
-from transformers_jax.models.common import check_length, default_positions, lm_logits, padding_mask
+from transformers_jax.models.common import (
+    and_masks,
+    check_length,
+    default_positions,
+    lm_logits,
+    padding_mask,
+    segment_mask,
+)
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.norms import Norm
@@ -17,13 +24,17 @@ class DecoderOnly(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, tokens, attention_mask=None, positions=None, last_logits_only=False):
+  def __call__(
+      self, tokens, attention_mask=None, positions=None, last_logits_only=False, segment_ids=None
+  ):
     """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32}.
 
     With `decode=True` (the KV cache, see Attention) `attention_mask` is over the cache's L slots
     ([B, L], 1 = a real token), and `positions` default to the cache's running count; a batch
     of left-padded prompts passes each row's own positions (transformers_jax.decode does).
     `last_logits_only`: logits of the last position only ([B, 1, V]; a prefill needs no more).
+    `segment_ids` [B, T] (packed rows, not with `decode`): a token attends only earlier tokens of
+    its own segment; pass `positions` that restart at each segment.
     """
     c = self.cfg
     B, T = tokens.shape
@@ -39,7 +50,7 @@ class DecoderOnly(nn.Module):
         deterministic=self.deterministic,
         decode=self.decode,
         name="decoder",
-    )(x, padding_mask(attention_mask), positions)
+    )(x, and_masks(padding_mask(attention_mask), segment_mask(segment_ids)), positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     return {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}

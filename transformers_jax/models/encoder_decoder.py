@@ -12,9 +12,11 @@ from flax import linen as nn
 
 from transformers_jax.models.common import (
     check_length,
+    and_masks,
     default_positions,
     output_logits,
     padding_mask,
+    segment_mask,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.common import dense
@@ -52,29 +54,61 @@ class EncoderDecoder(nn.Module):
     if self.decode:
       self.position = DecodeCounter()
 
-  def encode(self, src, src_mask=None):
-    """src [B, S] -> encoded [B, S, D]."""
+  def encode(self, src, src_mask=None, src_segments=None, src_positions=None):
+    """src [B, S] -> encoded [B, S, D]. Packed rows pass `src_segments` [B, S] (a token attends
+    only its own segment) and `src_positions` restarting at each segment."""
     c = self.cfg
     B, S = src.shape
     check_length(c, S, "source")
-    positions = default_positions(B, S)
+    positions = default_positions(B, S) if src_positions is None else src_positions
     embedder = self.embed if c.share_embeddings else self.src_embed
-    x = self.encoder(embedder(src, positions), padding_mask(src_mask), positions)
+    mask = and_masks(padding_mask(src_mask), segment_mask(src_segments))
+    x = self.encoder(embedder(src, positions), mask, positions)
     return self.encoder_norm(x) if c.has_final_norm else x
 
-  def decode_logits(self, encoded, tgt, src_mask=None, tgt_mask=None):
-    """encoded [B, S, D], tgt [B, T] (teacher-forced input) -> {'hidden', 'logits' [B, T, V]}."""
+  def decode_logits(
+      self,
+      encoded,
+      tgt,
+      src_mask=None,
+      tgt_mask=None,
+      src_segments=None,
+      tgt_segments=None,
+      tgt_positions=None,
+  ):
+    """encoded [B, S, D], tgt [B, T] (teacher-forced input) -> {'hidden', 'logits' [B, T, V]}.
+
+    Packed rows (training only): target segment i attends its own earlier tokens and the source
+    tokens of segment i; `tgt_positions` restart at each segment."""
     c = self.cfg
     B, T = tgt.shape
     check_length(c, T, "target")
-    positions = self.position(B, T) if self.decode else default_positions(B, T)
+    if self.decode:
+      positions = self.position(B, T)
+    else:
+      positions = default_positions(B, T) if tgt_positions is None else tgt_positions
     x = self.embed(tgt, positions)
-    self_mask = None if self.decode else padding_mask(tgt_mask)  # the cache masks itself
-    x = self.decoder(x, self_mask, positions, encoded, padding_mask(src_mask))
+    self_mask = None  # the cache masks itself
+    if not self.decode:
+      self_mask = and_masks(padding_mask(tgt_mask), segment_mask(tgt_segments))
+    cross_mask = and_masks(padding_mask(src_mask), segment_mask(tgt_segments, src_segments))
+    x = self.decoder(x, self_mask, positions, encoded, cross_mask)
     if c.has_final_norm:
       x = self.decoder_norm(x)
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)
     return {"hidden": x, "logits": output_logits(c, logits)}
 
-  def __call__(self, src, tgt, src_mask=None, tgt_mask=None):
-    return self.decode_logits(self.encode(src, src_mask), tgt, src_mask, tgt_mask)
+  def __call__(self, src, tgt, src_mask=None, tgt_mask=None, packing=None):
+    """`packing`: None, or a dict of src_segments, src_positions, tgt_segments, tgt_positions
+    ([B, S] / [B, T]) for packed rows."""
+    p = packing or {}
+    encoded = self.encode(src, src_mask, p.get("src_segments"), p.get("src_positions"))
+    return self.decode_logits(
+        encoded,
+        tgt,
+        src_mask,
+        tgt_mask,
+        p.get("src_segments"),
+        p.get("tgt_segments"),
+        p.get("tgt_positions"),
+    )

@@ -10,7 +10,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.common import check_length, default_positions, lm_logits, padding_mask
+from transformers_jax.models.common import (
+    and_masks,
+    check_length,
+    default_positions,
+    lm_logits,
+    padding_mask,
+    segment_mask,
+)
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.common import activation, dense, dtype_of, zeros
 from transformers_jax.modules.embed import Embedder
@@ -23,8 +30,15 @@ class EncoderOnly(nn.Module):
   decode: bool = False  # unused: an encoder has nothing to cache
 
   @nn.compact
-  def __call__(self, tokens, attention_mask=None, token_types=None, positions=None):
-    """tokens [B, S] -> {'hidden', and 'pooled' / 'logits' as the head gives}."""
+  def __call__(
+      self, tokens, attention_mask=None, token_types=None, positions=None, segment_ids=None
+  ):
+    """tokens [B, S] -> {'hidden', and 'pooled' / 'logits' as the head gives}.
+
+    `segment_ids` [B, S] (packed rows): a token attends only tokens of its own segment; pass
+    `positions` that restart at each segment. The pooled heads read position 0 only, so they
+    take unpacked rows.
+    """
     c = self.cfg
     B, S = tokens.shape
     check_length(c, S)
@@ -33,7 +47,7 @@ class EncoderOnly(nn.Module):
     embedder = Embedder(c, self.deterministic, name="embed")
     x = embedder(tokens, positions, token_types)
     x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(
-        x, padding_mask(attention_mask), positions
+        x, and_masks(padding_mask(attention_mask), segment_mask(segment_ids)), positions
     )
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)

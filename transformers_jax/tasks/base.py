@@ -26,6 +26,11 @@ class TaskData:
   eval_batches: list  # fixed held-out batches
   tokenizer: Any = None  # a transformers_jax.data tokenizer, or None (images)
   summary: str = ""  # one line on what the data is, printed at start
+  # (start, end) -> iterator of this process's rows of the batches of steps start..end-1, ahead
+  # of the step (worker processes, prefetch); None = the loop calls train_batch
+  train_stream: Callable[[int, int], Any] | None = None
+  # UTF-8 bytes the weighted targets of eval_batches stand for (LMs): eval bits per byte
+  eval_bytes: float | None = None
 
 
 class Task:
@@ -67,8 +72,10 @@ class Task:
     rng = np.random.default_rng(seed)
     out = {}
     for key, (shape, dtype) in self.batch_shapes(model_cfg, config).items():
-      if key.endswith("mask"):
+      if key.endswith("mask") or key == "segment_ids":
         out[key] = np.ones(shape, dtype)
+      elif key == "positions":
+        out[key] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
       elif key == "weights":
         out[key] = (rng.random(shape) < self.synthetic_weight).astype(dtype)
       elif key == "labels" and len(shape) == 1:

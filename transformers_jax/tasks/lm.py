@@ -16,20 +16,45 @@ class LanguageModeling(Task):
   language_model = True
 
   def batch_shapes(self, model_cfg, config):
-    return {"tokens": ((config.batch_size, config.seq_len + 1), np.int32)}
+    B, T = config.batch_size, config.seq_len
+    shapes = {"tokens": ((B, T + 1), np.int32)}
+    if config.data.packing:  # documents packed into rows (see data/pipeline.py)
+      shapes.update(
+          segment_ids=((B, T), np.int32), positions=((B, T), np.int32), weights=((B, T), np.float32)
+      )
+    return shapes
 
   def outputs(self, model, variables, batch, rngs, mutable):
     tokens = batch["tokens"]
-    out, state = model.apply(variables, tokens[:, :-1], rngs=rngs, mutable=mutable)
+    out, state = model.apply(
+        variables,
+        tokens[:, :-1],
+        positions=batch.get("positions"),
+        segment_ids=batch.get("segment_ids"),
+        rngs=rngs,
+        mutable=mutable,
+    )
     weights = batch.get("weights", jnp.ones(tokens[:, 1:].shape, jnp.float32))
     return (out["logits"], tokens[:, 1:], weights), state
 
   def data(self, config, model_cfg, workdir):
+    if config.data.path:
+      from transformers_jax.tasks.stream_data import streamed_text_data
+
+      return streamed_text_data(config, model_cfg, workdir, "lm")
     tok, train, val, summary = token_arrays(config, model_cfg, workdir, specials=False)
     train_b, val_b = D.LMBatches(train), D.LMBatches(val)
     B, T, seed = config.batch_size, config.seq_len, config.seed
     evals = [{"tokens": x} for x in val_b.eval_batches(B, T, config.eval_batches)]
-    return TaskData(lambda step: {"tokens": train_b.batch(step, B, T, seed)}, evals, tok, summary)
+    lengths = np.asarray(D.token_byte_lengths(tok), np.int64)
+    eval_bytes = float(sum(lengths[b["tokens"][:, 1:]].sum() for b in evals))
+    return TaskData(
+        lambda step: {"tokens": train_b.batch(step, B, T, seed)},
+        evals,
+        tok,
+        summary,
+        eval_bytes=eval_bytes,
+    )
 
   def sample(self, data, model_cfg, params, config):
     """The config's prompt continued with the KV cache."""

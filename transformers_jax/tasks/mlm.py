@@ -18,17 +18,31 @@ class MaskedLM(Task):
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
-    return {
+    shapes = {
         "inputs": ((B, T), np.int32),
         "labels": ((B, T), np.int32),
         "weights": ((B, T), np.float32),
     }
+    if config.data.packing:  # documents packed into rows (see data/pipeline.py)
+      shapes.update(segment_ids=((B, T), np.int32), positions=((B, T), np.int32))
+    return shapes
 
   def outputs(self, model, variables, batch, rngs, mutable):
-    out, state = model.apply(variables, batch["inputs"], rngs=rngs, mutable=mutable)
+    out, state = model.apply(
+        variables,
+        batch["inputs"],
+        positions=batch.get("positions"),
+        segment_ids=batch.get("segment_ids"),
+        rngs=rngs,
+        mutable=mutable,
+    )
     return (out["logits"], batch["labels"], batch["weights"]), state
 
   def data(self, config, model_cfg, workdir):
+    if config.data.path:
+      from transformers_jax.tasks.stream_data import streamed_text_data
+
+      return streamed_text_data(config, model_cfg, workdir, "mlm")
     tok, train, val, summary = token_arrays(config, model_cfg, workdir, specials=True)
     if tok.mask_id is None:
       raise ValueError("data.tokenizer: masked LM needs a [MASK] token; use byte or bpe")

@@ -116,6 +116,8 @@ def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
   out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
   if task.language_model:
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
+  if data.eval_bytes:  # nats per target token -> bits per byte of the text they stand for
+    out["eval_bits_per_byte"] = float(totals["nll"]) / math.log(2) / data.eval_bytes
   out.update(task.eval_metrics(data, model_cfg, params))
   if dropped is not None:  # MoE: routing choices over expert capacity (first held-out batch)
     out["eval_moe_dropped_fraction"] = dropped
@@ -208,10 +210,13 @@ def train(config, workdir: str, task=None) -> dict:
   last_saved = start
   pending, t_last, step_last = None, time.perf_counter(), start
   result: dict = {}
+  stream = None
   try:
     end = min(config.stop_after or config.steps, config.steps)
+    stream = data.train_stream(start, end) if data.train_stream else None
     for step in range(start, end):
-      batch = parallel.put_batch(_local(data.train_batch(step)), mesh)
+      local = next(stream) if stream is not None else _local(data.train_batch(step))
+      batch = parallel.put_batch(local, mesh)
       state, metrics = train_step(state, batch)
       # check the previous step while this one runs: a non-finite loss stops the run
       if pending is not None:
@@ -260,6 +265,8 @@ def train(config, workdir: str, task=None) -> dict:
             "same command again to resume"
         )
   finally:
+    if stream is not None and hasattr(stream, "close"):  # stops the pipeline's workers
+      stream.close()
     interrupt.restore()
     progress.close()
     writer.close()

@@ -1,0 +1,160 @@
+"""Text sources of any size, read in chunks: .txt files or folders, .jsonl and .parquet.
+
+A source is cut into *units* (a byte range of a .txt / .jsonl file, or a few row groups of a
+.parquet file) that can be read and tokenized independently, in any order and in parallel.
+A unit owns the lines that start inside its byte range, so every line is read exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from collections.abc import Iterator
+
+from transformers_jax.data.errors import DataError
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+# Bytes of text per unit: large enough that per-unit overhead vanishes, small enough to spread
+# a corpus over worker processes and to bound what one worker holds in memory.
+UNIT_BYTES = 16 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """One independently readable piece of a source file: bytes [start, end) of a text or JSONL
+  file, or row groups [start, end) of a Parquet file; `last` when it holds the file's end."""
+
+  path: str
+  kind: str  # txt | jsonl | parquet
+  start: int
+  end: int
+  last: bool
+
+
+def list_files(path: str | os.PathLike) -> list[pathlib.Path]:
+  """The .txt / .jsonl / .parquet files at `path` (a file, or a folder searched recursively)."""
+  root = pathlib.Path(path)
+  fix = "pass a .txt, .jsonl or .parquet file, or a folder of them, with --config.data.path"
+  if not root.exists():
+    raise DataError(f"data.path '{root}' does not exist: {fix}")
+  if root.is_file():
+    if root.suffix not in SUFFIXES:
+      raise DataError(f"data.path '{root}' is not a .txt, .jsonl or .parquet file: {fix}")
+    return [root]
+  files = sorted(f for f in root.rglob("*") if f.suffix in SUFFIXES and f.is_file())
+  if not files:
+    raise DataError(f"data.path '{root}' holds no .txt, .jsonl or .parquet files: {fix}")
+  return files
+
+
+def plan_units(files: list[pathlib.Path], unit_bytes: int = UNIT_BYTES) -> list[Unit]:
+  """Every file cut into units of about `unit_bytes` (Parquet: whole row groups)."""
+  units = []
+  for f in files:
+    kind = f.suffix[1:]
+    if kind == "parquet":
+      meta = _parquet_file(f).metadata
+      groups, size, first = meta.num_row_groups, 0, 0
+      for g in range(groups):
+        size += meta.row_group(g).total_byte_size
+        if size >= unit_bytes or g == groups - 1:
+          units.append(Unit(str(f), kind, first, g + 1, g == groups - 1))
+          first, size = g + 1, 0
+      continue
+    total = f.stat().st_size
+    edges = list(range(0, total, unit_bytes)) + [total]
+    if total == 0:
+      edges = [0, 0]
+    for a, b in zip(edges[:-1], edges[1:]):
+      units.append(Unit(str(f), kind, a, b, b == total))
+  return units
+
+
+def _parquet_file(path):
+  try:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path)
+  except ImportError as e:  # pragma: no cover - pyarrow is a dependency
+    raise DataError("reading .parquet needs pyarrow: pip install pyarrow") from e
+  except Exception as e:  # pyarrow raises its own error types for unreadable files
+    raise DataError(f"'{path}' is not a readable Parquet file ({e}): check the file") from e
+
+
+def _line_range(unit: Unit) -> bytes:
+  """The bytes of the whole lines that start in [unit.start, unit.end)."""
+  with open(unit.path, "rb") as f:
+    if unit.start > 0:
+      f.seek(unit.start - 1)
+      f.readline()  # the rest of the line that started before this unit
+    begin = f.tell()
+    if begin >= unit.end and unit.start > 0:
+      return b""
+    data = f.read(max(unit.end - begin, 0))
+    if data and not data.endswith(b"\n"):
+      data += f.readline()  # finish the last line started in this unit
+  return data
+
+
+def _decode(data: bytes, unit: Unit) -> str:
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(
+        f"'{unit.path}' is not valid UTF-8 ({e.reason} at byte {unit.start + e.start}): "
+        "re-encode it as UTF-8"
+    ) from e
+
+
+def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]]:
+  """(text, ends_document) pieces of a unit in order. A .txt file is one document, read in
+  pieces; each JSONL line and each Parquet row is one document."""
+  if unit.kind == "txt":
+    text = _decode(_line_range(unit), unit)
+    yield text, unit.last
+  elif unit.kind == "jsonl":
+    data = _line_range(unit)
+    for number, line in enumerate(data.splitlines()):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except ValueError as e:
+        raise DataError(
+            f"'{unit.path}': line {number + 1} after byte {unit.start} is not JSON ({e}): "
+            "write one JSON object per line"
+        ) from None
+      if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
+        raise DataError(
+            f"'{unit.path}': a line after byte {unit.start} has no string field "
+            f"'{text_field}': set --config.data.text_field to the field holding the text"
+        )
+      yield row[text_field], True
+  elif unit.kind == "parquet":
+    pf = _parquet_file(unit.path)
+    if text_field not in pf.schema_arrow.names:
+      raise DataError(
+          f"'{unit.path}' has no column '{text_field}' (columns: "
+          f"{', '.join(pf.schema_arrow.names)}): set --config.data.text_field"
+      )
+    for g in range(unit.start, unit.end):
+      column = pf.read_row_group(g, columns=[text_field]).column(0)
+      for text in column.to_pylist():
+        if text:
+          yield str(text), True
+  else:
+    raise DataError(f"unknown source kind {unit.kind!r}")
+
+
+def sample_texts(files: list[pathlib.Path], text_field: str, max_bytes: int) -> list[str]:
+  """Documents from the start of the source, about `max_bytes` of them (to train a BPE)."""
+  out, size = [], 0
+  for unit in plan_units(files, min(max_bytes, UNIT_BYTES)):
+    for text, _ in read_unit(unit, text_field):
+      out.append(text)
+      size += len(text)
+      if size >= max_bytes:
+        return out
+  return out
