@@ -19,13 +19,22 @@ import numpy as np
 
 @dataclasses.dataclass
 class TaskData:
-  """A task's data for one run: batches are numpy dicts, a pure function of (seed, step),
-  global (every process builds the same batch and keeps its own rows)."""
+  """A task's data for one run: batches are numpy dicts, a pure function of (seed, step).
+  Each process feeds only some rows of a global batch: `train_rows` builds just those, else they
+  are cut from `train_batch`."""
 
   train_batch: Callable[[int], dict]  # step -> global batch
   eval_batches: list  # fixed held-out batches
   tokenizer: Any = None  # a transformers_jax.data tokenizer, or None (images)
   summary: str = ""  # one line on what the data is, printed at start
+  # (step, first row, end row) -> those rows of the global batch, reading nothing else
+  train_rows: Callable[[int, int, int], dict] | None = None
+
+  def rows(self, step: int, start: int, stop: int) -> dict:
+    """Rows [start, stop) of the global batch of `step`."""
+    if self.train_rows is not None:
+      return self.train_rows(step, start, stop)
+    return {k: v[start:stop] for k, v in self.train_batch(step).items()}
 
 
 class Task:

@@ -29,7 +29,13 @@ class LanguageModeling(Task):
     train_b, val_b = D.LMBatches(train), D.LMBatches(val)
     B, T, seed = config.batch_size, config.seq_len, config.seed
     evals = [{"tokens": x} for x in val_b.eval_batches(B, T, config.eval_batches)]
-    return TaskData(lambda step: {"tokens": train_b.batch(step, B, T, seed)}, evals, tok, summary)
+    return TaskData(
+        lambda step: {"tokens": train_b.batch(step, B, T, seed)},
+        evals,
+        tok,
+        summary,
+        train_rows=lambda step, a, b: {"tokens": train_b.batch(step, B, T, seed, slice(a, b))},
+    )
 
   def sample(self, data, model_cfg, params, config):
     """The config's prompt continued with the KV cache."""

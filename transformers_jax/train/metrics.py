@@ -28,12 +28,27 @@ def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
   return 2 * n**3 / best
 
 
-def device_peak() -> tuple[float | None, str]:
-  """(peak FLOP/s of all local devices, where the figure comes from)."""
-  devices = jax.local_devices()
+def device_peak(devices=None, per_device_override: float = 0.0) -> tuple[float | None, str]:
+  """(peak FLOP/s of `devices`, where the figure comes from); default: every device of every
+  process, since throughput is counted over the global batch. `per_device_override` (FLOP/s of
+  one device, > 0) replaces the data sheet, e.g. for a chip the table does not know.
+
+  On a CPU the figure is measured: this host's matmul rate shared among its local devices, times
+  the devices of the whole run (every host is taken to be alike)."""
+  devices = list(jax.devices() if devices is None else devices)
+  if per_device_override:
+    return (
+        per_device_override * len(devices),
+        f"given per-device peak {per_device_override:.3g} FLOP/s x {len(devices)}",
+    )
   kind = devices[0].device_kind
   if devices[0].platform == "cpu":
-    return measured_cpu_peak(), "measured float32 1024x1024 matmul on this CPU"
+    local = max(1, sum(d.process_index == jax.process_index() for d in devices))
+    return (
+        measured_cpu_peak() / local * len(devices),
+        "measured float32 1024x1024 matmul on this CPU"
+        + (f" x {len(devices) // local} hosts' devices" if len(devices) > local else ""),
+    )
   chip = hardware.chip_for_kind(kind)
   if chip is None:
     return None, f"unknown peak for {kind!r}: MFU not reported"
