@@ -281,9 +281,32 @@ class _NoCluster(Exception):
 
 
 def _join(address, num_processes, process_id, timeout_s: int) -> None:
+  """jax.distributed.initialize, with a join that does not complete in `timeout_s` reported as
+  one error line and exit code 2. (JAX's own deadline ends the process from native code with a
+  page of log; a watchdog thread speaks first, and JAX's deadline is set after it.)"""
+  import os
+  import sys
+  import threading
+
+  who = f"process {process_id} of {num_processes}" if address else "this process"
+  where = f"the coordinator at {address}" if address else "the detected cluster"
+
+  def give_up():
+    print(
+        f"error: {who} could not join {where} within {timeout_s}s: check that every process "
+        "was started with the same --coordinator_address (reachable from every host, process "
+        "0's own host and a free port) and --num_processes, or raise --join_timeout_s",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(2)
+
+  watchdog = threading.Timer(timeout_s, give_up)
+  watchdog.daemon = True
+  watchdog.start()
   try:
     jax.distributed.initialize(
-        address, num_processes, process_id, initialization_timeout=int(timeout_s)
+        address, num_processes, process_id, initialization_timeout=int(timeout_s) + 60
     )
   except ValueError as e:  # raised before any connection: not enough to go on
     if address is None:
@@ -291,10 +314,9 @@ def _join(address, num_processes, process_id, timeout_s: int) -> None:
     raise JoinError(f"cannot join the coordinator at {address}: {e}") from None
   except RuntimeError as e:  # the connection or the rendezvous failed
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    where = f"the coordinator at {address}" if address else "the detected cluster"
     raise JoinError(
-        f"could not join {where} as process {process_id if process_id is not None else '?'}"
-        f" of {num_processes or '?'} within {timeout_s}s ({lines[0][:200] if lines else e!r}): "
-        "check that every process was started with the same --coordinator_address (reachable "
-        "from this host) and --num_processes, or raise --join_timeout_s"
+        f"{who} could not join {where} ({lines[0][:200] if lines else e!r}): check that every "
+        "process was started with the same --coordinator_address and --num_processes"
     ) from None
+  finally:
+    watchdog.cancel()
