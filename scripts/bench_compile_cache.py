@@ -70,6 +70,14 @@ def time_to_first_step(workdir, cache: str, data_cache) -> float:
     proc.wait()
 
 
+def shown(config: str) -> str:
+  """The config as the project's own relative path where it is one of its files."""
+  path = pathlib.Path(config.split(":")[0]).resolve()
+  if path.is_relative_to(ROOT):
+    return str(path.relative_to(ROOT)) + config[len(config.split(":")[0]) :]
+  return config
+
+
 def main(argv=None) -> None:
   cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_compile_cache.py")
   with tempfile.TemporaryDirectory() as tmp:
@@ -80,7 +88,7 @@ def main(argv=None) -> None:
     warm = time_to_first_step(tmp / "warm", str(tmp / "cache"), data)
     entries = sum(1 for _ in (tmp / "cache").iterdir())
   result = {
-      "config": FLAGS.config,
+      "config": shown(FLAGS.config),
       "cold_time_to_first_step_s": round(cold, 2),
       "warm_time_to_first_step_s": round(warm, 2),
       "warm_over_cold": round(warm / cold, 3),
@@ -89,7 +97,7 @@ def main(argv=None) -> None:
   text = json.dumps(result, indent=1)
   print(text)
   print("\n| config | cold (s) | warm (s) | warm / cold |\n|---|---|---|---|")
-  print(f"| {FLAGS.config} | {cold:.1f} | {warm:.1f} | {warm / cold:.2f} |")
+  print(f"| {shown(FLAGS.config)} | {cold:.1f} | {warm:.1f} | {warm / cold:.2f} |")
   if FLAGS.out:
     pathlib.Path(FLAGS.out).write_text(text + "\n")
 

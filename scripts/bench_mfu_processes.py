@@ -79,6 +79,14 @@ def last_logged(workdir) -> dict:
   return [r for r in rows if "tokens_per_s" in r][-1]
 
 
+def shown(config: str) -> str:
+  """The config as the project's own relative path where it is one of its files."""
+  path = pathlib.Path(config.split(":")[0]).resolve()
+  if path.is_relative_to(ROOT):
+    return str(path.relative_to(ROOT)) + config[len(config.split(":")[0]) :]
+  return config
+
+
 def main(argv=None) -> None:
   cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_mfu_processes.py")
   if FLAGS.devices < 2 or FLAGS.devices % 2:
@@ -116,7 +124,7 @@ def main(argv=None) -> None:
   tokens_ratio = b["tokens_per_s"] / a["tokens_per_s"]
   mfu_ratio = b["mfu"] / a["mfu"]
   result = {
-      "config": FLAGS.config,
+      "config": shown(FLAGS.config),
       "devices": FLAGS.devices,
       "one_process": {"tokens_per_s": a["tokens_per_s"], "mfu": a["mfu"]},
       "two_processes": {"tokens_per_s": b["tokens_per_s"], "mfu": b["mfu"]},
