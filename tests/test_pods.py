@@ -49,9 +49,10 @@ def test_mfu_peak_counts_the_devices_of_every_process(monkeypatch):
   assert peak == pytest.approx(8 * 459e12) and "TPU v5p" in source and "x 8" in source
   peak, _ = metrics.device_peak(fake_devices("NVIDIA H100 80GB HBM3", "gpu", 8, processes=4))
   assert peak == pytest.approx(32 * 989e12)
-  # a CPU: this host's measured rate spread over its local devices, times every device
+  # a CPU: the measured rate of one host, times the hosts
   monkeypatch.setattr(metrics, "measured_cpu_peak", lambda: 100.0)
-  assert metrics.device_peak(fake_devices("cpu", "cpu", 4))[0] == pytest.approx(200.0)
+  assert metrics.device_peak(fake_devices("cpu", "cpu", 4), cpu_hosts=2)[0] == 200.0
+  assert metrics.device_peak(fake_devices("cpu", "cpu", 4), cpu_hosts=1)[0] == 100.0
   assert metrics.device_peak(fake_devices("TPU v5", "tpu", 4), per_device_override=5.0)[0] == 40.0
   assert metrics.device_peak(fake_devices("TPU v9", "tpu", 4))[0] is None
 
