@@ -166,7 +166,7 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
       lock_note = lock.acquire()
       if lock_note:
         print(lock_note, flush=True)
-    except runs.WorkdirBusy as e:
+    except (runs.WorkdirBusy, OSError) as e:  # busy; or a workdir that cannot be made
       problem = e
   if not parallel.agree(problem is None):
     raise problem or UserError(f"process 0 could not lock {run.path}: see its error")
