@@ -8,7 +8,9 @@ cluster, gloo collectives), with the same mesh (fsdp over all of them) and the s
 Both runs log tokens/s over the global batch and MFU against the peak of every device of the run,
 so their MFUs must relate as their tokens/s do: `mfu_ratio / tokens_ratio` is 1 when the
 accounting is right (it was the process count when the peak counted one process's devices).
-The peak is measured on this CPU unless `--device_peak_flops` gives one device's.
+Both runs are given the same per-device peak (`--device_peak_flops`, by default this CPU's
+measured matmul rate over the devices, measured once here): each run measuring its own would
+add the noise of a shared host's measurement to a comparison of accounting.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ flags.DEFINE_integer(
     "steps", 30, "Training steps per run (throughput from the last half).", flag_values=FLAGS
 )
 flags.DEFINE_float(
-    "device_peak_flops", 0.0, "Peak FLOP/s of one device (0: measured).", flag_values=FLAGS
+    "device_peak_flops",
+    0.0,
+    "Peak FLOP/s of one device (0: this CPU's measured rate over --devices).",
+    flag_values=FLAGS,
 )
 flags.DEFINE_string("out", "", "Also write the JSON here.", flag_values=FLAGS)
 
 
-def command(workdir, *extra):
+def command(workdir, peak, *extra):
   return [
       sys.executable,
       "-m",
@@ -58,7 +63,7 @@ def command(workdir, *extra):
       "--config.sample.max_new_tokens=0",
       "--config.mesh.data=1",
       "--config.mesh.fsdp=-1",
-      f"--config.device_peak_flops={FLAGS.device_peak_flops}",
+      f"--config.device_peak_flops={peak}",
       "--compile_cache_dir=off",
       *extra,
   ]
@@ -91,10 +96,15 @@ def main(argv=None) -> None:
   cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_mfu_processes.py")
   if FLAGS.devices < 2 or FLAGS.devices % 2:
     raise cli.UserError(f"--devices={FLAGS.devices}: give an even number, at least 2")
+  peak = FLAGS.device_peak_flops
+  if not peak:
+    from transformers_jax.train import metrics
+
+    peak = metrics.measured_cpu_peak() / FLAGS.devices
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     one = subprocess.run(
-        command(tmp / "one"), capture_output=True, text=True, cwd=ROOT, env=env(FLAGS.devices)
+        command(tmp / "one", peak), capture_output=True, text=True, cwd=ROOT, env=env(FLAGS.devices)
     )
     if one.returncode:
       raise cli.UserError(f"the one-process run failed: {one.stderr.strip()[-500:]}")
@@ -131,7 +141,8 @@ def main(argv=None) -> None:
       "tokens_ratio": round(tokens_ratio, 4),
       "mfu_ratio": round(mfu_ratio, 4),
       "mfu_ratio_over_tokens_ratio": round(mfu_ratio / tokens_ratio, 4),
-      "peak": "measured" if not FLAGS.device_peak_flops else FLAGS.device_peak_flops,
+      "device_peak_flops": peak,
+      "peak_source": "given" if FLAGS.device_peak_flops else "measured once on this CPU",
   }
   print(json.dumps(result, indent=1))
   print("\n| processes | tokens/s | MFU |\n|---|---|---|")
