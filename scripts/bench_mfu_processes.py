@@ -115,6 +115,7 @@ def main(argv=None) -> None:
         subprocess.Popen(
             command(
                 tmp / "two",
+                peak,
                 f"--coordinator_address=localhost:{port}",
                 "--num_processes=2",
                 f"--process_id={i}",
