@@ -78,6 +78,10 @@ def training_fields() -> ml_collections.ConfigDict:
   c.rules = ml_collections.ConfigDict(
       {name: ml_collections.config_dict.placeholder(str) for name in rule_names()}
   )
+  # MFU: peak FLOP/s of one device; 0 = the data sheet of the reported device kind (a CPU: measured)
+  c.device_peak_flops = 0.0
+  # a jax.profiler trace of steps [start_step, start_step + num_steps) in WORKDIR/tb; 0 steps = off
+  c.profile = ml_collections.ConfigDict({"start_step": 0, "num_steps": 0})
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
   c.sample.max_new_tokens = 120
@@ -116,6 +120,9 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
       "population.seeds",
       "sample.max_new_tokens",
       "sample.top_k",
+      "device_peak_flops",
+      "profile.start_step",
+      "profile.num_steps",
   ):
     value = config_value(config, field)
     if not math.isfinite(value) or value < 0:

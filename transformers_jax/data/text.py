@@ -131,11 +131,14 @@ class LMBatches:
           "use more text or a smaller --config.seq_len"
       )
 
-  def batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> np.ndarray:
-    """int32 [batch_size, seq_len + 1]: inputs are ``[:, :-1]``, targets ``[:, 1:]``."""
+  def batch(
+      self, step: int, batch_size: int, seq_len: int, seed: int, rows: slice = slice(None)
+  ) -> np.ndarray:
+    """int32 [batch_size, seq_len + 1]: inputs are ``[:, :-1]``, targets ``[:, 1:]``. With
+    `rows`, only those rows of that batch are read (a process's share of a global batch)."""
     self._check(f"seq_len {seq_len}", seq_len + 1)
     rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, len(self.tokens) - seq_len, size=batch_size)
+    starts = rng.integers(0, len(self.tokens) - seq_len, size=batch_size)[rows]
     return np.asarray(self.tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
 
   def eval_batches(

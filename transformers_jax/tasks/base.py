@@ -19,8 +19,9 @@ import numpy as np
 
 @dataclasses.dataclass
 class TaskData:
-  """A task's data for one run: batches are numpy dicts, a pure function of (seed, step),
-  global (every process builds the same batch and keeps its own rows)."""
+  """A task's data for one run: batches are numpy dicts, a pure function of (seed, step).
+  Each process feeds only some rows of a global batch: `train_rows` builds just those, else they
+  are cut from `train_batch`."""
 
   train_batch: Callable[[int], dict]  # step -> global batch
   eval_batches: list  # fixed held-out batches
@@ -31,6 +32,14 @@ class TaskData:
   train_stream: Callable[[int, int], Any] | None = None
   # UTF-8 bytes the weighted targets of eval_batches stand for (LMs): eval bits per byte
   eval_bytes: float | None = None
+  # (step, first row, end row) -> those rows of the global batch, reading nothing else
+  train_rows: Callable[[int, int, int], dict] | None = None
+
+  def rows(self, step: int, start: int, stop: int) -> dict:
+    """Rows [start, stop) of the global batch of `step`."""
+    if self.train_rows is not None:
+      return self.train_rows(step, start, stop)
+    return {k: v[start:stop] for k, v in self.train_batch(step).items()}
 
 
 class Task:

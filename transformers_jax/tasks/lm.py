@@ -54,6 +54,7 @@ class LanguageModeling(Task):
         tok,
         summary,
         eval_bytes=eval_bytes,
+        train_rows=lambda step, a, b: {"tokens": train_b.batch(step, B, T, seed, slice(a, b))},
     )
 
   def sample(self, data, model_cfg, params, config):

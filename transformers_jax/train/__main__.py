@@ -29,6 +29,24 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+flags.DEFINE_integer(
+    "join_timeout_s",
+    300,
+    "Seconds to wait for every process of a multi-process run to join before stopping with an "
+    "error.",
+)
+flags.DEFINE_string(
+    "compile_cache_dir",
+    "",
+    "Folder of JAX's persistent compilation cache ('' = $JAX_COMPILATION_CACHE_DIR, else "
+    "~/.cache/transformers_jax/jax; 'off' = none): a rerun or resume does not recompile.",
+)
+flags.DEFINE_bool(
+    "allow_data_change",
+    False,
+    "Resume even though seed or data.* differ from the run's: the batches after the "
+    "checkpoint then come from another stream than the run's first part.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -37,9 +55,12 @@ def main(argv):
     raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if FLAGS.config is None:
     raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
-  from transformers_jax import parallel
+  from transformers_jax import compile_cache, parallel
 
-  parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  compile_cache.enable(FLAGS.compile_cache_dir)
+  parallel.initialize_distributed(
+      FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.join_timeout_s
+  )
   if FLAGS.compile_only:
     from transformers_jax.train import compile as compile_step
 
@@ -64,7 +85,7 @@ def main(argv):
     raise cli.UserError("--workdir is required: where the run's files go (e.g. runs/x)")
   from transformers_jax.train.loop import train
 
-  train(FLAGS.config, FLAGS.workdir)
+  train(FLAGS.config, FLAGS.workdir, allow_data_change=FLAGS.allow_data_change)
 
 
 if __name__ == "__main__":

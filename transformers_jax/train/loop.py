@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import math
 import pathlib
-import signal
 import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax import counting, parallel
+from transformers_jax import counting, parallel, runs
 from transformers_jax.runs import PARAMS_ONLY, Run, config_differences
 from transformers_jax.cli import UserError
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train_config import validate
 from transformers_jax.train.optim import make_optimizer, schedule
+from transformers_jax.train.preemption import StopRequests
+from transformers_jax.train.profiling import StepProfiler
 from transformers_jax.train.step import (
     abstract_state,
     attention_logit_max,
@@ -82,31 +84,42 @@ class TrainingDiverged(UserError):
     self.step, self.loss = step, loss
 
 
-class _Interrupt:
-  """Ctrl-C sets a flag; the loop saves a checkpoint at the next step boundary and exits."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGINT, self._handle)
-
-  def _handle(self, *_):
-    if self.requested:  # a second Ctrl-C aborts at once
-      signal.signal(signal.SIGINT, self._previous)
-      raise KeyboardInterrupt
-    self.requested = True
-
-  def restore(self):
-    signal.signal(signal.SIGINT, self._previous)
-
-
 def _finite(metrics) -> bool:
   return math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def _decodes(task, hook: str) -> bool:
+  """Whether the task overrides a decoding hook of the base Task (eval_metrics, sample)."""
+  from transformers_jax.tasks import Task
+
+  return getattr(type(task), hook) is not getattr(Task, hook)
+
+
+def _non_finite(tree) -> str | None:
+  """None when every floating-point value of a restored state is finite, else which is not."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  floats = [(k, v) for k, v in flat if jnp.issubdtype(getattr(v, "dtype", np.int32), jnp.inexact)]
+  if not floats:
+    return None
+  finite = jax.device_get(
+      jax.jit(lambda xs: [jnp.all(jnp.isfinite(x)) for x in xs])([v for _, v in floats])
+  )
+  bad = [
+      jax.tree_util.keystr(k, simple=True, separator="/")
+      for (k, _), ok in zip(floats, finite)
+      if not ok
+  ]
+  return (
+      f"non-finite values in {bad[0]}" + (f" and {len(bad) - 1} more" if bad[1:] else "")
+      if bad
+      else None
+  )
 
 
 def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
   totals, rms, dropped, logit_max = None, None, None, None
   for batch in data.eval_batches:
-    sums, inter = eval_step(params, parallel.put_batch(_local(batch), mesh))
+    sums, inter = eval_step(params, parallel.put_batch(_local(batch, mesh), mesh))
     sums = jax.device_get(sums)
     totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
     if rms is None:
@@ -118,7 +131,8 @@ def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
     out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
   if data.eval_bytes:  # nats per target token -> bits per byte of the text they stand for
     out["eval_bits_per_byte"] = float(totals["nll"]) / math.log(2) / data.eval_bytes
-  out.update(task.eval_metrics(data, model_cfg, params))
+  if _decodes(task, "eval_metrics"):  # decoding reads whole parameters on every process
+    out.update(task.eval_metrics(data, model_cfg, parallel.gather_to_host(params)))
   if dropped is not None:  # MoE: routing choices over expert capacity (first held-out batch)
     out["eval_moe_dropped_fraction"] = dropped
   out["residual_rms"] = rms
@@ -127,23 +141,85 @@ def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
   return out
 
 
-def _local(batch: dict) -> dict:
+def _local(batch: dict, mesh=None) -> dict:
   """This process's rows of a global batch."""
-  n, i = jax.process_count(), jax.process_index()
-  if n == 1:
+  if jax.process_count() == 1:
     return batch
-  return {k: np.array_split(v, n)[i] for k, v in batch.items()}
+  if mesh is None:
+    n, i = jax.process_count(), jax.process_index()
+    return {k: np.array_split(v, n)[i] for k, v in batch.items()}
+  start, stop = parallel.process_rows(mesh, len(next(iter(batch.values()))))
+  return {k: v[start:stop] for k, v in batch.items()}
 
 
-def train(config, workdir: str, task=None) -> dict:
+def _check_stream_rows(mesh, batch_size: int) -> None:
+  """A streaming pipeline cuts this process's rows by process index (contiguous blocks, as
+  np.array_split): the mesh must feed this process's devices the same rows."""
+  from transformers_jax.data.pipeline import local_rows
+
+  rows = local_rows(batch_size, jax.process_index(), jax.process_count())
+  if parallel.process_rows(mesh, batch_size) != (rows.start, rows.stop):
+    raise UserError(
+        f"mesh {dict(mesh.shape)}: process {jax.process_index()} feeds rows "
+        f"{parallel.process_rows(mesh, batch_size)} of the batch, but the input pipeline reads "
+        f"rows [{rows.start}, {rows.stop}): order the mesh so that process i's devices hold the "
+        "i-th block of the batch (the default mesh does)"
+    )
+
+
+def process_batch(data, step: int, mesh, batch_size: int) -> dict:
+  """The rows of step `step`'s global batch that this process feeds, built without the rest
+  where the task can (TaskData.train_rows)."""
+  start, stop = parallel.process_rows(mesh, batch_size)
+  return data.rows(step, start, stop)
+
+
+def train(config, workdir: str, task=None, allow_data_change: bool = False) -> dict:
   """Train (or resume) the run in `workdir`; returns the final metrics. The objective is the
   model's (tasks.task_for) unless a Task is given. A config with `population` settings trains
-  its members as one program (train/population.py)."""
-  from transformers_jax.train import population
-
-  if population.enabled(config):
-    return population.train_population(config, workdir, task)
+  its members as one program (train/population.py). One run per workdir: a second one stops
+  with an error naming the first."""
   run = Run(workdir)
+  is_main = jax.process_index() == 0
+  lock = runs.WorkdirLock(run.path)
+  problem = None
+  if is_main:
+    try:
+      lock_note = lock.acquire()
+      if lock_note:
+        print(lock_note, flush=True)
+    except (runs.WorkdirBusy, OSError) as e:  # busy; or a workdir that cannot be made
+      problem = e
+  if not parallel.agree(problem is None):
+    raise problem or UserError(f"process 0 could not lock {run.path}: see its error")
+  try:
+    from transformers_jax.train import population
+
+    if population.enabled(config):
+      return population.train_population(config, str(run.path), task)
+    return _train(config, run, task, allow_data_change)
+  finally:
+    lock.release()
+
+
+def _check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
+  """Settings a resume changes (other than the model's, checked before): changing the seed or
+  the data needs `allow_data_change`."""
+  if run.latest_step() is None or run.saved_config() is None:
+    return {}
+  changes = runs.resume_changes(run, config)
+  data = runs.data_changes(changes)
+  if data and not allow_data_change:
+    said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
+    raise UserError(
+        f"resuming {run.path} with other data: {said}; the steps after the checkpoint would "
+        "see another stream of examples than the run's: pass --allow_data_change to resume so "
+        "anyway, or use a new --workdir"
+    )
+  return changes
+
+
+def _train(config, run: Run, task, allow_data_change: bool) -> dict:
   workdir = run.path
   model_cfg = ModelConfig.from_dict(config.model)
   mesh = parallel.make_mesh(config.mesh.to_dict())
@@ -152,11 +228,14 @@ def train(config, workdir: str, task=None) -> dict:
   is_main = jax.process_index() == 0
   workdir.mkdir(parents=True, exist_ok=True)
   _check_resume_config(run, config)
+  changes = _check_resumed_settings(run, config, allow_data_change)
 
   task = task or task_for(model_cfg)
   data = task_data(task, config, model_cfg, workdir)
   if is_main:
-    run.write_config(config)
+    if run.latest_step() is None:  # a new run: config.json describes it from here on
+      run.write_config(config)
+    runs.write_run_info(workdir, sys.argv)
   tx = make_optimizer(config)
   state, shardings = create_state(model_cfg, tx, mesh, rule_table, config.seed)
   checkpoints = run.checkpoints(config.keep_checkpoints)
@@ -167,7 +246,13 @@ def train(config, workdir: str, task=None) -> dict:
     note = f"started from the parameters-only checkpoint at step {start} (fresh optimizer)"
   elif start is not None:
     try:
-      state = checkpoints.restore(start, abstract_state(state, shardings))
+      state, start = checkpoints.restore_intact(
+          abstract_state(state, shardings),
+          check=_non_finite,
+          on_damaged=lambda line: is_main and print(line, flush=True),
+      )
+    except runs.CheckpointDamaged as e:
+      raise UserError(str(e)) from None
     except (ValueError, KeyError) as e:
       first = str(e).strip().splitlines()[0]
       raise UserError(
@@ -176,6 +261,11 @@ def train(config, workdir: str, task=None) -> dict:
           "with (grad_clip, weight_decay …) or use a new --workdir"
       ) from None
     note = f"resumed from step {start}"
+    if changes:
+      if is_main:
+        said = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in changes.items())
+        print(f"resumed with changed settings ({said}): recorded in run_history.jsonl", flush=True)
+        run.record_changes(start, changes, sys.argv)
   elif config.init_from:
     params, loaded, fresh, src_step = _init_from_run(config.init_from, state.params)
     state = state.replace(params=params)
@@ -192,7 +282,7 @@ def train(config, workdir: str, task=None) -> dict:
   )
   eval_step = make_eval_step(task, model_cfg, mesh, rule_table, shardings)
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
-  peak, peak_source = metrics_lib.device_peak()
+  peak, peak_source = metrics_lib.device_peak(per_device_override=config.device_peak_flops)
   tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens_per_step = config.batch_size * tokens_per_example
   flops_per_step = counting.flops_per_token(model_cfg, tokens_per_example) * tokens_per_step
@@ -205,7 +295,8 @@ def train(config, workdir: str, task=None) -> dict:
         flush=True,
     )
 
-  interrupt = _Interrupt()
+  stop_requests = StopRequests()
+  profiler = StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb")
   progress = _Progress(start, config.steps, enabled=is_main)
   last_saved = start
   pending, t_last, step_last = None, time.perf_counter(), start
@@ -214,10 +305,16 @@ def train(config, workdir: str, task=None) -> dict:
   try:
     end = min(config.stop_after or config.steps, config.steps)
     stream = data.train_stream(start, end) if data.train_stream else None
+    if stream is not None:
+      _check_stream_rows(mesh, config.batch_size)
     for step in range(start, end):
-      local = next(stream) if stream is not None else _local(data.train_batch(step))
-      batch = parallel.put_batch(local, mesh)
-      state, metrics = train_step(state, batch)
+      if stream is not None:
+        rows = next(stream)
+      else:
+        rows = process_batch(data, step, mesh, config.batch_size)
+      with profiler.step(step, wait_for=state):
+        batch = parallel.put_batch(rows, mesh)
+        state, metrics = train_step(state, batch)
       # check the previous step while this one runs: a non-finite loss stops the run
       if pending is not None:
         _stop_if_not_finite(pending, checkpoints, last_saved)
@@ -225,14 +322,13 @@ def train(config, workdir: str, task=None) -> dict:
       if step == start:  # throughput excludes compilation
         jax.block_until_ready(metrics)
         t_last, step_last = time.perf_counter(), done
-      pending = (done, metrics)
+      pending = (done, metrics, rows)
+      stop_now = stop_requests.stop_at(done)
       last = done == end
       log_now = done % config.log_every == 0 or last
       eval_now = (config.eval_every and done % config.eval_every == 0) or last
       save_now = (
-          (config.checkpoint_every and done % config.checkpoint_every == 0)
-          or last
-          or interrupt.requested
+          (config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
       )
       if log_now or eval_now or save_now:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -258,24 +354,28 @@ def train(config, workdir: str, task=None) -> dict:
       if save_now:
         checkpoints.save(done, state)
         last_saved = done
-      if interrupt.requested:
+      if stop_now:
+        profiler.stop(state)
         checkpoints.close()
         raise UserError(
-            f"interrupted: saved step {done} in {checkpoints.directory}; run the "
-            "same command again to resume"
+            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in "
+            f"{checkpoints.directory}; run the same command again to resume"
         )
   finally:
     if stream is not None and hasattr(stream, "close"):  # stops the pipeline's workers
       stream.close()
-    interrupt.restore()
+    stop_requests.restore()
+    profiler.stop()
     progress.close()
     writer.close()
   checkpoints.close()
   result["step"] = max(start, end)
+  sample = None
+  if config.sample.max_new_tokens and _decodes(task, "sample"):
+    params = parallel.gather_to_host(state.params)  # every process takes part in the gather
+    if is_main:
+      sample = task.sample(data, model_cfg, params, config)
   if is_main:
-    sample = (
-        task.sample(data, model_cfg, state.params, config) if config.sample.max_new_tokens else None
-    )
     if sample is not None:
       (workdir / "sample.txt").write_text(sample)
       print("\n--- sample ---\n" + sample + "\n--------------")
@@ -288,7 +388,7 @@ def train(config, workdir: str, task=None) -> dict:
 
 
 def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):
-  step, metrics = pending
+  step, metrics, rows = pending
   values = values or {k: float(v) for k, v in jax.device_get(metrics).items()}
   if not _finite(values):
     checkpoints.wait()
@@ -297,10 +397,25 @@ def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):
         if last_saved
         else "no checkpoint was written"
     )
+    bad_inputs = [
+        k
+        for k, v in rows.items()
+        if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.all(np.isfinite(v))
+    ]
+    if bad_inputs:
+      cause = (
+          f"the batch of step {step} holds non-finite values in {', '.join(bad_inputs)}: "
+          "check the data (--config.data.path) for NaN or infinite values"
+      )
+    else:
+      cause = (
+          "the inputs were finite, so most likely the learning rate is too high for this "
+          "model: lower --config.learning_rate or raise warmup_steps (a state restored with "
+          "non-finite values would also do it, but restores are checked)"
+      )
     raise TrainingDiverged(
         f"loss became {values['loss']} (grad norm {values['grad_norm']}) at "
-        f"step {step}: {where}; lower --config.learning_rate or raise "
-        "warmup_steps",
+        f"step {step}: {where}; {cause}",
         step,
         values["loss"],
     )

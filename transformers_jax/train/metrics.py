@@ -29,12 +29,30 @@ def measured_cpu_peak(n: int = 1024, repeats: int = 20) -> float:
   return 2 * n**3 / best
 
 
-def device_peak() -> tuple[float | None, str]:
-  """(peak FLOP/s of all local devices, where the figure comes from)."""
-  devices = jax.local_devices()
+def device_peak(
+    devices=None, per_device_override: float = 0.0, cpu_hosts: int | None = None
+) -> tuple[float | None, str]:
+  """(peak FLOP/s of `devices`, where the figure comes from); default: every device of every
+  process, since throughput is counted over the global batch. `per_device_override` (FLOP/s of
+  one device, > 0) replaces the data sheet, e.g. for a chip the table does not know.
+
+  A CPU is measured: process 0's matmul rate (measured while the others wait, so that processes
+  sharing a host do not halve each other's figure) times the number of distinct hosts of the run
+  (`cpu_hosts`, found by asking every process when not given). Call it on every process."""
+  devices = list(jax.devices() if devices is None else devices)
+  if per_device_override:
+    return (
+        per_device_override * len(devices),
+        f"given per-device peak {per_device_override:.3g} FLOP/s x {len(devices)}",
+    )
   kind = devices[0].device_kind
   if devices[0].platform == "cpu":
-    return measured_cpu_peak(), "measured float32 1024x1024 matmul on this CPU"
+    hosts, rate = (cpu_hosts, measured_cpu_peak()) if cpu_hosts else _cpu_hosts_and_rate()
+    return (
+        rate * hosts,
+        "measured float32 1024x1024 matmul on this CPU"
+        + (f" x {hosts} hosts" if hosts > 1 else ""),
+    )
   chip = hardware.chip_for_kind(kind)
   if chip is None:
     return None, f"unknown peak for {kind!r}: MFU not reported"
@@ -42,6 +60,24 @@ def device_peak() -> tuple[float | None, str]:
       chip.bf16_flops * len(devices),
       f"{chip.name} bf16 dense data-sheet peak x {len(devices)}",
   )
+
+
+def _cpu_hosts_and_rate() -> tuple[int, float]:
+  """(distinct hosts among the run's processes, process 0's measured CPU FLOP/s)."""
+  if jax.process_count() == 1:
+    return 1, measured_cpu_peak()
+  import socket
+  import zlib
+
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  names = multihost_utils.process_allgather(
+      np.int32(zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF)
+  )
+  rate = measured_cpu_peak() if jax.process_index() == 0 else 0.0
+  rate = float(multihost_utils.broadcast_one_to_all(np.float32(rate)))
+  return len(set(np.asarray(names).ravel().tolist())), rate
 
 
 class MetricsWriter:
