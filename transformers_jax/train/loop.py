@@ -202,6 +202,15 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
     lock.release()
 
 
+def _parameters_only(run: Run) -> bool:
+  """Whether the run's latest checkpoint holds parameters alone (no optimizer state)."""
+  checkpoints = run.checkpoints(async_save=False)
+  try:
+    return checkpoints.kind(checkpoints.latest_step()) == PARAMS_ONLY
+  finally:
+    checkpoints.close()
+
+
 def _check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
   the data needs `allow_data_change`."""
@@ -228,12 +237,15 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
   is_main = jax.process_index() == 0
   workdir.mkdir(parents=True, exist_ok=True)
   _check_resume_config(run, config)
-  changes = _check_resumed_settings(run, config, allow_data_change)
+  # a new run, or one that starts from parameters alone (a converted model): config.json
+  # describes it from here on; otherwise a resume, whose changed settings are recorded
+  new_run = run.latest_step() is None or _parameters_only(run)
+  changes = {} if new_run else _check_resumed_settings(run, config, allow_data_change)
 
   task = task or task_for(model_cfg)
   data = task_data(task, config, model_cfg, workdir)
   if is_main:
-    if run.latest_step() is None:  # a new run: config.json describes it from here on
+    if new_run:
       run.write_config(config)
     runs.write_run_info(workdir, sys.argv)
   tx = make_optimizer(config)

@@ -37,6 +37,7 @@ from transformers_jax.runs import Run
 from transformers_jax.tasks import cross_entropy, task_data, task_for
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.optim import make_optimizer
+from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.step import _boxed_init, make_loss_fn, per_layer
 from transformers_jax.train_config import validate
 
@@ -153,7 +154,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   """Train (or resume) a population in `workdir`: train()'s run folder, checkpoints and
   metrics, one line per member. Returns {"members": [final metrics per member], "step",
   "member_devices": how many devices the members are split over}."""
-  from transformers_jax.train.loop import _check_resume_config, _Interrupt
+  from transformers_jax.train.loop import _check_resume_config
 
   run = Run(workdir)
   workdir = run.path
@@ -336,7 +337,7 @@ def train_population(config, workdir: str, task=None) -> dict:
       + f"), split over {split} device(s); {data.summary}; {note}",
       flush=True,
   )
-  interrupt = _Interrupt()
+  stop_requests = StopRequests()  # Ctrl-C or SIGTERM: save, then exit
   results = [dict(m) for m in table]
   reported = set(int(i) for i in np.flatnonzero(~np.asarray(jax.device_get(state.alive))))
   end = min(config.stop_after or config.steps, config.steps)
@@ -345,13 +346,12 @@ def train_population(config, workdir: str, task=None) -> dict:
     for step in range(start, end):
       state, metrics = train_step(state, member_batch(step))
       done = step + 1
+      stop_now = stop_requests.stop_at(done)
       last = done == end
       log_now = done % config.log_every == 0 or last
       eval_now = (config.eval_every and done % config.eval_every == 0) or last
       save_now = (
-          (config.checkpoint_every and done % config.checkpoint_every == 0)
-          or last
-          or interrupt.requested
+          (config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
       )
       if log_now:
         values = jax.device_get(metrics)
@@ -384,14 +384,14 @@ def train_population(config, workdir: str, task=None) -> dict:
           results[i].update(ev)
       if save_now:
         checkpoints.save(done, state)
-      if interrupt.requested:
+      if stop_now:
         checkpoints.close()
         raise UserError(
-            f"interrupted: saved step {done} in {checkpoints.directory}; run the "
+            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in {checkpoints.directory}; run the "
             "same command again to resume"
         )
   finally:
-    interrupt.restore()
+    stop_requests.restore()
     writer.close()
   checkpoints.close()
   print(
