@@ -99,7 +99,7 @@ def test_a_packed_classification_batch_gives_each_example_its_unpacked_loss(expe
       "labels": np.array(labels, np.int32),
       "weights": np.ones(len(labels), np.float32),
   }
-  variables = model.init(jax.random.PRNGKey(0), jnp.asarray(tokens[:1]))
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.asarray(tokens[:1]))
   packed_logits, targets, weights = _outputs(task, model, variables, batch)
   one_logits, one_targets, _ = _outputs(task, model, variables, unpacked)
   packed_nll = _nll(packed_logits, targets)[np.asarray(weights) > 0]
@@ -111,7 +111,7 @@ def test_a_packed_seq2seq_batch_gives_each_example_its_unpacked_loss(experiment,
   model_cfg, task, data, model = _setup(config, tmp_path)
   batch = data.train_batch(2)
   assert batch["src_segments"].max(1).min() > 1  # several pairs in every row
-  variables = model.init(
+  variables = jax.jit(model.init)(
       jax.random.PRNGKey(0), jnp.asarray(batch["src"][:1]), jnp.asarray(batch["tgt_in"][:1])
   )
   logits, targets, weights = _outputs(task, model, variables, batch)
@@ -186,6 +186,13 @@ def test_each_task_builds_just_the_rows_asked_for(experiment, tmp_path):
     seen.add(task.name)
     data = task_data(task, config, model_cfg, tmp_path / name.replace(" ", "_"))
     assert data.train_rows is not None, name
+    declared = {k: (s, np.dtype(d)) for k, (s, d) in task.batch_shapes(model_cfg, config).items()}
+    for batch in (
+        data.train_batch(0),
+        data.eval_batches[0],
+        task.synthetic_batch(model_cfg, config),
+    ):
+      assert {k: (v.shape, v.dtype) for k, v in batch.items()} == declared, name
     for step, (a, b) in ((0, (0, 4)), (5, (1, 3)), (7, (3, 4))):
       whole = data.train_batch(step)
       part = data.rows(step, a, b)

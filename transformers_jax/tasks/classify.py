@@ -120,9 +120,17 @@ class TextClassification(Task):
       return by_label[y][int(rng.integers(len(by_label[y])))]
 
     def packed_row(rng):
-      """Up to K examples packed into one row, each drawn as an unpacked row draws one."""
-      drawn = [(window(text, rng), y) for text, y in (pick(rng) for _ in range(K))]
-      taken = [drawn[i] for i in D.fit_examples([(len(w),) for w, _ in drawn], (T,), K)]
+      """Up to K examples packed into one row, each drawn as an unpacked row draws one; of K
+      draws, one that does not fit what is left is passed over, and a full row stops early."""
+      taken, room = [], T
+      for _ in range(K):
+        text, y = pick(rng)
+        w = window(text, rng)
+        if len(w) <= room:
+          taken.append((w, y))
+          room -= len(w)
+        if room < 2:  # no room for [CLS] and a token
+          break
       tokens, segments, positions, starts = D.pack_sequences([w for w, _ in taken], T, tok.pad_id)
       labels_k, weights_k = np.zeros(K, np.int32), np.zeros(K, np.float32)
       labels_k[: len(taken)], weights_k[: len(taken)] = [y for _, y in taken], 1.0
