@@ -177,7 +177,13 @@ def test_each_task_builds_just_the_rows_asked_for(experiment, tmp_path):
       "classify_image": experiment("vit", "tiny"),
       "seq2seq": _seq2seq_config(experiment, packing=False),
       "seq2seq packed": _seq2seq_config(experiment, packing=True),
+      "seq2seq tsv packed": _seq2seq_config(experiment, packing=True),
+      "classify_text bundled": experiment("bert", "tiny"),
   }
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("".join(f"{n}\t{'x' * (n % 9 + 1)}\n" for n in range(60)))
+  configs["seq2seq tsv packed"].data.path = str(pairs)
+  configs["classify_text bundled"].model.update(head="classifier", num_classes=2)
   seen = set()
   for name, config in configs.items():
     config.batch_size, config.eval_batches, config.data.max_bytes = 4, 1, 200_000
