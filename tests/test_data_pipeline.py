@@ -299,11 +299,10 @@ def test_packing_is_refused_where_it_has_no_meaning():
   from transformers_jax.config import ModelConfig, load_config_module
   from transformers_jax.train_config import validate
 
-  bert = load_config_module("experiments/bert.py").get_config("tiny")
-  bert.model.head, bert.model.num_classes = "classifier", 2
-  bert.data.packing, bert.data.path = True, "x.tsv"
+  vit = load_config_module("experiments/vit.py").get_config("tiny")
+  vit.data.packing, vit.data.path = True, "x.npz"  # images have no sequences to pack
   with pytest.raises(ValueError, match="data.packing"):
-    validate(bert, ModelConfig.from_dict(bert.model), 1)
+    validate(vit, ModelConfig.from_dict(vit.model), 1)
   gpt = load_config_module("experiments/gpt2.py").get_config("tiny")
   gpt.data.packing = True  # the bundled corpus is one token stream: nothing to pack
   with pytest.raises(ValueError, match="data.path"):

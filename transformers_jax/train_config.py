@@ -61,6 +61,8 @@ def training_fields() -> ml_collections.ConfigDict:
   c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
   c.data.text_field = "text"  # .jsonl field / .parquet column holding the text
   c.data.packing = False  # LM / MLM on data.path: rows of whole documents with segment ids
+  # (text classification, seq2seq: rows of whole examples, which need no data.path)
+  c.data.examples_per_row = 8  # packing: most examples one row holds (classification, seq2seq)
   c.data.workers = 0  # batch worker processes of the grain pipeline (0 = threads in-process)
   c.data.prefetch = 4  # batches computed ahead of the train step
   c.data.tokenize_workers = 0  # processes tokenizing data.path into its cache; 0 = all cores
@@ -141,13 +143,22 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
     if config_value(config, field) < 0:
       fail(field, "must be >= 0")
-  if config.data.packing and not config.data.path:
+  packs_examples = model_cfg.family == "encoder_decoder" or (
+      model_cfg.family == "encoder" and model_cfg.head_kind == "classifier"
+  )
+  packs_documents = model_cfg.family == "decoder" or (
+      model_cfg.family == "encoder" and model_cfg.head_kind == "mlm"
+  )
+  if config.data.packing and packs_documents and not config.data.path:
     fail("data.packing", "packs the documents of --config.data.path; set one or turn it off")
-  if config.data.packing and not (
-      model_cfg.family == "decoder"
-      or (model_cfg.family == "encoder" and model_cfg.head_kind == "mlm")
-  ):
-    fail("data.packing", "packs documents for language models (decoder, or encoder with head=mlm)")
+  if config.data.packing and not (packs_documents or packs_examples):
+    fail(
+        "data.packing",
+        "packs text: documents for language models, examples for text classification and "
+        "seq2seq (not images); turn it off",
+    )
+  if config.data.packing and packs_examples and config.data.examples_per_row < 1:
+    fail("data.examples_per_row", "packed rows hold at least 1 example")
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
   if not config.adam_eps > 0:

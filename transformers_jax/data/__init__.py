@@ -7,6 +7,14 @@ downloaded. Bad input raises :class:`DataError` with a one-line fix.
 from transformers_jax.data.corpus import Corpus, build_corpus
 from transformers_jax.data.errors import DataError
 from transformers_jax.data.images import ImageBatches, digits_dataset, load_npz
+from transformers_jax.data.packing import (
+    classify_one_per_row,
+    fit_examples,
+    pack_pairs,
+    pack_sequences,
+    pairs_of_batch,
+    seq2seq_one_per_row,
+)
 from transformers_jax.data.seq2seq import (
     NumberPairs,
     PairBatches,
@@ -27,6 +35,12 @@ from transformers_jax.data.tokenizers import (
 )
 
 __all__ = [
+    "classify_one_per_row",
+    "fit_examples",
+    "pack_pairs",
+    "pack_sequences",
+    "pairs_of_batch",
+    "seq2seq_one_per_row",
     "BPETokenizer",
     "ByteTokenizer",
     "Corpus",

@@ -110,8 +110,11 @@ class ImageBatches:
   def __len__(self) -> int:
     return len(self.labels)
 
-  def batch(self, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
-    idx = epoch_indices(len(self), step, batch_size, seed)
+  def batch(
+      self, step: int, batch_size: int, seed: int, rows: slice = slice(None)
+  ) -> dict[str, np.ndarray]:
+    """The batch of `step`; with `rows`, only those rows of it are read."""
+    idx = epoch_indices(len(self), step, batch_size, seed)[rows]
     return {"images": self.images[idx], "labels": self.labels[idx]}
 
   def eval_batches(self, batch_size: int) -> list[dict[str, np.ndarray]]:

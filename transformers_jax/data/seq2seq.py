@@ -115,8 +115,11 @@ class PairBatches:
   def __len__(self) -> int:
     return len(self.pairs)
 
-  def batch(self, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
-    idx = epoch_indices(len(self), step, batch_size, seed)
+  def batch(
+      self, step: int, batch_size: int, seed: int, rows: slice = slice(None)
+  ) -> dict[str, np.ndarray]:
+    """The batch of `step`; with `rows`, only those rows of it."""
+    idx = epoch_indices(len(self), step, batch_size, seed)[rows]
     return {k: v[idx] for k, v in self.arrays.items()}
 
   def eval_batches(self, batch_size: int) -> list[dict[str, np.ndarray]]:
@@ -213,19 +216,30 @@ class NumberPairs:
     high = np.minimum(10**num_digits - 1, self.max_value)
     return rng.integers(low, high + 1)
 
+  def draw_training(self, rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` training numbers drawn from `rng`, never validation ones."""
+    kept = np.zeros(0, np.int64)
+    while len(kept) < count:
+      draw = self._draw(rng, 2 * count)
+      kept = np.concatenate([kept, draw[~self.is_validation(draw)]])
+    return kept[:count]
+
   def sample_numbers(self, step: int, batch_size: int, seed: int) -> np.ndarray:
     """Training numbers of batch ``step``: a pure function of (seed, step), never validation."""
-    rng = np.random.default_rng([seed, step])
-    kept = np.zeros(0, np.int64)
-    while len(kept) < batch_size:
-      draw = self._draw(rng, 2 * batch_size)
-      kept = np.concatenate([kept, draw[~self.is_validation(draw)]])
-    return kept[:batch_size]
+    return self.draw_training(np.random.default_rng([seed, step]), batch_size)
 
   def batch(
-      self, step: int, batch_size: int, src_len: int, tgt_len: int, seed: int, tokenizer: Tokenizer
+      self,
+      step: int,
+      batch_size: int,
+      src_len: int,
+      tgt_len: int,
+      seed: int,
+      tokenizer: Tokenizer,
+      rows: slice = slice(None),
   ) -> dict[str, np.ndarray]:
-    numbers = self.sample_numbers(step, batch_size, seed)
+    """The batch of `step`; with `rows`, only those rows of it are encoded."""
+    numbers = self.sample_numbers(step, batch_size, seed)[rows]
     pairs = [self.pair(n) for n in numbers]
     return encode_pairs(pairs, tokenizer, src_len, tgt_len, [f"number {n}" for n in numbers])
 

@@ -165,18 +165,24 @@ def mask_tokens(
     mask_id: int,
     special_ids: Sequence[int],
     prob: float = 0.15,
+    rows: slice | None = None,
+    batch_size: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """BERT masking: pick ``prob`` of non-special positions; 80% -> mask, 10% -> random, 10% kept.
 
   Returns int32 ``inputs``, int32 ``labels`` (the original tokens) and float32
-  ``weights`` (1 at the picked positions). Random tokens are never special.
+  ``weights`` (1 at the picked positions). Random tokens are never special. With ``rows``,
+  ``tokens`` are those rows of a batch of ``batch_size`` rows, masked exactly as that batch.
   """
   tokens = np.asarray(tokens)
   special = np.unique(np.asarray([*special_ids, mask_id], dtype=np.int64))
   candidates = np.setdiff1d(np.arange(vocab_size), special)
-  picked = (rng.random(tokens.shape) < prob) & ~np.isin(tokens, special)
-  choice = rng.random(tokens.shape)
-  random_tokens = candidates[rng.integers(0, len(candidates), size=tokens.shape)]
+  shape, cut = tokens.shape, slice(None)
+  if rows is not None:  # the draws of the whole batch (cheap), cut to the rows
+    shape, cut = (batch_size, *tokens.shape[1:]), rows
+  picked = (rng.random(shape)[cut] < prob) & ~np.isin(tokens, special)
+  choice = rng.random(shape)[cut]
+  random_tokens = candidates[rng.integers(0, len(candidates), size=shape)[cut]]
   inputs = np.where(picked & (choice < 0.8), mask_id, tokens)
   inputs = np.where(picked & (choice >= 0.8) & (choice < 0.9), random_tokens, inputs)
   return inputs.astype(np.int32), tokens.astype(np.int32), picked.astype(np.float32)

@@ -31,13 +31,20 @@ class EncoderOnly(nn.Module):
 
   @nn.compact
   def __call__(
-      self, tokens, attention_mask=None, token_types=None, positions=None, segment_ids=None
+      self,
+      tokens,
+      attention_mask=None,
+      token_types=None,
+      positions=None,
+      segment_ids=None,
+      pool_starts=None,
   ):
     """tokens [B, S] -> {'hidden', and 'pooled' / 'logits' as the head gives}.
 
     `segment_ids` [B, S] (packed rows): a token attends only tokens of its own segment; pass
-    `positions` that restart at each segment. The pooled heads read position 0 only, so they
-    take unpacked rows.
+    `positions` that restart at each segment. The pooled heads read position 0, or with
+    `pool_starts` [B, K] (packed rows) the token at each of those indices, each segment's first:
+    'pooled' is then [B, K, D] and the classifier's 'logits' [B, K, classes].
     """
     c = self.cfg
     B, S = tokens.shape
@@ -54,8 +61,13 @@ class EncoderOnly(nn.Module):
     out = {"hidden": x}
     head = c.head_kind
     if head in ("pooler", "classifier"):
+      first = (
+          x[:, 0]
+          if pool_starts is None
+          else jnp.take_along_axis(x, pool_starts[:, :, None].astype(jnp.int32), axis=1)
+      )
       out["pooled"] = jnp.tanh(
-          dense(c, c.d_model, -1, ("embed", "embed_out"), ("embed_out",), "pooler")(x[:, 0])
+          dense(c, c.d_model, -1, ("embed", "embed_out"), ("embed_out",), "pooler")(first)
       )
     if head == "classifier":
       pooled = nn.Dropout(c.dropout)(out["pooled"], deterministic=self.deterministic)

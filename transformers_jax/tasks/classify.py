@@ -19,6 +19,16 @@ class TextClassification(Task):
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
+    if config.data.packing:  # up to K = data.examples_per_row examples per row, one label each
+      K = config.data.examples_per_row
+      return {
+          "tokens": ((B, T), np.int32),
+          "segment_ids": ((B, T), np.int32),
+          "positions": ((B, T), np.int32),
+          "starts": ((B, K), np.int32),  # each example's first ([CLS]) token, pooled
+          "labels": ((B, K), np.int32),
+          "weights": ((B, K), np.float32),  # 0 on the empty slots
+      }
     return {
         "tokens": ((B, T), np.int32),
         "attention_mask": ((B, T), np.int32),
@@ -27,10 +37,29 @@ class TextClassification(Task):
     }
 
   def outputs(self, model, variables, batch, rngs, mutable):
+    if "segment_ids" in batch:  # packed rows: logits [B, K, classes], one per example slot
+      out, state = model.apply(
+          variables,
+          batch["tokens"],
+          positions=batch["positions"],
+          segment_ids=batch["segment_ids"],
+          pool_starts=batch["starts"],
+          rngs=rngs,
+          mutable=mutable,
+      )
+      return (out["logits"], batch["labels"], batch["weights"]), state
     out, state = model.apply(
         variables, batch["tokens"], batch["attention_mask"], rngs=rngs, mutable=mutable
     )
     return (out["logits"], batch["labels"], batch["weights"]), state
+
+  def synthetic_batch(self, model_cfg, config, seed: int = 0):
+    out = super().synthetic_batch(model_cfg, config, seed)
+    if config.data.packing:  # one whole-row example per row: a layout the model can take
+      out["starts"] = np.zeros_like(out["starts"])
+      out["labels"] = out["labels"] % model_cfg.num_classes
+      out["weights"][:, 1:] = 0
+    return out
 
   def data(self, config, model_cfg, workdir):
     B, T, seed = config.batch_size, config.seq_len, config.seed
@@ -62,13 +91,17 @@ class TextClassification(Task):
           f"{model_cfg.num_classes}: set --config.model.num_classes"
       )
 
+    def window(text, rng):
+      """[CLS] and up to T - 1 tokens of `text`, from a random start (the first with no rng)."""
+      ids = tok.encode(text)
+      start = int(rng.integers(0, max(1, len(ids) - (T - 1)))) if rng is not None else 0
+      return [tok.cls_id, *ids[start : start + T - 1]]
+
     def encode(texts_and_labels, rng):
       tokens = np.full((len(texts_and_labels), T), tok.pad_id, np.int32)
       for i, (text, _) in enumerate(texts_and_labels):
-        ids = tok.encode(text)
-        start = int(rng.integers(0, max(1, len(ids) - (T - 1)))) if rng is not None else 0
-        window = [tok.cls_id, *ids[start : start + T - 1]]
-        tokens[i, : len(window)] = window
+        w = window(text, rng)
+        tokens[i, : len(w)] = w
       return {
           "tokens": tokens,
           "attention_mask": (tokens != tok.pad_id).astype(np.int32),
@@ -78,17 +111,68 @@ class TextClassification(Task):
 
     by_label = {y: [d for d in docs_train if d[1] == y] for y in labels}
     by_label = {y: ds for y, ds in by_label.items() if ds}
+    present = sorted(by_label)
+    K = config.data.examples_per_row
 
-    def train_batch(step):
-      rng = np.random.default_rng([seed, step])
-      ys = rng.choice(sorted(by_label), size=B)
-      picks = [by_label[y][rng.integers(len(by_label[y]))] for y in ys]
-      return encode(picks, rng)
+    def pick(rng):
+      """A training example: a label drawn uniformly, then one of its texts."""
+      y = present[int(rng.integers(len(present)))]
+      return by_label[y][int(rng.integers(len(by_label[y])))]
+
+    def packed_row(rng):
+      """Up to K examples packed into one row, each drawn as an unpacked row draws one; of K
+      draws, one that does not fit what is left is passed over, and a full row stops early."""
+      taken, room = [], T
+      for _ in range(K):
+        text, y = pick(rng)
+        w = window(text, rng)
+        if len(w) <= room:
+          taken.append((w, y))
+          room -= len(w)
+        if room < 2:  # no room for [CLS] and a token
+          break
+      tokens, segments, positions, starts = D.pack_sequences([w for w, _ in taken], T, tok.pad_id)
+      labels_k, weights_k = np.zeros(K, np.int32), np.zeros(K, np.float32)
+      labels_k[: len(taken)], weights_k[: len(taken)] = [y for _, y in taken], 1.0
+      starts_k = np.zeros(K, np.int32)
+      starts_k[: len(taken)] = starts
+      return {
+          "tokens": tokens,
+          "segment_ids": segments,
+          "positions": positions,
+          "starts": starts_k,
+          "labels": labels_k,
+          "weights": weights_k,
+      }
+
+    def unpacked_rows(rngs):
+      picks = [pick(rng) for rng in rngs]
+      tokens = np.full((len(picks), T), tok.pad_id, np.int32)
+      for i, ((text, _), rng) in enumerate(zip(picks, rngs)):
+        w = window(text, rng)
+        tokens[i, : len(w)] = w
+      return {
+          "tokens": tokens,
+          "attention_mask": (tokens != tok.pad_id).astype(np.int32),
+          "labels": np.array([y for _, y in picks], np.int32),
+          "weights": np.ones(len(picks), np.float32),
+      }
+
+    def train_rows(step, start, stop):
+      """Rows [start, stop) of the batch of `step`: row r draws from its own (seed, step, r)
+      stream, so any rows are built without the others."""
+      rngs = [np.random.default_rng([seed, step, r]) for r in range(start, stop)]
+      if config.data.packing:
+        rows = [packed_row(rng) for rng in rngs]
+        return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+      return unpacked_rows(rngs)
 
     rng = np.random.default_rng([seed, 10**6])
     val = [docs_val[i % len(docs_val)] for i in range(B * config.eval_batches)]
     evals = [encode(val[i : i + B], rng) for i in range(0, len(val), B)]
-    return TaskData(train_batch, evals, tok, summary)
+    if config.data.packing:  # held-out examples one per row, in the layout the step takes
+      evals = [D.classify_one_per_row(b, K) for b in evals]
+    return TaskData(lambda step: train_rows(step, 0, B), evals, tok, summary, train_rows=train_rows)
 
 
 class ImageClassification(Task):
@@ -145,7 +229,14 @@ class ImageClassification(Task):
       )
     train_b, val_b = D.ImageBatches(*train), D.ImageBatches(*val)
 
-    def train_batch(step):
-      return {**train_b.batch(step, B, seed), "weights": np.ones(B, np.float32)}
+    def train_rows(step, start, stop):
+      rows = train_b.batch(step, B, seed, slice(start, stop))
+      return {**rows, "weights": np.ones(stop - start, np.float32)}
 
-    return TaskData(train_batch, val_b.eval_batches(B)[: config.eval_batches], None, summary)
+    return TaskData(
+        lambda step: train_rows(step, 0, B),
+        val_b.eval_batches(B)[: config.eval_batches],
+        None,
+        summary,
+        train_rows=train_rows,
+    )

@@ -50,11 +50,16 @@ class MaskedLM(Task):
     B, T, seed = config.batch_size, config.seq_len, config.seed
     p = config.data.mlm_probability
 
-    def masked(tokens, rng):
+    def masked(tokens, rng, rows=None):
       inputs, labels, weights = D.mask_tokens(
-          tokens, rng, tok.vocab_size, tok.mask_id, tok.special_ids, p
+          tokens, rng, tok.vocab_size, tok.mask_id, tok.special_ids, p, rows, B
       )
       return {"inputs": inputs, "labels": labels, "weights": weights}
+
+    def train_rows(step, start, stop):
+      rows = slice(start, stop)
+      tokens = train_b.batch(step, B, T, seed, rows)[:, :T]
+      return masked(tokens, np.random.default_rng([seed, step, 1]), rows)
 
     def train_batch(step):
       return masked(train_b.batch(step, B, T, seed)[:, :T], np.random.default_rng([seed, step, 1]))
@@ -63,4 +68,4 @@ class MaskedLM(Task):
         masked(x[:, :T], np.random.default_rng([seed, i, 2]))
         for i, x in enumerate(val_b.eval_batches(B, T, config.eval_batches))
     ]
-    return TaskData(train_batch, evals, tok, summary)
+    return TaskData(train_batch, evals, tok, summary, train_rows=train_rows)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax import data as D
+from transformers_jax.data.sampling import epoch_indices
 from transformers_jax.tasks.base import Task, TaskData
 from transformers_jax.tasks.text_data import run_tokenizer, split_rows
 
@@ -20,6 +21,9 @@ def _until(ids, stop) -> list[int]:
   return ids[: ids.index(stop)] if stop in ids else ids
 
 
+PACKING_KEYS = ("src_segments", "src_positions", "tgt_segments", "tgt_positions")
+
+
 class Translation(Task):
   """Bundled: integers in digits <-> English words, generated on the fly. User data: a TSV of
   `source<TAB>target`."""
@@ -31,16 +35,30 @@ class Translation(Task):
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
-    shapes = {k: ((B, T), np.int32) for k in ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask")}
+    keys = ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask")
+    if config.data.packing:  # whole pairs packed into rows (see data/packing.py)
+      keys += PACKING_KEYS
+    shapes = {k: ((B, T), np.int32) for k in keys}
     return {**shapes, "weights": ((B,), np.float32)}  # 0 for the padding rows of a last batch
 
+  def synthetic_batch(self, model_cfg, config, seed: int = 0):
+    out = super().synthetic_batch(model_cfg, config, seed)
+    if config.data.packing:  # one whole-row example per row
+      out["src_segments"], out["tgt_segments"] = out["src_mask"], out["tgt_mask"]
+      positions = np.arange(config.seq_len, dtype=np.int32)
+      out["src_positions"] = np.broadcast_to(positions, out["src"].shape).copy()
+      out["tgt_positions"] = out["src_positions"].copy()
+    return out
+
   def outputs(self, model, variables, batch, rngs, mutable):
+    packing = {k: batch[k] for k in PACKING_KEYS} if "src_segments" in batch else None
     out, state = model.apply(
         variables,
         batch["src"],
         batch["tgt_in"],
         batch["src_mask"],
         batch["tgt_mask"],
+        packing=packing,
         rngs=rngs,
         mutable=mutable,
     )
@@ -59,7 +77,14 @@ class Translation(Task):
       train = D.PairBatches([rows[i] for i in train_idx], tok, T, T, [names[i] for i in train_idx])
       val = D.PairBatches([rows[i] for i in val_idx], tok, T, T, [names[i] for i in val_idx])
       summary = f"{len(rows)} pairs from {config.data.path}"
-      pair_batch = lambda step: train.batch(step, B, seed)  # noqa: E731
+
+      def pair_rows(step, start, stop):
+        return train.batch(step, B, seed, slice(start, stop))
+
+      def candidates(step, r):  # row r's share of an epoch order of B * K pairs
+        idx = epoch_indices(len(train), step, B * K, seed)[r * K : (r + 1) * K]
+        return D.pairs_of_batch({k: v[idx] for k, v in train.arrays.items()})
+
     else:
       pairs = D.NumberPairs(config.data.direction, config.data.max_number)
       tok = run_tokenizer(config, model_cfg, workdir, None, specials=True)
@@ -68,12 +93,37 @@ class Translation(Task):
           f"numbers {config.data.direction} up to {config.data.max_number:,}, "
           f"{len(val)} held-out pairs"
       )
-      pair_batch = lambda step: pairs.batch(step, B, T, T, seed, tok)  # noqa: E731
 
-    def batch(step):
-      return {**pair_batch(step), "weights": np.ones(B, np.float32)}
+      def pair_rows(step, start, stop):
+        return pairs.batch(step, B, T, T, seed, tok, slice(start, stop))
 
-    return TaskData(batch, val.eval_batches(B), tok, summary)
+      def candidates(step, r):  # K numbers from row r's own (seed, step, r) stream
+        numbers = pairs.draw_training(np.random.default_rng([seed, step, r]), K)
+        batch = D.encode_pairs([pairs.pair(n) for n in numbers], tok, T, T)
+        return D.pairs_of_batch(batch)
+
+    K = config.data.examples_per_row
+
+    def train_rows(step, start, stop):
+      """Rows [start, stop) of the batch of `step`, building no other row."""
+      if not config.data.packing:
+        return {**pair_rows(step, start, stop), "weights": np.ones(stop - start, np.float32)}
+      rows = []
+      for r in range(start, stop):
+        drawn = candidates(step, r)
+        sizes = [(len(s), len(t)) for s, t, _ in drawn]
+        rows.append(
+            D.pack_pairs([drawn[i] for i in D.fit_examples(sizes, (T, T), K)], T, T, tok.pad_id)
+        )
+      return {
+          **{k: np.stack([row[k] for row in rows]) for k in rows[0]},
+          "weights": np.ones(stop - start, np.float32),
+      }
+
+    evals = val.eval_batches(B)
+    if config.data.packing:  # held-out pairs one per row, in the layout the step takes
+      evals = [D.seq2seq_one_per_row(b) for b in evals]
+    return TaskData(lambda step: train_rows(step, 0, B), evals, tok, summary, train_rows=train_rows)
 
   def eval_metrics(self, data, model_cfg, params):
     """Greedy translations of the first held-out batches (KV cache): exact match (fraction of
