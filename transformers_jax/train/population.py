@@ -37,6 +37,7 @@ from transformers_jax.runs import Run
 from transformers_jax.tasks import cross_entropy, task_data, task_for
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.optim import make_optimizer
+from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.step import _boxed_init, make_loss_fn, per_layer
 from transformers_jax.train_config import validate
 
@@ -153,7 +154,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   """Train (or resume) a population in `workdir`: train()'s run folder, checkpoints and
   metrics, one line per member. Returns {"members": [final metrics per member], "step",
   "member_devices": how many devices the members are split over}."""
-  from transformers_jax.train.loop import _check_resume_config, _Interrupt
+  from transformers_jax.train.loop import _check_resume_config, restore_verified
 
   run = Run(workdir)
   workdir = run.path
@@ -225,15 +226,13 @@ def train_population(config, workdir: str, task=None) -> dict:
     target = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
-    try:
-      state = checkpoints.restore(start, target)
-    except (ValueError, KeyError) as e:
-      first = str(e).strip().splitlines()[0]
-      raise UserError(
-          f"checkpoint step {start} in {checkpoints.directory} does not hold this "
-          f"population ({first}): resume with the population it was saved with, or use a "
-          "new --workdir"
-      ) from None
+    state, start = restore_verified(
+        checkpoints,
+        target,
+        _non_finite_alive,
+        does_not_fit="does not hold this population ({error}): resume with the population it "
+        "was saved with, or use a new --workdir",
+    )
     saved = jax.device_get(state.hparams)
     if any(not np.array_equal(saved[k], hp[k]) for k in hp):
       raise UserError(
@@ -336,7 +335,7 @@ def train_population(config, workdir: str, task=None) -> dict:
       + f"), split over {split} device(s); {data.summary}; {note}",
       flush=True,
   )
-  interrupt = _Interrupt()
+  stop_requests = StopRequests()
   results = [dict(m) for m in table]
   reported = set(int(i) for i in np.flatnonzero(~np.asarray(jax.device_get(state.alive))))
   end = min(config.stop_after or config.steps, config.steps)
@@ -345,13 +344,12 @@ def train_population(config, workdir: str, task=None) -> dict:
     for step in range(start, end):
       state, metrics = train_step(state, member_batch(step))
       done = step + 1
+      stop_now = stop_requests.stop_at(done)
       last = done == end
       log_now = done % config.log_every == 0 or last
       eval_now = (config.eval_every and done % config.eval_every == 0) or last
       save_now = (
-          (config.checkpoint_every and done % config.checkpoint_every == 0)
-          or last
-          or interrupt.requested
+          (config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
       )
       if log_now:
         values = jax.device_get(metrics)
@@ -384,14 +382,14 @@ def train_population(config, workdir: str, task=None) -> dict:
           results[i].update(ev)
       if save_now:
         checkpoints.save(done, state)
-      if interrupt.requested:
+      if stop_now:
         checkpoints.close()
         raise UserError(
-            f"interrupted: saved step {done} in {checkpoints.directory}; run the "
-            "same command again to resume"
+            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in "
+            f"{checkpoints.directory}; run the same command again to resume"
         )
   finally:
-    interrupt.restore()
+    stop_requests.restore()
     writer.close()
   checkpoints.close()
   print(
@@ -399,6 +397,24 @@ def train_population(config, workdir: str, task=None) -> dict:
       "checkpoints/)"
   )
   return {"members": results, "step": max(start, end), "member_devices": split}
+
+
+def _non_finite_alive(state) -> str | None:
+  """None when the parameters and optimizer state of every member still training are finite
+  (a diverged member's frozen state may legitimately hold infinities), else which are not."""
+  from transformers_jax.train.loop import _non_finite
+
+  alive = state.alive
+
+  def live_only(x):
+    if not jnp.issubdtype(x.dtype, jnp.inexact) or x.ndim == 0 or x.shape[0] != alive.shape[0]:
+      return x
+    return jnp.where(alive.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+  live = jax.jit(lambda t: jax.tree_util.tree_map(live_only, t))(
+      {"params": state.params, "opt_state": state.opt_state}
+  )
+  return _non_finite(live)
 
 
 def _describe(m: dict) -> str:
