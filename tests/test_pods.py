@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from transformers_jax import compile_cache
+from transformers_jax.local_cluster import free_port
 from transformers_jax.cli import UserError
 from transformers_jax.runs import Checkpoints, Run, RunError, non_finite_values
 from transformers_jax.train import loop, metrics
@@ -27,12 +28,6 @@ from conftest import ROOT
 from test_train import assert_one_line_error, configure, losses, run_cli
 
 GPT2_TINY = str(ROOT / "experiments/gpt2.py") + ":tiny"
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- MFU

@@ -510,16 +510,6 @@ DATA_FIELDS = ("seed", "data.")
 UNRECORDED_FIELDS = ("data.cache_dir",)
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def _unflatten_into(tree: dict, dotted: str, value) -> None:
   *parents, name = dotted.split(".")
   for key in parents:
@@ -542,8 +532,10 @@ def settings_in_force(run: "Run") -> dict | None:
 def resume_changes(run: "Run", config) -> dict[str, list]:
   """{dotted field: [value in force, value now]} of the settings other than the model's that
   `config` (a ConfigDict) changes."""
-  in_force = flatten(settings_in_force(run) or {})
-  now = flatten(json.loads(config.to_json_best_effort()))
+  from transformers_jax.config import flatten_dict
+
+  in_force = flatten_dict(settings_in_force(run) or {})
+  now = flatten_dict(json.loads(config.to_json_best_effort()))
   out = {}
   for field in sorted(set(in_force) | set(now)):
     if field.startswith("model.") or field in UNRECORDED_FIELDS:
