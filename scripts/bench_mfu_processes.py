@@ -104,7 +104,7 @@ def main(argv=None) -> None:
     if one.returncode:
       raise cli.UserError(f"the one-process run failed: {one.stderr.strip()[-500:]}")
     procs = local_cluster.start_processes(
-        lambda *cluster: command(tmp / "two", peak, *cluster),
+        lambda i, address: command(tmp / "two", peak, *local_cluster.cluster_flags(i, address, 2)),
         2,
         env=env(FLAGS.devices // 2),
         cwd=ROOT,

@@ -108,7 +108,12 @@ def test_two_processes_equal_one_and_checkpoints_move_between_meshes(tmp_path):
   )
   assert one.returncode == 0, one.stderr[-3000:]
   procs = local_cluster.start_processes(
-      lambda *cluster: train_cmd(tmp_path / "two", *mesh, *cluster), 2, env=env(4), cwd=ROOT
+      lambda i, address: train_cmd(
+          tmp_path / "two", *mesh, *local_cluster.cluster_flags(i, address, 2)
+      ),
+      2,
+      env=env(4),
+      cwd=ROOT,
   )
   outs = [p.communicate(timeout=600) for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][1][-3000:] + outs[1][1][-3000:]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from transformers_jax import compile_cache
+from transformers_jax import local_cluster
 from transformers_jax.local_cluster import free_port
 from transformers_jax.cli import UserError
 from transformers_jax.runs import Checkpoints, Run, RunError, non_finite_values
@@ -56,19 +57,20 @@ def test_mfu_peak_counts_the_devices_of_every_process(monkeypatch):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
   out = tmp_path_factory.mktemp("two")
-  port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = [
-      subprocess.Popen(
-          [sys.executable, str(ROOT / "tests/pods_worker.py"), str(port), str(i), str(out)],
-          stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT,
-          text=True,
-          cwd=ROOT,
-          env=env,
-      )
-      for i in range(2)
-  ]
+  procs = local_cluster.start_processes(
+      lambda i, address: [
+          sys.executable,
+          str(ROOT / "tests/pods_worker.py"),
+          address,
+          str(i),
+          str(out),
+      ],
+      2,
+      env=env,
+      cwd=ROOT,
+      stderr=subprocess.STDOUT,
+  )
   try:
     logs = [p.communicate(timeout=480)[0] for p in procs]
   finally:

@@ -1,6 +1,6 @@
 """Several processes on this machine joined as one JAX cluster (one of them the coordinator),
 the way a pod or a multi-host GPU job runs: for checking multi-process behaviour (equal losses,
-MFU over every process's devices) without a cluster."""
+MFU over every process's devices, per-process batch rows) without a cluster."""
 
 from __future__ import annotations
 
@@ -16,27 +16,32 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def cluster_flags(process_id: int, address: str, num_processes: int) -> list[str]:
+  """The training command line's flags that make it process `process_id` of a cluster."""
+  return [
+      f"--coordinator_address={address}",
+      f"--num_processes={num_processes}",
+      f"--process_id={process_id}",
+  ]
+
+
 def start_processes(
-    command: Callable[..., Sequence[str]],
+    command: Callable[[int, str], Sequence[str]],
     num_processes: int,
     env: dict | None = None,
     cwd=None,
+    stderr=subprocess.PIPE,
 ) -> list[subprocess.Popen]:
-  """Start `num_processes` copies of a training command line, `command(*cluster_flags)`, each
-  given --coordinator_address (a free local port), --num_processes and its --process_id; their
-  stdout and stderr are pipes (read them with `communicate()`)."""
+  """Start `num_processes` processes, process i running `command(i, address)` with `address`
+  the coordinator's (localhost and a free port; add `cluster_flags` for a training command).
+  Their stdout is a pipe, stderr a pipe too unless given (subprocess.STDOUT: merged); read them
+  with `communicate()`."""
   address = f"localhost:{free_port()}"
   return [
       subprocess.Popen(
-          list(
-              command(
-                  f"--coordinator_address={address}",
-                  f"--num_processes={num_processes}",
-                  f"--process_id={i}",
-              )
-          ),
+          list(command(i, address)),
           stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
+          stderr=stderr,
           text=True,
           cwd=cwd,
           env=env,
