@@ -304,6 +304,18 @@ class Run:
     steps = self.steps()
     return steps[-1] if steps else None
 
+  def starts_from_parameters(self) -> bool:
+    """Whether the latest checkpoint holds parameters only (a converted model): training here
+    starts from them with a fresh optimizer and its own data, continuing no earlier stream."""
+    step = self.latest_step()
+    if step is None:
+      return False
+    checkpoints = self.checkpoints(async_save=False)
+    try:
+      return checkpoints.kind(step) == PARAMS_ONLY
+    finally:
+      checkpoints.manager.close()  # read only: nothing to record
+
   def load_params(self, step: int | None = None, on_damaged=print):
     """(parameters as numpy arrays, step) of the latest (or the given) checkpoint, from a full
     train state or a parameters-only checkpoint alike. Checkpoints are verified as training's

@@ -225,7 +225,7 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
 def _check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
   the data needs `allow_data_change`."""
-  if run.latest_step() is None or run.saved_config() is None:
+  if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
     return {}
   changes = runs.resume_changes(run, config)
   data = runs.data_changes(changes)
