@@ -23,10 +23,8 @@ logged step whose train loss is at or below the sweep's TARGET_LOSS.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import math
-import os
 import pathlib
 import shutil
 import sys
@@ -36,6 +34,10 @@ from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+sys.path.insert(0, str(ROOT / "scripts"))  # and the sweep helpers beside this file
+
+import sweeps  # noqa: E402
 
 from transformers_jax import cli  # noqa: E402
 
@@ -74,52 +76,11 @@ NORM_STYLES = {"layernorm": "-", "rmsnorm": "--"}
 
 
 # ----------------------------------------------------------------------------- the sweep
-def load_sweep(path) -> object:
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"--sweep {path}: no such file")
-  spec = importlib.util.spec_from_file_location(f"sweep_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for name in ("BASE", "TARGET_LOSS", "points"):
-    if not hasattr(module, name):
-      raise ValueError(f"--sweep {path}: a sweep file defines BASE, TARGET_LOSS and points(scale)")
-  module.path = path
-  return module
+def load_sweep(path):
+  return sweeps.load_sweep(path, ("BASE", "TARGET_LOSS", "points"))
 
 
-def base_config(sweep):
-  """The sweep's BASE `<file>:<preset>`, the file found beside the sweep or in experiments/."""
-  from transformers_jax.config import load_config_module
-
-  file, _, preset = sweep.BASE.partition(":")
-  for folder in (sweep.path.parent, ROOT / "experiments"):
-    if (folder / file).is_file():
-      return load_config_module(str(folder / file)).get_config(preset or None)
-  raise FileNotFoundError(
-      f"BASE={sweep.BASE!r}: {file} is neither beside the sweep nor in " "experiments/"
-  )
-
-
-def point_config(sweep, point: dict, out: pathlib.Path):
-  """The point's config: BASE with its overrides, each of which must name an existing field
-  with a value of that field's type (a typo is an error, never a new field)."""
-  config = base_config(sweep)
-  config.lock()
-  for key, value in point["overrides"].items():
-    try:
-      config.update_from_flattened_dict({key: value})
-    except (AttributeError, KeyError):
-      raise ValueError(
-          f"--sweep {sweep.path}: point {point['name']!r} overrides {key!r}, which "
-          "is not a config field: fix the name"
-      ) from None
-    except TypeError as e:
-      raise ValueError(
-          f"--sweep {sweep.path}: point {point['name']!r} sets {key}={value!r}: " f"{e}"
-      ) from None
-  config.data.cache_dir = str(out / "data")
-  return config
+point_config = sweeps.entry_config  # BASE with the point's overrides, tokens cached in OUT/data
 
 
 def describe(config) -> dict:
@@ -226,25 +187,6 @@ def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> 
   if not keep_checkpoints:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
   return record
-
-
-def read_runs(path: pathlib.Path) -> dict[str, dict]:
-  runs = {}
-  if path.exists():
-    for line in path.read_text().splitlines():
-      try:
-        row = json.loads(line)
-      except ValueError:
-        continue
-      runs[row["name"]] = row
-  return runs
-
-
-def append_run(path: pathlib.Path, record: dict) -> None:
-  with open(path, "a") as f:
-    f.write(json.dumps(record) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -418,7 +360,7 @@ def plot_rms(runs: list[dict], path: pathlib.Path) -> None:
 
 
 def write_outputs(sweep, points: list[dict], out: pathlib.Path) -> list[dict]:
-  done = read_runs(out / "runs.jsonl")
+  done = sweeps.read_records(out / "runs.jsonl")
   runs = [done[p["name"]] for p in points if p["name"] in done]
   if runs:
     write_table(runs, out / "table.md", sweep.TARGET_LOSS)
@@ -448,14 +390,10 @@ def main(argv=None) -> int:
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   points = sweep.points(FLAGS.scale)
-  names = [p["name"] for p in points]
-  if len(set(names)) != len(names):
-    raise ValueError(f"--sweep {FLAGS.sweep}: point names repeat")
-  if FLAGS.max_points < 0:
-    raise ValueError(f"--max_points={FLAGS.max_points}: give 0 (all) or a positive number")
+  sweeps.check_entries(sweep, points, "point", "max_points", FLAGS.max_points)
   for p in points:  # every point's config is checked before anything trains
     point_config(sweep, p, out)
-  done = read_runs(out / "runs.jsonl")
+  done = sweeps.read_records(out / "runs.jsonl")
   todo = [p for p in points if p["name"] not in done]
   if FLAGS.max_points:
     todo = todo[: FLAGS.max_points]
@@ -470,7 +408,7 @@ def main(argv=None) -> int:
   try:
     for k, p in enumerate([] if FLAGS.report_only else todo, start=1):
       record = run_point(sweep, p, out, FLAGS.keep_checkpoints)
-      append_run(out / "runs.jsonl", record)
+      sweeps.append_record(out / "runs.jsonl", record)
       work_done += _work(p)
       elapsed = time.perf_counter() - t0
       left = elapsed / work_done * (total_work - work_done)

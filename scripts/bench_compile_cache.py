@@ -12,7 +12,6 @@ the process to the `step 1:` line (start-up, data, compilation and the step itse
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
@@ -23,7 +22,11 @@ import time
 from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+sys.path.insert(0, str(ROOT / "scripts"))  # and the report helpers beside this file
+
+import bench_report  # noqa: E402
+
 
 from transformers_jax import cli  # noqa: E402
 
@@ -70,14 +73,6 @@ def time_to_first_step(workdir, cache: str, data_cache) -> float:
     proc.wait()
 
 
-def shown(config: str) -> str:
-  """The config as the project's own relative path where it is one of its files."""
-  path = pathlib.Path(config.split(":")[0]).resolve()
-  if path.is_relative_to(ROOT):
-    return str(path.relative_to(ROOT)) + config[len(config.split(":")[0]) :]
-  return config
-
-
 def main(argv=None) -> None:
   cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_compile_cache.py")
   with tempfile.TemporaryDirectory() as tmp:
@@ -88,18 +83,15 @@ def main(argv=None) -> None:
     warm = time_to_first_step(tmp / "warm", str(tmp / "cache"), data)
     entries = sum(1 for _ in (tmp / "cache").iterdir())
   result = {
-      "config": shown(FLAGS.config),
+      "config": bench_report.shown(FLAGS.config),
       "cold_time_to_first_step_s": round(cold, 2),
       "warm_time_to_first_step_s": round(warm, 2),
       "warm_over_cold": round(warm / cold, 3),
       "cache_entries": entries,
   }
-  text = json.dumps(result, indent=1)
-  print(text)
+  bench_report.print_json(result, FLAGS.out)
   print("\n| config | cold (s) | warm (s) | warm / cold |\n|---|---|---|---|")
-  print(f"| {shown(FLAGS.config)} | {cold:.1f} | {warm:.1f} | {warm / cold:.2f} |")
-  if FLAGS.out:
-    pathlib.Path(FLAGS.out).write_text(text + "\n")
+  print(f"| {bench_report.shown(FLAGS.config)} | {cold:.1f} | {warm:.1f} | {warm / cold:.2f} |")
 
 
 if __name__ == "__main__":

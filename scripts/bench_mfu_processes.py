@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +25,13 @@ import tempfile
 from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+sys.path.insert(0, str(ROOT / "scripts"))  # and the report helpers beside this file
 
-from transformers_jax import cli  # noqa: E402
+import bench_report  # noqa: E402
+
+
+from transformers_jax import cli, local_cluster  # noqa: E402
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -84,14 +87,6 @@ def last_logged(workdir) -> dict:
   return [r for r in rows if "tokens_per_s" in r][-1]
 
 
-def shown(config: str) -> str:
-  """The config as the project's own relative path where it is one of its files."""
-  path = pathlib.Path(config.split(":")[0]).resolve()
-  if path.is_relative_to(ROOT):
-    return str(path.relative_to(ROOT)) + config[len(config.split(":")[0]) :]
-  return config
-
-
 def main(argv=None) -> None:
   cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_mfu_processes.py")
   if FLAGS.devices < 2 or FLAGS.devices % 2:
@@ -108,26 +103,12 @@ def main(argv=None) -> None:
     )
     if one.returncode:
       raise cli.UserError(f"the one-process run failed: {one.stderr.strip()[-500:]}")
-    with socket.socket() as s:
-      s.bind(("localhost", 0))
-      port = s.getsockname()[1]
-    procs = [
-        subprocess.Popen(
-            command(
-                tmp / "two",
-                peak,
-                f"--coordinator_address=localhost:{port}",
-                "--num_processes=2",
-                f"--process_id={i}",
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env=env(FLAGS.devices // 2),
-        )
-        for i in range(2)
-    ]
+    procs = local_cluster.start_processes(
+        lambda i, address: command(tmp / "two", peak, *local_cluster.cluster_flags(i, address, 2)),
+        2,
+        env=env(FLAGS.devices // 2),
+        cwd=ROOT,
+    )
     outs = [p.communicate() for p in procs]
     if any(p.returncode for p in procs):
       raise cli.UserError(f"the two-process run failed: {outs[0][1].strip()[-500:]}")
@@ -135,7 +116,7 @@ def main(argv=None) -> None:
   tokens_ratio = b["tokens_per_s"] / a["tokens_per_s"]
   mfu_ratio = b["mfu"] / a["mfu"]
   result = {
-      "config": shown(FLAGS.config),
+      "config": bench_report.shown(FLAGS.config),
       "devices": FLAGS.devices,
       "one_process": {"tokens_per_s": a["tokens_per_s"], "mfu": a["mfu"]},
       "two_processes": {"tokens_per_s": b["tokens_per_s"], "mfu": b["mfu"]},
@@ -145,13 +126,11 @@ def main(argv=None) -> None:
       "device_peak_flops": peak,
       "peak_source": "given" if FLAGS.device_peak_flops else "measured once on this CPU",
   }
-  print(json.dumps(result, indent=1))
+  bench_report.print_json(result, FLAGS.out)
   print("\n| processes | tokens/s | MFU |\n|---|---|---|")
   print(f"| 1 | {a['tokens_per_s']:,.0f} | {a['mfu']:.2%} |")
   print(f"| 2 | {b['tokens_per_s']:,.0f} | {b['mfu']:.2%} |")
   print(f"\nMFU ratio / tokens ratio: {mfu_ratio / tokens_ratio:.3f} (1 = consistent)")
-  if FLAGS.out:
-    pathlib.Path(FLAGS.out).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

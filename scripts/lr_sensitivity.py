@@ -27,7 +27,6 @@ reaches the best loss, large when only a narrow band of rates trains.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -39,6 +38,10 @@ from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+
+sys.path.insert(0, str(ROOT / "scripts"))  # and the sweep helpers beside this file
+
+import sweeps  # noqa: E402
 
 from transformers_jax import cli  # noqa: E402
 
@@ -61,31 +64,12 @@ PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:gr
 
 
 def load_sweep(path):
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"--sweep {path}: no such file")
-  spec = importlib.util.spec_from_file_location(f"sweep_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for name in ("BASE", "populations"):
-    if not hasattr(module, name):
-      raise ValueError(f"--sweep {path}: a sweep file defines BASE and populations(scale)")
-  module.path = path
-  return module
+  return sweeps.load_sweep(path, ("BASE", "populations"))
 
 
 def population_config(sweep, entry, out: pathlib.Path):
   """BASE with the entry's overrides (a misspelt field is an error), tokens cached in OUT/data."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  from ablate import point_config
-
-  return point_config(sweep, entry, out)
-
-
-def read_done(path: pathlib.Path) -> dict:
-  if not path.is_file():
-    return {}
-  return {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+  return sweeps.entry_config(sweep, entry, out, kind="population")
 
 
 def summarize(workdir: pathlib.Path, config) -> list[dict]:
@@ -300,9 +284,10 @@ def main(argv=None) -> int:
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   entries = sweep.populations(FLAGS.scale)
+  sweeps.check_entries(sweep, entries, "population", "max_populations", FLAGS.max_populations)
   for e in entries:  # every configuration is checked before anything trains
     population_config(sweep, e, out)
-  done = read_done(out / "populations.jsonl")
+  done = sweeps.read_records(out / "populations.jsonl")
   todo = [] if FLAGS.report_only else [e for e in entries if e["name"] not in done]
   if FLAGS.max_populations:
     todo = todo[: FLAGS.max_populations]
@@ -310,8 +295,7 @@ def main(argv=None) -> int:
   t0 = time.perf_counter()
   for k, e in enumerate(todo, start=1):
     record = run_population(sweep, e, out)
-    with open(out / "populations.jsonl", "a") as f:
-      f.write(json.dumps(record) + "\n")
+    sweeps.append_record(out / "populations.jsonl", record)
     done[e["name"]] = record
     print(
         f"[{k}/{len(todo)}] {e['name']}: {record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s "

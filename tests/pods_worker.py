@@ -1,6 +1,6 @@
 """One process of a two-process run, started twice by tests/test_pods.py:
 
-    python tests/pods_worker.py PORT PROCESS_ID OUT_DIR
+    python tests/pods_worker.py COORDINATOR_ADDRESS PROCESS_ID OUT_DIR
 
 With the parameters split over both processes' devices (fsdp over 2 x 2 simulated CPU devices)
 it: writes the rows of a global batch it feeds (rows_<id>.npy, and global.npy from process 0);
@@ -47,8 +47,8 @@ def config_of(family: str, **fields):
 
 
 def main():
-  port, pid, out = int(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
-  parallel.initialize_distributed(f"localhost:{port}", 2, pid, timeout_s=120)
+  address, pid, out = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+  parallel.initialize_distributed(address, 2, pid, timeout_s=120)
   import jax
 
   from transformers_jax.tasks import task_data, task_for

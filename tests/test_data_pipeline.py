@@ -4,7 +4,6 @@ per byte (transformers_jax/data/sources.py, token_cache.py, pipeline.py)."""
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -232,32 +231,24 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
   config.data.cache_dir, config.data.tokenize_workers = str(tmp_path / "cache"), 1
   config.batch_size, config.seq_len, config.eval_batches = 6, 16, 1
   data = streamed_text_data(config, ModelConfig.from_dict(config.model), tmp_path / "w", "lm")
-  import socket
+  from transformers_jax import local_cluster
 
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-  procs = [
-      subprocess.Popen(
-          [
-              sys.executable,
-              "-c",
-              WORKER,
-              f"localhost:{port}",
-              str(i),
-              config.data.path,
-              config.data.cache_dir,
-              str(tmp_path / "w"),
-          ],
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-          cwd=ROOT,
-          env=env,
-      )
-      for i in range(2)
-  ]
+  procs = local_cluster.start_processes(
+      lambda i, address: [
+          sys.executable,
+          "-c",
+          WORKER,
+          address,
+          str(i),
+          config.data.path,
+          config.data.cache_dir,
+          str(tmp_path / "w"),
+      ],
+      2,
+      env=env,
+      cwd=ROOT,
+  )
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][1][-2000:] + outs[1][1][-2000:]
   got = sorted(

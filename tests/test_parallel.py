@@ -8,7 +8,6 @@ before JAX starts, and this test process has already started it with one device)
 import json
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import types
@@ -16,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from transformers_jax import parallel
+from transformers_jax import local_cluster, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 
@@ -77,12 +76,6 @@ def test_weights_are_split_as_the_rules_say(sharded_runs):
   assert tp["decoder/layer_0/ffn/wo/kernel"][1] == [wi_full[1] // 2, wi_full[0] // 4]
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def train_cmd(workdir, *extra):
   return [
       sys.executable,
@@ -114,24 +107,14 @@ def test_two_processes_equal_one_and_checkpoints_move_between_meshes(tmp_path):
       train_cmd(tmp_path / "one", *mesh), capture_output=True, text=True, cwd=ROOT, env=env(8)
   )
   assert one.returncode == 0, one.stderr[-3000:]
-  port = free_port()
-  procs = [
-      subprocess.Popen(
-          train_cmd(
-              tmp_path / "two",
-              *mesh,
-              f"--coordinator_address=localhost:{port}",
-              "--num_processes=2",
-              f"--process_id={i}",
-          ),
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-          cwd=ROOT,
-          env=env(4),
-      )
-      for i in range(2)
-  ]
+  procs = local_cluster.start_processes(
+      lambda i, address: train_cmd(
+          tmp_path / "two", *mesh, *local_cluster.cluster_flags(i, address, 2)
+      ),
+      2,
+      env=env(4),
+      cwd=ROOT,
+  )
   outs = [p.communicate(timeout=600) for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][1][-3000:] + outs[1][1][-3000:]
   reference = losses(tmp_path / "one")

@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 
 from transformers_jax import compile_cache
+from transformers_jax import local_cluster
+from transformers_jax.local_cluster import free_port
 from transformers_jax.cli import UserError
-from transformers_jax.runs import Checkpoints
+from transformers_jax.runs import Checkpoints, Run, RunError, non_finite_values
 from transformers_jax.train import loop, metrics
 from transformers_jax.train.loop import train
 
@@ -27,12 +29,6 @@ from conftest import ROOT
 from test_train import assert_one_line_error, configure, losses, run_cli
 
 GPT2_TINY = str(ROOT / "experiments/gpt2.py") + ":tiny"
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- MFU
@@ -61,19 +57,20 @@ def test_mfu_peak_counts_the_devices_of_every_process(monkeypatch):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
   out = tmp_path_factory.mktemp("two")
-  port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = [
-      subprocess.Popen(
-          [sys.executable, str(ROOT / "tests/pods_worker.py"), str(port), str(i), str(out)],
-          stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT,
-          text=True,
-          cwd=ROOT,
-          env=env,
-      )
-      for i in range(2)
-  ]
+  procs = local_cluster.start_processes(
+      lambda i, address: [
+          sys.executable,
+          str(ROOT / "tests/pods_worker.py"),
+          address,
+          str(i),
+          str(out),
+      ],
+      2,
+      env=env,
+      cwd=ROOT,
+      stderr=subprocess.STDOUT,
+  )
   try:
     logs = [p.communicate(timeout=480)[0] for p in procs]
   finally:
@@ -322,6 +319,50 @@ def test_non_finite_state_is_damaged_and_none_intact_is_one_line(two_checkpoints
   assert (
       "non-finite values in opt_state" in out.stdout and "differs from its checksum" in out.stdout
   )
+
+
+def flip_a_byte(step_dir: pathlib.Path) -> None:
+  target = data_file(step_dir)
+  raw = bytearray(target.read_bytes())
+  raw[len(raw) // 2] ^= 0x10
+  target.write_bytes(bytes(raw))
+
+
+def test_loading_parameters_verifies_checkpoints_like_a_resume(two_checkpoints, tmp_path):
+  """generate, convert and init_from load through Run.load_params: a damaged checkpoint falls
+  back to the newest intact one with a note, a damaged --step or none intact is one error."""
+  work = tmp_path / "w"
+  shutil.copytree(two_checkpoints, work)
+  flip_a_byte(work / "checkpoints" / "4")
+  run = Run(work)
+  with pytest.raises(RunError, match="--step=4: checkpoint step 4 .* is damaged .*differs"):
+    run.load_params(4)
+  assert (work / "checkpoints" / "4").is_dir()  # a given step is refused, not moved
+  notes = []
+  params, step = run.load_params(on_damaged=notes.append)
+  assert step == 2 and len(notes) == 1 and "step 4" in notes[0] and "4.damaged" in notes[0]
+  want, _ = Run(two_checkpoints).load_params(2)
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, params, want))
+  flip_a_byte(work / "checkpoints" / "2")
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "transformers_jax.generate",
+          "--workdir",
+          str(work),
+          "--prompt=a",
+          "--max_new_tokens=2",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
+  assert_one_line_error(out, "no intact checkpoint", "2")
+  assert out.returncode == 2 and "checkpoint step 2" in out.stdout
+  tree = {"a": {"b": np.array([1.0, np.nan]), "c": np.zeros(2, np.int32)}, "d": [np.ones(2)]}
+  assert non_finite_values(tree) == "non-finite values in a/b"
+  assert non_finite_values({"d": [np.ones(2)]}) is None
 
 
 def test_the_nan_guard_names_non_finite_inputs_or_the_learning_rate():

@@ -167,6 +167,35 @@ def test_resume_is_bit_exact(experiment, population_run, tmp_path):
     train(config, tmp_path)
 
 
+def test_sigterm_saves_and_a_damaged_checkpoint_is_not_resumed(experiment, tmp_path, monkeypatch):
+  """A population stops on SIGTERM like a solo run (saves the step, one error line), and its
+  resume verifies the checkpoint's checksums."""
+  import signal
+
+  class SignalAtStep2(population.StopRequests):
+
+    def stop_at(self, step):
+      if step == 2:
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to the run's handler right here
+      return super().stop_at(step)
+
+  monkeypatch.setattr(population, "StopRequests", SignalAtStep2)
+  handler_before = signal.getsignal(signal.SIGTERM)
+  config = make_config(experiment, **{**POPULATION, "population.seeds": 1})
+  with pytest.raises(UserError, match=r"interrupted \(SIGTERM\): saved step 2 in "):
+    train(config, tmp_path)
+  assert signal.getsignal(signal.SIGTERM) is handler_before  # the handlers are put back
+  step_dir = tmp_path / "checkpoints" / "2"
+  assert "2" in json.loads((tmp_path / "checkpoints" / "checksums.json").read_text())
+  target = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  raw = bytearray(target.read_bytes())
+  raw[len(raw) // 2] ^= 0x10
+  target.write_bytes(bytes(raw))
+  with pytest.raises(UserError, match="no intact checkpoint .* step\\(s\\) 2 are damaged"):
+    train(config, tmp_path)
+  assert (tmp_path / "checkpoints" / "2.damaged").is_dir()
+
+
 def _largest_logit(c, scale_qk: float) -> float:
   """The largest first-block attention logit with the query and key kernels scaled up."""
   model = build_model(c)

@@ -364,15 +364,16 @@ def config_from_json(path) -> ml_collections.ConfigDict:
 
   saved = json.loads(pathlib.Path(path).read_text())
   config = experiment_config(**saved.pop("model"))
-  config.update_from_flattened_dict(_flatten(saved))
+  config.update_from_flattened_dict(flatten_dict(saved))
   return config
 
 
-def _flatten(d: Mapping, prefix: str = "") -> dict:
+def flatten_dict(d: Mapping, prefix: str = "") -> dict:
+  """A nested mapping as {dotted.name: leaf value}."""
   out = {}
   for key, value in d.items():
     if isinstance(value, Mapping):
-      out.update(_flatten(value, f"{prefix}{key}."))
+      out.update(flatten_dict(value, f"{prefix}{key}."))
     else:
       out[f"{prefix}{key}"] = value
   return out

@@ -18,7 +18,8 @@
 A step directory appears only once it is complete (orbax writes under a temporary name and
 renames on commit), so a crash mid-save never looks like a good checkpoint; one that was damaged
 afterwards (a flipped bit, a truncated file) fails its checksums or holds non-finite values, is
-renamed to <step>.damaged and the newest intact one is used instead.
+renamed to <step>.damaged and the newest intact one is used instead, by a training resume and
+by Run.load_params (generate, convert, init_from) alike.
 """
 
 from __future__ import annotations
@@ -188,6 +189,30 @@ def file_checksums(folder: pathlib.Path) -> dict[str, str]:
   return out
 
 
+def non_finite_values(tree) -> str | None:
+  """None when every floating-point array of a host (numpy) tree is finite, else which is not."""
+  import numpy as np
+
+  bad = []
+
+  def visit(prefix, node):
+    if isinstance(node, dict):
+      for key, value in node.items():
+        visit(f"{prefix}/{key}" if prefix else str(key), value)
+    elif isinstance(node, (list, tuple)):
+      for i, value in enumerate(node):
+        visit(f"{prefix}/{i}", value)
+    else:
+      array = np.asarray(node)
+      if np.issubdtype(array.dtype, np.inexact) and not np.all(np.isfinite(array)):
+        bad.append(prefix)
+
+  visit("", tree)
+  if not bad:
+    return None
+  return f"non-finite values in {bad[0]}" + (f" and {len(bad) - 1} more" if bad[1:] else "")
+
+
 def _sync_processes(name: str) -> None:
   import jax
 
@@ -279,9 +304,24 @@ class Run:
     steps = self.steps()
     return steps[-1] if steps else None
 
-  def load_params(self, step: int | None = None):
+  def starts_from_parameters(self) -> bool:
+    """Whether the latest checkpoint holds parameters only (a converted model): training here
+    starts from them with a fresh optimizer and its own data, continuing no earlier stream."""
+    step = self.latest_step()
+    if step is None:
+      return False
+    checkpoints = self.checkpoints(async_save=False)
+    try:
+      return checkpoints.kind(step) == PARAMS_ONLY
+    finally:
+      checkpoints.manager.close()  # read only: nothing to record
+
+  def load_params(self, step: int | None = None, on_damaged=print):
     """(parameters as numpy arrays, step) of the latest (or the given) checkpoint, from a full
-    train state or a parameters-only checkpoint alike."""
+    train state or a parameters-only checkpoint alike. Checkpoints are verified as training's
+    resume verifies them (recorded checksums, finite values): without a step, a damaged one is
+    set aside with a one-line note to `on_damaged` and the next older one used; a damaged
+    given step, or no intact checkpoint at all, raises RunError."""
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
     steps = self.steps()
@@ -290,18 +330,26 @@ class Run:
           f"{self.path} has no checkpoint yet: train it first (python -m "
           "transformers_jax.train --workdir ...) or convert a model into it"
       )
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
+    if step is not None and step not in steps:
       raise RunError(
           f"--step={step}: {self.path} has checkpoints at steps " f"{', '.join(map(str, steps))}"
       )
     manager = self.checkpoints(async_save=False)
     try:
-      params = manager.restore(step, None)["params"]
+      if step is None:
+        tree, step = manager.restore_intact(None, check=non_finite_values, on_damaged=on_damaged)
+      else:
+        problem = manager.damage(step)
+        tree = manager.restore(step, None) if problem is None else None
+        problem = problem or non_finite_values(tree)
+        if problem is not None:
+          raise CheckpointDamaged(
+              f"--step={step}: checkpoint step {step} in {manager.directory} is damaged "
+              f"({problem}): leave out --step to use the newest intact checkpoint"
+          )
     finally:
       manager.close()
-    return params, step
+    return tree["params"], step
 
   def save_params(self, params, step: int = 0) -> None:
     """A parameters-only checkpoint (what convert writes): training in this folder starts from
@@ -474,16 +522,6 @@ DATA_FIELDS = ("seed", "data.")
 UNRECORDED_FIELDS = ("data.cache_dir",)
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def _unflatten_into(tree: dict, dotted: str, value) -> None:
   *parents, name = dotted.split(".")
   for key in parents:
@@ -506,8 +544,10 @@ def settings_in_force(run: "Run") -> dict | None:
 def resume_changes(run: "Run", config) -> dict[str, list]:
   """{dotted field: [value in force, value now]} of the settings other than the model's that
   `config` (a ConfigDict) changes."""
-  in_force = flatten(settings_in_force(run) or {})
-  now = flatten(json.loads(config.to_json_best_effort()))
+  from transformers_jax.config import flatten_dict
+
+  in_force = flatten_dict(settings_in_force(run) or {})
+  now = flatten_dict(json.loads(config.to_json_best_effort()))
   out = {}
   for field in sorted(set(in_force) | set(now)):
     if field.startswith("model.") or field in UNRECORDED_FIELDS:

@@ -116,6 +116,26 @@ def _non_finite(tree) -> str | None:
   )
 
 
+def restore_verified(checkpoints, target, check, does_not_fit: str):
+  """(state, step) of the newest intact checkpoint (Checkpoints.restore_intact: damaged ones
+  set aside with a note from process 0). No intact one, or a tree that does not fit `target`,
+  is a UserError; `does_not_fit` says why and what to do, with {error} for the first line of
+  what orbax reported."""
+  is_main = jax.process_index() == 0
+  try:
+    return checkpoints.restore_intact(
+        target, check=check, on_damaged=lambda line: is_main and print(line, flush=True)
+    )
+  except runs.CheckpointDamaged as e:
+    raise UserError(str(e)) from None
+  except (ValueError, KeyError) as e:
+    first = str(e).strip().splitlines()[0]
+    raise UserError(
+        f"checkpoint step {checkpoints.latest_step()} in {checkpoints.directory} "
+        + does_not_fit.format(error=first)
+    ) from None
+
+
 def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
   totals, rms, dropped, logit_max = None, None, None, None
   for batch in data.eval_batches:
@@ -202,19 +222,10 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
     lock.release()
 
 
-def _parameters_only(run: Run) -> bool:
-  """Whether the run's latest checkpoint holds parameters alone (no optimizer state)."""
-  checkpoints = run.checkpoints(async_save=False)
-  try:
-    return checkpoints.kind(checkpoints.latest_step()) == PARAMS_ONLY
-  finally:
-    checkpoints.close()
-
-
 def _check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
   the data needs `allow_data_change`."""
-  if run.latest_step() is None or run.saved_config() is None:
+  if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
     return {}
   changes = runs.resume_changes(run, config)
   data = runs.data_changes(changes)
@@ -239,7 +250,7 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
   _check_resume_config(run, config)
   # a new run, or one that starts from parameters alone (a converted model): config.json
   # describes it from here on; otherwise a resume, whose changed settings are recorded
-  new_run = run.latest_step() is None or _parameters_only(run)
+  new_run = run.latest_step() is None or run.starts_from_parameters()
   changes = {} if new_run else _check_resumed_settings(run, config, allow_data_change)
 
   task = task or task_for(model_cfg)
@@ -257,21 +268,13 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
     state = state.replace(params=checkpoints.restore(start, target)["params"])
     note = f"started from the parameters-only checkpoint at step {start} (fresh optimizer)"
   elif start is not None:
-    try:
-      state, start = checkpoints.restore_intact(
-          abstract_state(state, shardings),
-          check=_non_finite,
-          on_damaged=lambda line: is_main and print(line, flush=True),
-      )
-    except runs.CheckpointDamaged as e:
-      raise UserError(str(e)) from None
-    except (ValueError, KeyError) as e:
-      first = str(e).strip().splitlines()[0]
-      raise UserError(
-          f"checkpoint step {start} in {checkpoints.directory} does not fit this "
-          f"run's state ({first}): resume with the optimizer settings it was saved "
-          "with (grad_clip, weight_decay …) or use a new --workdir"
-      ) from None
+    state, start = restore_verified(
+        checkpoints,
+        abstract_state(state, shardings),
+        _non_finite,
+        does_not_fit="does not fit this run's state ({error}): resume with the optimizer "
+        "settings it was saved with (grad_clip, weight_decay …) or use a new --workdir",
+    )
     note = f"resumed from step {start}"
     if changes:
       if is_main:

@@ -154,7 +154,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   """Train (or resume) a population in `workdir`: train()'s run folder, checkpoints and
   metrics, one line per member. Returns {"members": [final metrics per member], "step",
   "member_devices": how many devices the members are split over}."""
-  from transformers_jax.train.loop import _check_resume_config
+  from transformers_jax.train.loop import _check_resume_config, restore_verified
 
   run = Run(workdir)
   workdir = run.path
@@ -226,15 +226,13 @@ def train_population(config, workdir: str, task=None) -> dict:
     target = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
-    try:
-      state = checkpoints.restore(start, target)
-    except (ValueError, KeyError) as e:
-      first = str(e).strip().splitlines()[0]
-      raise UserError(
-          f"checkpoint step {start} in {checkpoints.directory} does not hold this "
-          f"population ({first}): resume with the population it was saved with, or use a "
-          "new --workdir"
-      ) from None
+    state, start = restore_verified(
+        checkpoints,
+        target,
+        _non_finite_alive,
+        does_not_fit="does not hold this population ({error}): resume with the population it "
+        "was saved with, or use a new --workdir",
+    )
     saved = jax.device_get(state.hparams)
     if any(not np.array_equal(saved[k], hp[k]) for k in hp):
       raise UserError(
@@ -337,7 +335,7 @@ def train_population(config, workdir: str, task=None) -> dict:
       + f"), split over {split} device(s); {data.summary}; {note}",
       flush=True,
   )
-  stop_requests = StopRequests()  # Ctrl-C or SIGTERM: save, then exit
+  stop_requests = StopRequests()
   results = [dict(m) for m in table]
   reported = set(int(i) for i in np.flatnonzero(~np.asarray(jax.device_get(state.alive))))
   end = min(config.stop_after or config.steps, config.steps)
@@ -387,8 +385,8 @@ def train_population(config, workdir: str, task=None) -> dict:
       if stop_now:
         checkpoints.close()
         raise UserError(
-            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in {checkpoints.directory}; run the "
-            "same command again to resume"
+            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in "
+            f"{checkpoints.directory}; run the same command again to resume"
         )
   finally:
     stop_requests.restore()
@@ -399,6 +397,24 @@ def train_population(config, workdir: str, task=None) -> dict:
       "checkpoints/)"
   )
   return {"members": results, "step": max(start, end), "member_devices": split}
+
+
+def _non_finite_alive(state) -> str | None:
+  """None when the parameters and optimizer state of every member still training are finite
+  (a diverged member's frozen state may legitimately hold infinities), else which are not."""
+  from transformers_jax.train.loop import _non_finite
+
+  alive = state.alive
+
+  def live_only(x):
+    if not jnp.issubdtype(x.dtype, jnp.inexact) or x.ndim == 0 or x.shape[0] != alive.shape[0]:
+      return x
+    return jnp.where(alive.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+  live = jax.jit(lambda t: jax.tree_util.tree_map(live_only, t))(
+      {"params": state.params, "opt_state": state.opt_state}
+  )
+  return _non_finite(live)
 
 
 def _describe(m: dict) -> str:
