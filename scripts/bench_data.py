@@ -1,7 +1,7 @@
 """Input-pipeline figures on this machine, as JSON (stdout) and a markdown table (stderr).
 
-    python scripts/bench_data.py [--big_mb 2048] [--small_mb 200] [--tokenize_mb 64] \
-        [--bpe_mb 16] [--out experiments/results/data/bench_data.json]
+    python scripts/bench_data.py [--big_mb=2048] [--small_mb=200] [--tokenize_mb=64]
+        [--bpe_mb=16] [--out=experiments/results/data/bench_data.json]
 
 1. Tokenization rate (MB of text per second) into the token cache, byte and BPE tokenizers,
    with 1 and 2 worker processes (a fresh cache each time; BPE training not counted).
@@ -30,8 +30,23 @@ import time
 
 import numpy as np
 
+from absl import flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from transformers_jax import cli  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("big_mb", 2048, "Size of the large generated corpus (MB).", flag_values=FLAGS)
+flags.DEFINE_integer("small_mb", 200, "Size of the small generated corpus (MB).", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "tokenize_mb", 64, "Text tokenized for the byte rates (MB).", flag_values=FLAGS
+)
+flags.DEFINE_integer("bpe_mb", 16, "Text tokenized for the BPE rates (MB).", flag_values=FLAGS)
+flags.DEFINE_string(
+    "out", "", "Also write the JSON here (and the table beside it, .md).", flag_values=FLAGS
+)
 
 REFERENCE = dict(d_model=256, num_layers=4, num_heads=4, max_len=256, vocab_size=256)
 BATCH, SEQ = 16, 256
@@ -243,16 +258,12 @@ def markdown(report: dict) -> str:
   return "\n".join(lines)
 
 
-def main():
-  import argparse
-
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--big_mb", type=int, default=2048)
-  parser.add_argument("--small_mb", type=int, default=200)
-  parser.add_argument("--tokenize_mb", type=int, default=64)
-  parser.add_argument("--bpe_mb", type=int, default=16)
-  parser.add_argument("--out", default="")
-  args = parser.parse_args()
+def main(argv=None) -> int:
+  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_data.py")
+  for name in ("big_mb", "small_mb", "tokenize_mb", "bpe_mb"):
+    if FLAGS[name].value < 1:
+      raise cli.UserError(f"--{name}={FLAGS[name].value}: give a positive size in MB")
+  args = FLAGS
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_data-"))
   try:
     report = {"cpus": os.cpu_count()}
@@ -295,4 +306,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)
