@@ -97,9 +97,10 @@ class TextClassification(Task):
       start = int(rng.integers(0, max(1, len(ids) - (T - 1)))) if rng is not None else 0
       return [tok.cls_id, *ids[start : start + T - 1]]
 
-    def encode(texts_and_labels, rng):
+    def encode(texts_and_labels, rngs):
+      """One row per example; example i's window drawn from rngs[i]."""
       tokens = np.full((len(texts_and_labels), T), tok.pad_id, np.int32)
-      for i, (text, _) in enumerate(texts_and_labels):
+      for i, ((text, _), rng) in enumerate(zip(texts_and_labels, rngs)):
         w = window(text, rng)
         tokens[i, : len(w)] = w
       return {
@@ -145,19 +146,6 @@ class TextClassification(Task):
           "weights": weights_k,
       }
 
-    def unpacked_rows(rngs):
-      picks = [pick(rng) for rng in rngs]
-      tokens = np.full((len(picks), T), tok.pad_id, np.int32)
-      for i, ((text, _), rng) in enumerate(zip(picks, rngs)):
-        w = window(text, rng)
-        tokens[i, : len(w)] = w
-      return {
-          "tokens": tokens,
-          "attention_mask": (tokens != tok.pad_id).astype(np.int32),
-          "labels": np.array([y for _, y in picks], np.int32),
-          "weights": np.ones(len(picks), np.float32),
-      }
-
     def train_rows(step, start, stop):
       """Rows [start, stop) of the batch of `step`: row r draws from its own (seed, step, r)
       stream, so any rows are built without the others."""
@@ -165,11 +153,11 @@ class TextClassification(Task):
       if config.data.packing:
         rows = [packed_row(rng) for rng in rngs]
         return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
-      return unpacked_rows(rngs)
+      return encode([pick(rng) for rng in rngs], rngs)
 
     rng = np.random.default_rng([seed, 10**6])
     val = [docs_val[i % len(docs_val)] for i in range(B * config.eval_batches)]
-    evals = [encode(val[i : i + B], rng) for i in range(0, len(val), B)]
+    evals = [encode(val[i : i + B], [rng] * B) for i in range(0, len(val), B)]
     if config.data.packing:  # held-out examples one per row, in the layout the step takes
       evals = [D.classify_one_per_row(b, K) for b in evals]
     return TaskData(lambda step: train_rows(step, 0, B), evals, tok, summary, train_rows=train_rows)

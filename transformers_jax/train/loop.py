@@ -339,12 +339,7 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
         t_last, step_last = time.perf_counter(), done
       pending = (done, metrics, rows)
       stop_now = stop_requests.stop_at(done)
-      last = done == end
-      log_now = done % config.log_every == 0 or last
-      eval_now = (config.eval_every and done % config.eval_every == 0) or last
-      save_now = (
-          (config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
-      )
+      log_now, eval_now, save_now = step_events(config, done, end, stop_now)
       if log_now or eval_now or save_now:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         _stop_if_not_finite(pending, checkpoints, last_saved, values)
@@ -400,6 +395,16 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
     )
     result["sample"] = sample
   return result
+
+
+def step_events(config, done: int, end: int, stop_now: bool) -> tuple[bool, bool, bool]:
+  """(log, evaluate, save) after step `done` of an invocation ending at `end`: each at its
+  interval and all three at the end; a stop request (a signal) saves."""
+  last = done == end
+  log = done % config.log_every == 0 or last
+  evaluate = bool(config.eval_every and done % config.eval_every == 0) or last
+  save = bool(config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
+  return log, evaluate, save
 
 
 def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):

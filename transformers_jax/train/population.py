@@ -154,7 +154,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   """Train (or resume) a population in `workdir`: train()'s run folder, checkpoints and
   metrics, one line per member. Returns {"members": [final metrics per member], "step",
   "member_devices": how many devices the members are split over}."""
-  from transformers_jax.train.loop import _check_resume_config, restore_verified
+  from transformers_jax.train.loop import _check_resume_config, restore_verified, step_events
 
   run = Run(workdir)
   workdir = run.path
@@ -345,12 +345,7 @@ def train_population(config, workdir: str, task=None) -> dict:
       state, metrics = train_step(state, member_batch(step))
       done = step + 1
       stop_now = stop_requests.stop_at(done)
-      last = done == end
-      log_now = done % config.log_every == 0 or last
-      eval_now = (config.eval_every and done % config.eval_every == 0) or last
-      save_now = (
-          (config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
-      )
+      log_now, eval_now, save_now = step_events(config, done, end, stop_now)
       if log_now:
         values = jax.device_get(metrics)
         alive, diverged_at = jax.device_get((state.alive, state.diverged_at))
