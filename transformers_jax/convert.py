@@ -21,7 +21,8 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
-from transformers_jax.config import DTYPES, ModelConfig, experiment_config
+from transformers_jax.config import DTYPES, ModelConfig
+from transformers_jax.train_config import experiment_config
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
 from transformers_jax.runs import Run
@@ -46,7 +47,7 @@ config saved beside this file as config.json. Use it as --config OUT/config.py."
 
 import pathlib
 
-from transformers_jax.config import config_from_json
+from transformers_jax.train_config import config_from_json
 
 
 def get_config(arg=None):

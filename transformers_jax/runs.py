@@ -55,7 +55,7 @@ class Run:
 
   def config(self):
     """config.json as an experiment ConfigDict (RunError when there is none)."""
-    from transformers_jax.config import config_from_json
+    from transformers_jax.train_config import config_from_json
 
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
@@ -125,12 +125,15 @@ class Run:
     finally:
       checkpoints.manager.close()  # read only: nothing to record
 
-  def load_params(self, step: int | None = None, on_damaged=print):
+  def load_params(
+      self, step: int | None = None, on_damaged=print, member=None, member_flag="--member"
+  ):
     """(parameters as numpy arrays, step) of the latest (or the given) checkpoint, from a full
     train state or a parameters-only checkpoint alike. Checkpoints are verified as training's
     resume verifies them (recorded checksums, finite values): without a step, a damaged one is
     set aside with a one-line note to `on_damaged` and the next older one used; a damaged
-    given step, or no intact checkpoint at all, raises RunError."""
+    given step, or no intact checkpoint at all, raises RunError. A population's checkpoint
+    holds every member: `member` picks one (without it, a RunError names `member_flag`)."""
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
     steps = self.steps()
@@ -158,7 +161,26 @@ class Run:
           )
     finally:
       manager.close()
-    return tree["params"], step
+    return self.member_params(tree, member, member_flag), step
+
+  def member_params(self, tree, member, member_flag: str = "--member"):
+    """The parameters of a restored checkpoint tree: member `member`'s of a population's."""
+    population = "alive" in tree  # a population's state: every leaf has a member axis
+    if not population:
+      if member is not None:
+        raise RunError(
+            f"{member_flag}={member}: {self.path} holds one model, not a population: leave "
+            f"out {member_flag}"
+        )
+      return tree["params"]
+    count = len(tree["alive"])
+    if member is None or not 0 <= member < count:
+      said = "" if member is None else f"{member_flag}={member}: "
+      raise RunError(
+          f"{said}{self.path} holds a population of {count} members: pass {member_flag}=I "
+          f"with I in 0..{count - 1} to pick one (metrics.jsonl has each member's eval_loss)"
+      )
+    return _member_slice(tree["params"], member)
 
   def save_params(self, params, step: int = 0) -> None:
     """A parameters-only checkpoint (what convert writes): training in this folder starts from
@@ -170,10 +192,17 @@ class Run:
       manager.close()
 
 
-def load_run(workdir, step: int | None = None):
-  """(ModelConfig, params, tokenizer or None, step) of a run's latest (or given) checkpoint."""
+def _member_slice(tree, i: int):
+  if isinstance(tree, dict):
+    return {k: _member_slice(v, i) for k, v in tree.items()}
+  return tree[i]
+
+
+def load_run(workdir, step: int | None = None, member: int | None = None):
+  """(ModelConfig, params, tokenizer or None, step) of a run's latest (or given) checkpoint;
+  of population member `member` for a population's run."""
   run = Run(workdir)
-  params, step = run.load_params(step)
+  params, step = run.load_params(step, member=member)
   return run.model_config(), params, run.tokenizer(), step
 
 

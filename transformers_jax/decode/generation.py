@@ -236,9 +236,9 @@ def _compiled(cfg, strategy, bos_id):
 def shard_params(cfg, params, mesh, rules=None):
   """Place parameters on `mesh` as the logical-axis rules say (default parallel.rules(), the
   training layout)."""
-  from transformers_jax import parallel
+  from transformers_jax.models import param_shardings
 
-  return jax.device_put(params, parallel.param_shardings(as_model_config(cfg), mesh, rules))
+  return jax.device_put(params, param_shardings(as_model_config(cfg), mesh, rules))
 
 
 def _place(mesh, args, rows: int):

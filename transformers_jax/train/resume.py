@@ -4,6 +4,7 @@ restores of the newest intact checkpoint, and parameters taken from another run 
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,33 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
         "anyway, or use a new --workdir"
     )
   return changes
+
+
+def prepare_folder(run: Run, config, allow_data_change: bool) -> dict | None:
+  """Checks before a run (re)starts in its folder: the same model, and data changes allowed.
+  Returns the settings a resume changes ({} for none), or None for a new run (or one starting
+  from a parameters-only checkpoint), which config.json describes from here on."""
+  run.path.mkdir(parents=True, exist_ok=True)
+  check_same_model(run, config)
+  if run.latest_step() is None or run.starts_from_parameters():
+    return None
+  return check_resumed_settings(run, config, allow_data_change)
+
+
+def write_folder(run: Run, config, changes: dict | None) -> None:
+  """config.json of a new run, and run.json of this invocation (process 0 writes them)."""
+  if jax.process_index() == 0:
+    if changes is None:
+      run.write_config(config)
+    runs.write_run_info(run.path, sys.argv)
+
+
+def note_changes(run: Run, start: int, changes: dict | None) -> None:
+  """Say, and record in run_history.jsonl, the settings a resume at `start` changed."""
+  if changes and jax.process_index() == 0:
+    said = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in changes.items())
+    print(f"resumed with changed settings ({said}): recorded in run_history.jsonl", flush=True)
+    run.record_changes(start, changes, sys.argv)
 
 
 def non_finite(tree) -> str | None:
@@ -107,13 +135,16 @@ def copy_matching(params, source):
   return jax.tree_util.tree_map_with_path(take, params), loaded, fresh
 
 
-def init_from_run(path: str, params):
-  """Copy parameters whose path and shape match from another run's latest checkpoint:
-  (params, names loaded, names left fresh, the source's step)."""
+def load_init_from(path: str, member: int = -1):
+  """(parameters as host arrays, step) of the latest intact checkpoint of run `path` (or of its
+  checkpoints/ folder); of population member `member` when `path` holds a population."""
   source = pathlib.Path(path)
   run = Run(source.parent if source.name == "checkpoints" else source)
   if run.latest_step() is None:
     raise UserError(f"init_from={path}: no checkpoint found there")
-  restored, step = run.load_params()
-  params, loaded, fresh = copy_matching(params, restored)
-  return params, loaded, fresh, step
+  try:
+    return run.load_params(
+        member=None if member < 0 else member, member_flag="--config.init_member"
+    )
+  except runs.RunError as e:
+    raise UserError(f"init_from={path}: {e}") from None
