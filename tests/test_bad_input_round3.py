@@ -1,0 +1,58 @@
+"""Round three of bad inputs and faults: each case ends in the right behaviour or one clear
+error naming the problem and the fix (packing of long documents, exports that would lose a run
+or a tensor, impossible settings, changed data, hostile Hugging Face folders, silent
+acceptance of nonsense values)."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from transformers_jax.data import ByteTokenizer
+from transformers_jax.data import pipeline as P
+from transformers_jax.data.token_cache import build_cache
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def quiet(_):
+  pass
+
+
+# ----------------------------------------------------------------------------- 1. packing
+@pytest.fixture(scope="module")
+def one_long_document(tmp_path_factory):
+  """A .txt corpus that is one document of 6,000 byte tokens (the cache adds one separator)."""
+  root = tmp_path_factory.mktemp("long")
+  rng = np.random.default_rng(0)
+  text = "".join(chr(c) for c in rng.integers(97, 123, 6000))
+  (root / "book.txt").write_text(text)
+  cache = build_cache(root / "book.txt", ByteTokenizer(), root / "cache", 256, 1, log=quiet)
+  train, val = P.split_spans(cache)
+  return P.TokenSpans(cache, train), P.TokenSpans(cache, val), train[0], val[0]
+
+
+def test_packing_trains_on_every_piece_of_a_long_document(one_long_document):
+  train, val, train_span, val_span = one_long_document
+  common = dict(kind="lm", batch_size=8, seq_len=63, seed=1, packing=True, pad_id=0)
+  batches = P.StepBatches(train, **common)
+  seen = np.zeros(train_span.hi, bool)
+  text = train.tokens(0)[: train_span.hi].tobytes()
+  for step in range(60):
+    batch = batches(step)
+    # each row is one piece of the document: 64 tokens, positions 0..62, nothing masked out
+    assert np.all(batch["segment_ids"] == 1) and np.all(batch["weights"] == 1)
+    np.testing.assert_array_equal(batch["positions"][0], np.arange(63))
+    for row in batch["tokens"]:
+      start = text.find(row.astype(np.uint8).tobytes())
+      assert start >= 0, "a packed row that is not a piece of the training text"
+      seen[start : start + 64] = True
+  # 480 rows drawn over the ~95 pieces: every part of the training text is reached (before the
+  # fix every row was the document's first 64 tokens)
+  assert seen.mean() > 0.95
+  # the held-out rows are packed the same way, from the held-out tail only
+  evals = P.packed_eval_rows(P.StepBatches(val, **{**common, "batch_size": 4, "seed": 2}), 1)
+  assert len(evals) == 1 and set(evals[0]) == {"tokens", "segment_ids", "positions", "weights"}
+  held_out = val.tokens(0)[val_span.lo : val_span.hi].tobytes()
+  for row in evals[0]["tokens"]:
+    assert held_out.find(row.astype(np.uint8).tobytes()) >= 0
