@@ -56,3 +56,35 @@ def test_packing_trains_on_every_piece_of_a_long_document(one_long_document):
   held_out = val.tokens(0)[val_span.lo : val_span.hi].tobytes()
   for row in evals[0]["tokens"]:
     assert held_out.find(row.astype(np.uint8).tobytes()) >= 0
+
+
+# ----------------------------------------------------------------------------- 2, 3. export
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+
+
+def test_export_never_overwrites_another_run(tmp_path):
+  from transformers_jax import cli
+  from transformers_jax.convert import export_hf, import_hf
+
+  import_hf(FIXTURES / "gpt2", tmp_path / "a")
+  import_hf(FIXTURES / "gpt2", tmp_path / "b")
+  before = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
+  with pytest.raises(cli.UserError, match="holds a run"):
+    export_hf(tmp_path / "a", tmp_path / "b", overwrite=True)
+  after = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
+  assert after == before
+
+
+def test_export_refuses_what_the_architecture_cannot_hold(tmp_path):
+  import jax
+
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.interop import save_hf
+  from transformers_jax.interop.common import UnsupportedConfig
+  from transformers_jax.models import build_model
+
+  c = ModelConfig(num_layers=1, d_model=16, num_heads=2, max_len=8, qk_norm=True)
+  params = build_model(c).init(jax.random.key(0), np.zeros((1, 4), np.int32))["params"]
+  with pytest.raises(UnsupportedConfig, match="qk_norm"):
+    save_hf(tmp_path / "out", c, params)
+  assert not (tmp_path / "out").exists()
