@@ -88,3 +88,63 @@ def test_export_refuses_what_the_architecture_cannot_hold(tmp_path):
   with pytest.raises(UnsupportedConfig, match="qk_norm"):
     save_hf(tmp_path / "out", c, params)
   assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- 4. hangs
+def test_more_examples_per_row_than_a_row_can_hold_is_refused():
+  from transformers_jax.config import ModelConfig, load_config_module
+  from transformers_jax.train_config import validate
+
+  config = load_config_module(str(ROOT / "experiments" / "transformer.py")).get_config("tiny")
+  config.data.packing, config.data.examples_per_row = True, 100000
+  with pytest.raises(ValueError, match="data.examples_per_row=100000: a row of seq_len="):
+    validate(config, ModelConfig.from_dict(config.model), 1)
+
+
+def test_a_signal_before_the_first_step_ends_the_run_at_once():
+  import os
+  import signal
+
+  from transformers_jax.cli import UserError
+  from transformers_jax.train.preemption import StopRequests
+
+  before = signal.getsignal(signal.SIGTERM)
+  stop = StopRequests(abort_before_start=True)
+  try:
+    with pytest.raises(UserError, match=r"interrupted \(SIGTERM\) before the first step"):
+      os.kill(os.getpid(), signal.SIGTERM)
+      signal.pause()  # (the handler raises here at the latest)
+    stop.started()  # after the first step a signal is a request to save at a step boundary
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.stop_at(1) and stop.signal_name == "SIGTERM"
+  finally:
+    stop.restore()
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+WATCHDOG = """
+import os, signal, threading
+from transformers_jax.train.preemption import StopRequests
+stop = StopRequests(abort_before_start=True)
+try:
+  os.kill(os.getpid(), signal.SIGINT)
+  signal.pause()
+except Exception:
+  pass  # as if the main thread were held in a call that never returns to Python
+threading.Event().wait(120)
+print("still running")
+"""
+
+
+def test_a_main_thread_that_does_not_return_is_ended_by_the_watchdog():
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+      [sys.executable, "-c", WATCHDOG], capture_output=True, text=True, cwd=ROOT, timeout=100
+  )
+  assert out.returncode == 2 and "still running" not in out.stdout
+  assert out.stderr.strip().splitlines() == [
+      "error: interrupted (SIGINT) before the first step, while the data was prepared or the "
+      "step compiled: nothing was trained or saved; run the same command again to start"
+  ]

@@ -159,6 +159,13 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     )
   if config.data.packing and packs_examples and config.data.examples_per_row < 1:
     fail("data.examples_per_row", "packed rows hold at least 1 example")
+  most_per_row = max(1, config.seq_len // 2)  # an example takes 2 tokens at least
+  if config.data.packing and packs_examples and config.data.examples_per_row > most_per_row:
+    fail(
+        "data.examples_per_row",
+        f"a row of seq_len={config.seq_len} tokens holds at most {most_per_row} examples of 2 "
+        f"tokens or more: set it to {min(8, most_per_row)} (the default 8) up to {most_per_row}",
+    )
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
   if not config.adam_eps > 0:

@@ -212,13 +212,16 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
       problem = e
   if not parallel.agree(problem is None):
     raise problem or UserError(f"process 0 could not lock {run.path}: see its error")
+  # until the first step, Ctrl-C or SIGTERM ends the run at once: nothing is lost
+  stop_requests = StopRequests(abort_before_start=True)
   try:
     from transformers_jax.train import population
 
     if population.enabled(config):
       return population.train_population(config, str(run.path), task)
-    return _train(config, run, task, allow_data_change)
+    return _train(config, run, task, allow_data_change, stop_requests)
   finally:
+    stop_requests.restore()
     lock.release()
 
 
@@ -239,7 +242,7 @@ def _check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   return changes
 
 
-def _train(config, run: Run, task, allow_data_change: bool) -> dict:
+def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) -> dict:
   workdir = run.path
   model_cfg = ModelConfig.from_dict(config.model)
   mesh = parallel.make_mesh(config.mesh.to_dict())
@@ -310,7 +313,7 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
         flush=True,
     )
 
-  stop_requests = StopRequests()
+  stop_requests = stop_requests or StopRequests()
   profiler = StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb")
   progress = _Progress(start, config.steps, enabled=is_main)
   last_saved = start
@@ -337,6 +340,7 @@ def _train(config, run: Run, task, allow_data_change: bool) -> dict:
       if step == start:  # throughput excludes compilation
         jax.block_until_ready(metrics)
         t_last, step_last = time.perf_counter(), done
+        stop_requests.started()  # from here a signal saves at a step boundary
       pending = (done, metrics, rows)
       stop_now = stop_requests.stop_at(done)
       log_now, eval_now, save_now = step_events(config, done, end, stop_now)
