@@ -369,6 +369,6 @@ def test_the_nan_guard_names_non_finite_inputs_or_the_learning_rate():
   ckpt = types.SimpleNamespace(wait=lambda: None, directory="ckpt")
   nan = {"loss": float("nan"), "grad_norm": float("nan")}
   with pytest.raises(loop.TrainingDiverged, match="step 3 holds non-finite values in images"):
-    loop._stop_if_not_finite((3, nan, {"images": np.array([0.0, np.inf])}), ckpt, 2)
+    loop.stop_if_not_finite((3, nan, {"images": np.array([0.0, np.inf])}), ckpt, 2)
   with pytest.raises(loop.TrainingDiverged, match="learning rate is too high"):
-    loop._stop_if_not_finite((3, nan, {"tokens": np.array([1, 2])}), ckpt, 2)
+    loop.stop_if_not_finite((3, nan, {"tokens": np.array([1, 2])}), ckpt, 2)

@@ -10,6 +10,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from transformers_jax.errors import UserError  # noqa: F401  (raised by every command line)
+
 FLAGS = flags.FLAGS
 
 
@@ -45,10 +47,6 @@ def apply_cpu_devices() -> None:
       jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError as e:  # the backends already started
       raise UserError(f"--cpu_devices={n}: JAX has already started ({e})") from None
-
-
-class UserError(Exception):
-  """A mistake in what the user asked for: printed as one line, exit code 2."""
 
 
 def user_errors(main, start_backends: bool = True):

@@ -19,215 +19,24 @@ A step directory appears only once it is complete (orbax writes under a temporar
 renames on commit), so a crash mid-save never looks like a good checkpoint; one that was damaged
 afterwards (a flipped bit, a truncated file) fails its checksums or holds non-finite values, is
 renamed to <step>.damaged and the newest intact one is used instead, by a training resume and
-by Run.load_params (generate, convert, init_from) alike.
+by Run.load_params (generate, convert, init_from) alike (transformers_jax/checkpoints.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
 
-import orbax.checkpoint as ocp
-
-FULL_STATE, PARAMS_ONLY = "train_state", "params"
-
-
-class Checkpoints:
-  """Orbax checkpoints in one folder: save a tree at a step, restore it onto any mesh."""
-
-  def __init__(self, directory, keep: int = 2, async_save: bool = True):
-    self.directory = pathlib.Path(directory).absolute()
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
-        create=True,
-        enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=True,
-    )
-    self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
-    )
-
-  def latest_step(self) -> int | None:
-    return self.manager.latest_step()
-
-  def steps(self) -> list[int]:
-    return sorted(self.manager.all_steps())
-
-  def kind(self, step: int) -> str:
-    """FULL_STATE or PARAMS_ONLY: what the checkpoint at `step` holds."""
-    tree = self.manager.item_metadata(step)
-    tree = getattr(tree, "tree", tree)
-    return FULL_STATE if "opt_state" in tree else PARAMS_ONLY
-
-  def save(self, step: int, state) -> None:
-    """Start saving (asynchronously once the arrays are copied off the devices). The previous
-    save has finished by then (orbax waits for it) and its checksums are recorded first."""
-    self.manager.wait_until_finished()
-    self._record_checksums()
-    self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-
-  def restore(self, step: int, target):
-    """Restore into `target` (ShapeDtypeStructs with shardings: any mesh works), or as numpy
-    arrays when `target` is None."""
-    return self.manager.restore(step, args=ocp.args.StandardRestore(target))
-
-  def wait(self) -> None:
-    self.manager.wait_until_finished()
-    self._record_checksums()
-
-  def close(self) -> None:
-    self.wait()
-    self.manager.close()
-
-  # ------------------------------------------------------------------ integrity
-  @property
-  def checksum_path(self) -> pathlib.Path:
-    return self.directory / "checksums.json"
-
-  def _checksums(self) -> dict:
-    try:
-      return json.loads(self.checksum_path.read_text())
-    except (OSError, ValueError):
-      return {}
-
-  def _record_checksums(self) -> None:
-    """Checksums of committed checkpoints that have none yet (written by process 0 alone; the
-    checkpoint folder is shared by every process)."""
-    import jax
-
-    if jax.process_index() != 0:
-      return
-    recorded = self._checksums()
-    steps = {str(s) for s in self.manager.all_steps()}
-    missing = [s for s in steps if s not in recorded]
-    stale = [s for s in recorded if s not in steps]
-    if not missing and not stale:
-      return
-    for s in stale:  # removed by max_to_keep
-      del recorded[s]
-    for s in missing:
-      recorded[s] = file_checksums(self.directory / s)
-    tmp = self.checksum_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
-    os.replace(tmp, self.checksum_path)
-
-  def damage(self, step: int) -> str | None:
-    """What is wrong with the files of checkpoint `step` against the checksums recorded when it
-    was committed, or None (intact, or saved before checksums were recorded)."""
-    want = self._checksums().get(str(step))
-    if want is None:
-      return None
-    have = file_checksums(self.directory / str(step))
-    for name in sorted(set(want) | set(have)):
-      if name not in have:
-        return f"file {name} is missing"
-      if want.get(name) != have[name]:
-        return f"file {name} differs from its checksum" if name in want else f"extra file {name}"
-    return None
-
-  def set_aside(self, step: int) -> pathlib.Path:
-    """Rename a damaged checkpoint to <step>.damaged (kept for inspection, no longer a step)."""
-    import jax
-
-    source = self.directory / str(step)
-    target = source.with_name(f"{step}.damaged")
-    n = 1
-    while target.exists():
-      n += 1
-      target = source.with_name(f"{step}.damaged{n}")
-    if jax.process_index() == 0:
-      source.rename(target)
-    _sync_processes(f"set_aside_{step}")
-    self.manager.reload()
-    return target
-
-  def restore_intact(self, target, check=None, on_damaged=print):
-    """(restored tree, step) of the newest checkpoint that is intact: its files match their
-    checksums, it restores, and `check(tree)` (e.g. all values finite) returns None rather than
-    a problem. Damaged ones are set aside with a one-line note to `on_damaged`; (None, None)
-    when there is no checkpoint; CheckpointDamaged when none is intact."""
-    damaged = []
-    for step in sorted(self.manager.all_steps(), reverse=True):
-      problem = self.damage(step)
-      tree = None
-      if problem is None:
-        try:
-          tree = self.restore(step, target(step) if callable(target) else target)
-        except (ValueError, KeyError):  # the tree does not fit: the caller's error to report
-          raise
-        except Exception as e:  # a truncated or unreadable file  # noqa: BLE001
-          text = str(e).strip().splitlines()
-          problem = f"it does not restore ({type(e).__name__}: {text[0] if text else ''})"
-      if problem is None and check is not None:
-        problem = check(tree)
-      if problem is None:
-        return tree, step
-      aside = self.set_aside(step)
-      damaged.append(step)
-      on_damaged(
-          f"note: checkpoint step {step} in {self.directory} is damaged ({problem}): moved to "
-          f"{aside.name}; trying the next older one"
-      )
-    if damaged:
-      raise CheckpointDamaged(
-          f"no intact checkpoint in {self.directory}: step(s) "
-          f"{', '.join(map(str, damaged))} are damaged (moved to <step>.damaged): use a new "
-          "--workdir, or copy an intact checkpoint there"
-      )
-    return None, None
-
-
-def file_checksums(folder: pathlib.Path) -> dict[str, str]:
-  """{path relative to `folder`: SHA-256} of every file under it."""
-  out = {}
-  for path in sorted(folder.rglob("*")):
-    if path.is_file():
-      with open(path, "rb") as f:
-        out[path.relative_to(folder).as_posix()] = hashlib.file_digest(f, "sha256").hexdigest()
-  return out
-
-
-def non_finite_values(tree) -> str | None:
-  """None when every floating-point array of a host (numpy) tree is finite, else which is not."""
-  import numpy as np
-
-  bad = []
-
-  def visit(prefix, node):
-    if isinstance(node, dict):
-      for key, value in node.items():
-        visit(f"{prefix}/{key}" if prefix else str(key), value)
-    elif isinstance(node, (list, tuple)):
-      for i, value in enumerate(node):
-        visit(f"{prefix}/{i}", value)
-    else:
-      array = np.asarray(node)
-      if np.issubdtype(array.dtype, np.inexact) and not np.all(np.isfinite(array)):
-        bad.append(prefix)
-
-  visit("", tree)
-  if not bad:
-    return None
-  return f"non-finite values in {bad[0]}" + (f" and {len(bad) - 1} more" if bad[1:] else "")
-
-
-def _sync_processes(name: str) -> None:
-  import jax
-
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(name)
-
-
-class RunError(ValueError):
-  """A run folder that cannot give what was asked (one line: the problem and the fix)."""
-
-
-class CheckpointDamaged(RunError):
-  """Every checkpoint of a run is damaged."""
+from transformers_jax.checkpoints import (  # noqa: F401  (the run folder's checkpoint API)
+    FULL_STATE,
+    PARAMS_ONLY,
+    CheckpointDamaged,
+    Checkpoints,
+    file_checksums,
+    non_finite_values,
+)
+from transformers_jax.errors import RunError
 
 
 class Run:

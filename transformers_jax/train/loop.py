@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import math
-import pathlib
 import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax import counting, parallel, runs
-from transformers_jax.runs import PARAMS_ONLY, Run, config_differences
-from transformers_jax.cli import UserError
+from transformers_jax.errors import UserError
+from transformers_jax.runs import PARAMS_ONLY, Run
 from transformers_jax.config import ModelConfig
 from transformers_jax.train import metrics as metrics_lib
+from transformers_jax.train import resume
+from transformers_jax.train.events import (  # noqa: F401  (TrainingDiverged: the loop's error)
+    Progress,
+    TrainingDiverged,
+    step_events,
+    stop_if_not_finite,
+)
 from transformers_jax.train_config import validate
 from transformers_jax.train.optim import make_optimizer, schedule
 from transformers_jax.train.preemption import StopRequests
@@ -32,108 +37,11 @@ from transformers_jax.train.step import (
 from transformers_jax.tasks import task_data, task_for
 
 
-def _check_resume_config(run: Run, config) -> None:
-  saved = run.saved_config()
-  if saved is None:
-    return
-  diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
-  if diffs:
-    raise UserError(
-        f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "
-        "use a new --workdir or the saved model config"
-    )
-
-
-def _copy_matching(params, source, step=None):
-  """Parameters whose path and shape match taken from `source` (a nested dict of arrays), the
-  rest kept: (params, names loaded, names left fresh)."""
-  flat_src = {
-      jax.tree_util.keystr(k, simple=True, separator="/"): v
-      for k, v in jax.tree_util.tree_flatten_with_path(source)[0]
-  }
-  loaded, fresh = [], []
-
-  def take(keypath, leaf):
-    name = jax.tree_util.keystr(keypath, simple=True, separator="/")
-    src = flat_src.get(name)
-    if src is not None and tuple(src.shape) == tuple(leaf.shape):
-      loaded.append(name)
-      return jax.device_put(np.asarray(src, dtype=leaf.dtype), leaf.sharding)
-    fresh.append(name)
-    return leaf
-
-  return jax.tree_util.tree_map_with_path(take, params), loaded, fresh
-
-
-def _init_from_run(path: str, params):
-  """Copy parameters whose path and shape match from another run's latest checkpoint."""
-  source = pathlib.Path(path)
-  run = Run(source.parent if source.name == "checkpoints" else source)
-  if run.latest_step() is None:
-    raise UserError(f"init_from={path}: no checkpoint found there")
-  restored, step = run.load_params()
-  params, loaded, fresh = _copy_matching(params, restored)
-  return params, loaded, fresh, step
-
-
-class TrainingDiverged(UserError):
-  """The loss or the gradient became non-finite at `step` (with that `loss`)."""
-
-  def __init__(self, message: str, step: int, loss: float):
-    super().__init__(message)
-    self.step, self.loss = step, loss
-
-
-def _finite(metrics) -> bool:
-  return math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
-
-
 def _decodes(task, hook: str) -> bool:
   """Whether the task overrides a decoding hook of the base Task (eval_metrics, sample)."""
   from transformers_jax.tasks import Task
 
   return getattr(type(task), hook) is not getattr(Task, hook)
-
-
-def _non_finite(tree) -> str | None:
-  """None when every floating-point value of a restored state is finite, else which is not."""
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  floats = [(k, v) for k, v in flat if jnp.issubdtype(getattr(v, "dtype", np.int32), jnp.inexact)]
-  if not floats:
-    return None
-  finite = jax.device_get(
-      jax.jit(lambda xs: [jnp.all(jnp.isfinite(x)) for x in xs])([v for _, v in floats])
-  )
-  bad = [
-      jax.tree_util.keystr(k, simple=True, separator="/")
-      for (k, _), ok in zip(floats, finite)
-      if not ok
-  ]
-  return (
-      f"non-finite values in {bad[0]}" + (f" and {len(bad) - 1} more" if bad[1:] else "")
-      if bad
-      else None
-  )
-
-
-def restore_verified(checkpoints, target, check, does_not_fit: str):
-  """(state, step) of the newest intact checkpoint (Checkpoints.restore_intact: damaged ones
-  set aside with a note from process 0). No intact one, or a tree that does not fit `target`,
-  is a UserError; `does_not_fit` says why and what to do, with {error} for the first line of
-  what orbax reported."""
-  is_main = jax.process_index() == 0
-  try:
-    return checkpoints.restore_intact(
-        target, check=check, on_damaged=lambda line: is_main and print(line, flush=True)
-    )
-  except runs.CheckpointDamaged as e:
-    raise UserError(str(e)) from None
-  except (ValueError, KeyError) as e:
-    first = str(e).strip().splitlines()[0]
-    raise UserError(
-        f"checkpoint step {checkpoints.latest_step()} in {checkpoints.directory} "
-        + does_not_fit.format(error=first)
-    ) from None
 
 
 def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
@@ -225,23 +133,6 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
     lock.release()
 
 
-def _check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
-  """Settings a resume changes (other than the model's, checked before): changing the seed or
-  the data needs `allow_data_change`."""
-  if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
-    return {}
-  changes = runs.resume_changes(run, config)
-  data = runs.data_changes(changes)
-  if data and not allow_data_change:
-    said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
-    raise UserError(
-        f"resuming {run.path} with other data: {said}; the steps after the checkpoint would "
-        "see another stream of examples than the run's: pass --allow_data_change to resume so "
-        "anyway, or use a new --workdir"
-    )
-  return changes
-
-
 def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) -> dict:
   workdir = run.path
   model_cfg = ModelConfig.from_dict(config.model)
@@ -250,11 +141,11 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
   validate(config, model_cfg, mesh.shape["data"] * mesh.shape["fsdp"])
   is_main = jax.process_index() == 0
   workdir.mkdir(parents=True, exist_ok=True)
-  _check_resume_config(run, config)
+  resume.check_same_model(run, config)
   # a new run, or one that starts from parameters alone (a converted model): config.json
   # describes it from here on; otherwise a resume, whose changed settings are recorded
   new_run = run.latest_step() is None or run.starts_from_parameters()
-  changes = {} if new_run else _check_resumed_settings(run, config, allow_data_change)
+  changes = {} if new_run else resume.check_resumed_settings(run, config, allow_data_change)
 
   task = task or task_for(model_cfg)
   data = task_data(task, config, model_cfg, workdir)
@@ -271,10 +162,10 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
     state = state.replace(params=checkpoints.restore(start, target)["params"])
     note = f"started from the parameters-only checkpoint at step {start} (fresh optimizer)"
   elif start is not None:
-    state, start = restore_verified(
+    state, start = resume.restore_verified(
         checkpoints,
         abstract_state(state, shardings),
-        _non_finite,
+        resume.non_finite,
         does_not_fit="does not fit this run's state ({error}): resume with the optimizer "
         "settings it was saved with (grad_clip, weight_decay …) or use a new --workdir",
     )
@@ -285,7 +176,7 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
         print(f"resumed with changed settings ({said}): recorded in run_history.jsonl", flush=True)
         run.record_changes(start, changes, sys.argv)
   elif config.init_from:
-    params, loaded, fresh, src_step = _init_from_run(config.init_from, state.params)
+    params, loaded, fresh, src_step = resume.init_from_run(config.init_from, state.params)
     state = state.replace(params=params)
     note = (
         f"initialised {len(loaded)} tensors from {config.init_from} (step {src_step}); "
@@ -315,7 +206,7 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
 
   stop_requests = stop_requests or StopRequests()
   profiler = StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb")
-  progress = _Progress(start, config.steps, enabled=is_main)
+  progress = Progress(start, config.steps, enabled=is_main)
   last_saved = start
   pending, t_last, step_last = None, time.perf_counter(), start
   result: dict = {}
@@ -335,7 +226,7 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
         state, metrics = train_step(state, batch)
       # check the previous step while this one runs: a non-finite loss stops the run
       if pending is not None:
-        _stop_if_not_finite(pending, checkpoints, last_saved)
+        stop_if_not_finite(pending, checkpoints, last_saved)
       done = step + 1
       if step == start:  # throughput excludes compilation
         jax.block_until_ready(metrics)
@@ -346,7 +237,7 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
       log_now, eval_now, save_now = step_events(config, done, end, stop_now)
       if log_now or eval_now or save_now:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        _stop_if_not_finite(pending, checkpoints, last_saved, values)
+        stop_if_not_finite(pending, checkpoints, last_saved, values)
         pending = None
       if log_now:
         now = time.perf_counter()
@@ -399,85 +290,3 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
     )
     result["sample"] = sample
   return result
-
-
-def step_events(config, done: int, end: int, stop_now: bool) -> tuple[bool, bool, bool]:
-  """(log, evaluate, save) after step `done` of an invocation ending at `end`: each at its
-  interval and all three at the end; a stop request (a signal) saves."""
-  last = done == end
-  log = done % config.log_every == 0 or last
-  evaluate = bool(config.eval_every and done % config.eval_every == 0) or last
-  save = bool(config.checkpoint_every and done % config.checkpoint_every == 0) or last or stop_now
-  return log, evaluate, save
-
-
-def _stop_if_not_finite(pending, checkpoints, last_saved, values=None):
-  step, metrics, rows = pending
-  values = values or {k: float(v) for k, v in jax.device_get(metrics).items()}
-  if not _finite(values):
-    checkpoints.wait()
-    where = (
-        f"the last good checkpoint is step {last_saved} in {checkpoints.directory}"
-        if last_saved
-        else "no checkpoint was written"
-    )
-    bad_inputs = [
-        k
-        for k, v in rows.items()
-        if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.all(np.isfinite(v))
-    ]
-    if bad_inputs:
-      cause = (
-          f"the batch of step {step} holds non-finite values in {', '.join(bad_inputs)}: "
-          "check the data (--config.data.path) for NaN or infinite values"
-      )
-    else:
-      cause = (
-          "the inputs were finite, so most likely the learning rate is too high for this "
-          "model: lower --config.learning_rate or raise warmup_steps (a state restored with "
-          "non-finite values would also do it, but restores are checked)"
-      )
-    raise TrainingDiverged(
-        f"loss became {values['loss']} (grad norm {values['grad_norm']}) at "
-        f"step {step}: {where}; {cause}",
-        step,
-        values["loss"],
-    )
-
-
-class _Progress:
-  """A tqdm bar on a terminal; plain log lines otherwise."""
-
-  def __init__(self, start, total, enabled=True):
-    self.enabled = enabled
-    self.bar = None
-    if enabled and sys.stderr.isatty():
-      from tqdm import tqdm
-
-      self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
-    self.last = start
-
-  def update(self, step, v):
-    if not self.enabled:
-      return
-    text = f"loss {v['loss']:.4f} acc {v['accuracy']:.3f} {v['tokens_per_s']:,.0f} tok/s"
-    if v.get("mfu") is not None:
-      text += f" mfu {v['mfu']:.1%}"
-    if self.bar is not None:
-      self.bar.update(step - self.last)
-      self.bar.set_postfix_str(text)
-    else:
-      print(f"step {step}: {text}", flush=True)
-    self.last = step
-
-  def note(self, step, ev):
-    if not self.enabled:
-      return
-    text = f"step {step}: eval loss {ev['eval_loss']:.4f} acc {ev['eval_accuracy']:.3f}"
-    if "eval_perplexity" in ev:
-      text += f" ppl {ev['eval_perplexity']:.2f}"
-    (self.bar.write if self.bar is not None else print)(text)
-
-  def close(self):
-    if self.bar is not None:
-      self.bar.close()

@@ -30,15 +30,17 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformers_jax import parallel
-from transformers_jax.cli import UserError
+from transformers_jax.errors import UserError
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model
 from transformers_jax.runs import Run
 from transformers_jax.tasks import cross_entropy, task_data, task_for
 from transformers_jax.train import metrics as metrics_lib
+from transformers_jax.train import resume
+from transformers_jax.train.events import step_events
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.preemption import StopRequests
-from transformers_jax.train.step import _boxed_init, make_loss_fn, per_layer
+from transformers_jax.train.step import boxed_init, make_loss_fn, per_layer
 from transformers_jax.train_config import validate
 
 # population list field -> the training field it varies (one value per member)
@@ -154,8 +156,6 @@ def train_population(config, workdir: str, task=None) -> dict:
   """Train (or resume) a population in `workdir`: train()'s run folder, checkpoints and
   metrics, one line per member. Returns {"members": [final metrics per member], "step",
   "member_devices": how many devices the members are split over}."""
-  from transformers_jax.train.loop import _check_resume_config, restore_verified, step_events
-
   run = Run(workdir)
   workdir = run.path
   model_cfg = ModelConfig.from_dict(config.model)
@@ -178,7 +178,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   table = members(config)
   count = len(table)
   workdir.mkdir(parents=True, exist_ok=True)
-  _check_resume_config(run, config)
+  resume.check_same_model(run, config)
   task = task or task_for(model_cfg)
   seeds = sorted({m["seed"] for m in table})
   datas = {}
@@ -192,7 +192,7 @@ def train_population(config, workdir: str, task=None) -> dict:
   msharding = _member_sharding(mesh, count)
   split = mesh.shape["data"] if msharding.spec == P("data") else 1
   repl = parallel.replicated(mesh)
-  boxed_init = _boxed_init(model_cfg)
+  init_params = boxed_init(model_cfg)
   hp = _hparam_arrays(table)
 
   def optimizer(h):
@@ -201,7 +201,7 @@ def train_population(config, workdir: str, task=None) -> dict:
 
   def init_member(h):
     key = jax.random.PRNGKey(h["seed"])
-    params = flax.linen.unbox(boxed_init(jax.random.fold_in(key, 0)))
+    params = flax.linen.unbox(init_params(jax.random.fold_in(key, 0)))
     tx, _ = optimizer(h)
     return params, tx.init(params), jax.random.fold_in(key, 1)
 
@@ -226,7 +226,7 @@ def train_population(config, workdir: str, task=None) -> dict:
     target = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
-    state, start = restore_verified(
+    state, start = resume.restore_verified(
         checkpoints,
         target,
         _non_finite_alive,
@@ -397,8 +397,6 @@ def train_population(config, workdir: str, task=None) -> dict:
 def _non_finite_alive(state) -> str | None:
   """None when the parameters and optimizer state of every member still training are finite
   (a diverged member's frozen state may legitimately hold infinities), else which are not."""
-  from transformers_jax.train.loop import _non_finite
-
   alive = state.alive
 
   def live_only(x):
@@ -409,7 +407,7 @@ def _non_finite_alive(state) -> str | None:
   live = jax.jit(lambda t: jax.tree_util.tree_map(live_only, t))(
       {"params": state.params, "opt_state": state.opt_state}
   )
-  return _non_finite(live)
+  return resume.non_finite(live)
 
 
 def _describe(m: dict) -> str:

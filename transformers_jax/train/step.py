@@ -34,7 +34,8 @@ def _params_like(opt_abstract, params_abstract, param_shardings, fallback):
   )
 
 
-def _boxed_init(model_cfg):
+def boxed_init(model_cfg):
+  """rng -> the model's parameters, boxed with their logical axis names."""
   model = build_model(model_cfg)
   inputs = example_inputs(model_cfg)
   return lambda rng: model.init({"params": rng}, *inputs)["params"]
@@ -43,7 +44,7 @@ def _boxed_init(model_cfg):
 def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
   """(abstract state, its shardings), from shapes alone. Raises a ValueError, before anything
   compiles, when a sharded dimension does not divide over its mesh axes."""
-  boxed_params = _boxed_init(model_cfg)
+  boxed_params = boxed_init(model_cfg)
   key = jax.random.PRNGKey(seed)
   with nn.logical_axis_rules(rule_table):
     abstract_boxed = jax.eval_shape(boxed_params, key)
@@ -71,7 +72,7 @@ def create_state(model_cfg, tx, mesh, rule_table, seed: int):
   """(state, shardings): the state is initialised inside jit with its output shardings, so no
   parameter ever exists unsharded on one device."""
   _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
-  boxed_params = _boxed_init(model_cfg)
+  boxed_params = boxed_init(model_cfg)
 
   def init(rng):
     with nn.logical_axis_rules(rule_table):
