@@ -148,3 +148,81 @@ def test_a_main_thread_that_does_not_return_is_ended_by_the_watchdog():
       "error: interrupted (SIGINT) before the first step, while the data was prepared or the "
       "step compiled: nothing was trained or saved; run the same command again to start"
   ]
+
+
+# ----------------------------------------------------------------------------- 5. run folders
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """A checkpoint folder with steps 2 and 4 of a small train-state-like tree."""
+  from transformers_jax.checkpoints import Checkpoints
+
+  folder = tmp_path_factory.mktemp("ckpt") / "checkpoints"
+  checkpoints = Checkpoints(folder, async_save=False)
+  for step in (2, 4):
+    tree = {"params": {"w": np.arange(6.0) * step}, "opt_state": {"count": np.int32(step)}}
+    checkpoints.save(step, tree)
+  checkpoints.close()
+  return folder
+
+
+def _copy(folder, tmp_path):
+  import shutil
+
+  shutil.copytree(folder, tmp_path / "checkpoints")
+  return tmp_path / "checkpoints"
+
+
+@pytest.mark.parametrize("lost", ["default/_METADATA", "default/manifest.ocdbt", "default"])
+def test_a_checkpoint_missing_a_file_falls_back_to_the_older_one(two_steps, tmp_path, lost):
+  import shutil
+
+  from transformers_jax.checkpoints import FULL_STATE, Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  path = folder / "4" / lost
+  shutil.rmtree(path) if path.is_dir() else path.unlink()
+  checkpoints = Checkpoints(folder, async_save=False)
+  assert checkpoints.kind(4) == FULL_STATE  # (a TypeError before)
+  notes = []
+  tree, step = checkpoints.restore_intact(None, on_damaged=notes.append)
+  checkpoints.close()
+  assert step == 2 and float(tree["params"]["w"][1]) == 2.0
+  assert len(notes) == 1 and "step 4" in notes[0] and "missing" in notes[0]
+
+
+@pytest.mark.parametrize("record", [None, "not json {", "[1, 2]"])
+def test_lost_checksums_leave_checkpoints_unverifiable_not_trusted(two_steps, tmp_path, record):
+  from transformers_jax.checkpoints import CheckpointDamaged, Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  path = folder / "checksums.json"
+  path.unlink() if record is None else path.write_text(record)
+  checkpoints = Checkpoints(folder, async_save=False)
+  with pytest.raises(CheckpointDamaged, match="cannot be verified .* echo '{}' >"):
+    checkpoints.restore_intact(None)
+  checkpoints.close()  # closing does not record the unverified files as good
+  assert (not path.exists()) if record is None else path.read_text() == record
+  assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["2", "4"]  # nothing moved
+  path.write_text("{}")  # the user's word that they are as saved
+  checkpoints = Checkpoints(folder, async_save=False)
+  assert checkpoints.restore_intact(None)[1] == 4
+  checkpoints.close()
+
+
+def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
+  from transformers_jax.checkpoints import Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  (folder / "4" / "notes.txt").write_text("saved before the long weekend")
+  checkpoints = Checkpoints(folder, async_save=False)
+  notes = []
+  assert checkpoints.restore_intact(None, on_damaged=notes.append)[1] == 4 and not notes
+  checkpoints.close()
+
+
+def test_a_garbage_run_history_names_the_file(tmp_path):
+  from transformers_jax.runs import Run, RunError
+
+  (tmp_path / "run_history.jsonl").write_text('{"step": 2, "changes": {}}\n{"chan\n')
+  with pytest.raises(RunError, match=r"run_history.jsonl: line 2 is not a recorded change"):
+    Run(tmp_path).history()

@@ -51,7 +51,17 @@ class Run:
   # ------------------------------------------------------------------ config and tokenizer
   def saved_config(self) -> dict | None:
     """config.json as a dict, or None for a new run."""
-    return json.loads(self.config_path.read_text()) if self.config_path.is_file() else None
+    if not self.config_path.is_file():
+      return None
+    try:
+      saved = json.loads(self.config_path.read_text())
+    except ValueError as e:
+      raise RunError(
+          f"{self.config_path} is not valid JSON ({e}): restore the run's config"
+      ) from None
+    if not isinstance(saved, dict):
+      raise RunError(f"{self.config_path} is not a run config: restore the run's config")
+    return saved
 
   def config(self):
     """config.json as an experiment ConfigDict (RunError when there is none)."""
@@ -85,7 +95,22 @@ class Run:
     """run_history.jsonl: one entry per resume that changed settings."""
     if not self.history_path.is_file():
       return []
-    return [json.loads(x) for x in self.history_path.read_text().splitlines() if x.strip()]
+    entries = []
+    for number, line in enumerate(self.history_path.read_text().splitlines(), start=1):
+      if not line.strip():
+        continue
+      try:
+        entry = json.loads(line)
+      except ValueError as e:
+        entry = e
+      if not isinstance(entry, dict) or not isinstance(entry.get("changes", {}), dict):
+        raise RunError(
+            f"{self.history_path}: line {number} is not a recorded change ({str(entry)[:80]}): "
+            "restore the file, or delete the line (the run's settings then come from "
+            "config.json and the lines before)"
+        )
+      entries.append(entry)
+    return entries
 
   def record_changes(self, step: int, changes: dict, argv=()) -> None:
     import datetime
