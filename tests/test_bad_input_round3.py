@@ -3,6 +3,7 @@ error naming the problem and the fix (packing of long documents, exports that wo
 or a tensor, impossible settings, changed data, hostile Hugging Face folders, silent
 acceptance of nonsense values)."""
 
+import json
 import pathlib
 
 import numpy as np
@@ -226,3 +227,52 @@ def test_a_garbage_run_history_names_the_file(tmp_path):
   (tmp_path / "run_history.jsonl").write_text('{"step": 2, "changes": {}}\n{"chan\n')
   with pytest.raises(RunError, match=r"run_history.jsonl: line 2 is not a recorded change"):
     Run(tmp_path).history()
+
+
+# ----------------------------------------------------------------------------- 6. data changes
+@pytest.mark.parametrize("size", [5_000_000, 12_000_000])
+def test_a_corpus_rewritten_in_the_middle_gets_another_token_cache(tmp_path, size):
+  import os
+
+  from transformers_jax.data.token_cache import cache_key
+
+  path = tmp_path / "corpus.txt"
+  path.write_bytes(b"abcdefghij" * (size // 10))
+  stat = path.stat()
+  before = cache_key([path], ByteTokenizer(), "text")
+  with open(path, "r+b") as f:  # 1 MB in the middle changed, same size, same times
+    f.seek(size // 2 - 500_000)
+    f.write(b"0123456789" * 100_000)
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert path.stat().st_size == size
+  assert cache_key([path], ByteTokenizer(), "text") != before
+  with open(path, "ab") as f:
+    f.write(b"more")
+  assert cache_key([path], ByteTokenizer(), "text") != before
+
+
+def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_path):
+  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.config import load_config_module
+  from transformers_jax.runs import Run, RunError, data_changes
+  from transformers_jax.train.loop import train
+
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 300)
+  config = load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config("tiny")
+  config.data.path, config.data.tokenize_workers = str(corpus), 1
+  config.steps, config.batch_size, config.seq_len, config.eval_batches = 4, 2, 16, 1
+  # a run stopped at step 2 that last read another version of the file: resuming it refuses
+  # before anything compiles
+  run = Run(tmp_path / "run")
+  run.path.mkdir()
+  run.write_config(config)
+  (run.path / "run.json").write_text(json.dumps({"data_source": f"{corpus} (token cache old)"}))
+  checkpoints = Checkpoints(run.checkpoint_dir, async_save=False)
+  checkpoints.save(2, {"params": {"w": np.zeros(2)}, "opt_state": {"count": np.int32(2)}})
+  checkpoints.close()
+  with pytest.raises(RunError, match="with other data: the files at data.path changed"):
+    train(config, str(run.path))
+  # how batches are computed is not which: workers and prefetch may change on resume
+  changes = {"data.workers": [0, 2], "data.prefetch": [4, 8], "data.path": ["a", "b"]}
+  assert data_changes(changes) == ["data.path"]

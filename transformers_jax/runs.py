@@ -294,7 +294,7 @@ def _pid_alive(pid) -> bool:
 
 
 # ---------------------------------------------------------------------------- run record
-def write_run_info(workdir, argv) -> dict:
+def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
   """WORKDIR/run.json for this invocation: code version, package versions, devices, processes
   and the command line."""
   import importlib.metadata
@@ -344,6 +344,8 @@ def write_run_info(workdir, argv) -> dict:
       "process_count": jax.process_count(),
       "argv": list(argv),
   }
+  if data_source is not None:  # what a resume compares (data_source_changes)
+    info["data_source"] = data_source
   path = pathlib.Path(workdir) / "run.json"
   path.write_text(json.dumps(info, indent=1) + "\n")
   return info
@@ -352,8 +354,9 @@ def write_run_info(workdir, argv) -> dict:
 # ---------------------------------------------------------------------------- resumed settings
 # Fields whose change on resume alters which examples the rest of the run sees.
 DATA_FIELDS = ("seed", "data.")
-# Fields that say where things are, not what the run is.
-UNRECORDED_FIELDS = ("data.cache_dir",)
+# Fields that say where things are, not what the run is (data.source, the content of the data
+# files, is compared by data_source_changes).
+UNRECORDED_FIELDS = ("data.cache_dir", "data.source")
 
 
 def _unflatten_into(tree: dict, dotted: str, value) -> None:
@@ -391,6 +394,32 @@ def resume_changes(run: "Run", config) -> dict[str, list]:
   return out
 
 
+# data fields that say how batches are computed, not which: batches are identical by design
+HARMLESS_DATA_FIELDS = ("data.workers", "data.prefetch", "data.tokenize_workers")
+
+
 def data_changes(changes: dict) -> list[str]:
   """The fields among `changes` that alter which examples the run sees."""
-  return [f for f in changes if f == "seed" or f.startswith("data.")]
+  return [
+      f for f in changes if f == "seed" or (f.startswith("data.") and f not in HARMLESS_DATA_FIELDS)
+  ]
+
+
+def data_source_changes(run: "Run", source: str | None, allow_data_change: bool) -> dict:
+  """{"data.source": [before, now]} when the content of the run's data files changed since the
+  last invocation recorded it in run.json (a file grown, shrunk or rewritten gives another
+  token cache); a RunError unless `allow_data_change`."""
+  try:
+    before = json.loads((run.path / "run.json").read_text()).get("data_source")
+  except (OSError, ValueError, AttributeError):
+    before = None
+  if source is None or before is None or before == source:
+    return {}
+  if not allow_data_change:
+    raise RunError(
+        f"resuming {run.path} with other data: the files at data.path changed since the run "
+        f"last read them (size, modification time or content: {before} before, {source} now); "
+        "the steps after the checkpoint would see other examples than the run's: pass "
+        "--allow_data_change to resume so anyway, or use a new --workdir"
+    )
+  return {"data.source": [before, source]}

@@ -104,4 +104,5 @@ def streamed_text_data(config, model_cfg, workdir, kind: str) -> TaskData:
       local, start, end, config.data.workers, config.data.prefetch
   )
   data.eval_bytes = eval_bytes
+  data.source = f"{config.data.path} (token cache {cache.folder.name})"
   return data

@@ -149,10 +149,12 @@ def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) 
 
   task = task or task_for(model_cfg)
   data = task_data(task, config, model_cfg, workdir)
+  if not new_run:  # the files at data.path changed since the last invocation read them
+    changes.update(runs.data_source_changes(run, data.source, allow_data_change))
   if is_main:
     if new_run:
       run.write_config(config)
-    runs.write_run_info(workdir, sys.argv)
+    runs.write_run_info(workdir, sys.argv, data_source=data.source)
   tx = make_optimizer(config)
   state, shardings = create_state(model_cfg, tx, mesh, rule_table, config.seed)
   checkpoints = run.checkpoints(config.keep_checkpoints)
