@@ -276,3 +276,73 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
   # how batches are computed is not which: workers and prefetch may change on resume
   changes = {"data.workers": [0, 2], "data.prefetch": [4, 8], "data.path": ["a", "b"]}
   assert data_changes(changes) == ["data.path"]
+
+
+# ----------------------------------------------------------------------------- 7. HF folders
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"n_embd": "32"}, r"model.d_model='32': must be an integer"),
+        ({"n_layer": 1.5}, r"model.num_layers=1.5: must be an integer"),
+        ([], r"holds a JSON list, not an object"),
+        ({"vocab_size": 10**12}, r"model.vocab_size=1,000,000,000,000: token ids are int32"),
+        ({"layer_norm_epsilon": float("nan")}, r"model.norm_eps=nan: must be a finite number"),
+    ],
+)
+def test_hostile_hf_configs_are_one_line(tmp_path, change, said):
+  import shutil
+
+  from transformers_jax.interop import HFCheckpointError, load_hf
+
+  shutil.copytree(FIXTURES / "gpt2", tmp_path / "m")
+  config = json.loads((tmp_path / "m" / "config.json").read_text())
+  config = config | change if isinstance(change, dict) else change
+  (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+  with pytest.raises(HFCheckpointError, match=said):
+    load_hf(tmp_path / "m")
+
+
+def test_a_hugging_face_cache_snapshot_of_symlinks_loads(tmp_path):
+  """models--org--name/snapshots/<revision>/ holds symlinks into ../../blobs/, as the hub's
+  cache lays out a sharded model."""
+  from safetensors.numpy import load_file, save_file
+
+  from transformers_jax.interop import load_hf
+
+  repo = tmp_path / "models--org--tiny"
+  blobs, snapshot = repo / "blobs", repo / "snapshots" / "0123abc"
+  blobs.mkdir(parents=True)
+  snapshot.mkdir(parents=True)
+  tensors = load_file(str(FIXTURES / "gpt2" / "model.safetensors"))
+  names = sorted(tensors)
+  halves = {
+      "model-00001-of-00002.safetensors": names[::2],
+      "model-00002-of-00002.safetensors": names[1::2],
+  }
+  files = {"config.json": (FIXTURES / "gpt2" / "config.json").read_bytes()}
+  index = {"weight_map": {n: shard for shard, part in halves.items() for n in part}}
+  files["model.safetensors.index.json"] = json.dumps(index).encode()
+  for shard, part in halves.items():
+    save_file({n: tensors[n] for n in part}, str(tmp_path / shard))
+    files[shard] = (tmp_path / shard).read_bytes()
+  for i, (name, data) in enumerate(files.items()):
+    (blobs / f"blob{i}").write_bytes(data)
+    (snapshot / name).symlink_to(f"../../blobs/blob{i}")
+  want, _ = load_hf(FIXTURES / "gpt2")
+  fields, params = load_hf(snapshot)
+  assert fields == want and "decoder" in params
+
+
+def test_converting_a_folder_without_a_tokenizer_says_what_generate_needs(tmp_path):
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.convert", "--from_hf", str(FIXTURES / "gpt2")]
+      + ["--workdir", str(tmp_path / "run")],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "has no tokenizer.json" in out.stdout and "generate --prompt needs one" in out.stdout

@@ -148,6 +148,12 @@ def main(argv):
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
         f"(checkpoint step 0, config.py, config.json)"
     )
+    if not Run(FLAGS.workdir).tokenizer_path.is_file():
+      print(
+          f"note: {FLAGS.from_hf} has no tokenizer.json, so {FLAGS.workdir} has no tokenizer: "
+          f"generate --prompt needs one (copy the model's tokenizer.json into {FLAGS.workdir}); "
+          "--prompt_ids works without"
+      )
   else:
     architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite)
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")

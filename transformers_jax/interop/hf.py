@@ -97,13 +97,15 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
     if not isinstance(index.get("weight_map"), dict):
       raise CorruptCheckpoint(f"{directory / INDEX} has no weight_map: re-save the checkpoint")
     tensors: dict[str, np.ndarray] = {}
-    root = directory.resolve()
+    roots = _readable_roots(directory)
     for shard in sorted(set(index["weight_map"].values())):
+      name = pathlib.PurePosixPath(str(shard))
       path = (directory / str(shard)).resolve()
-      if root not in path.parents:
+      if name.is_absolute() or ".." in name.parts or not any(r in path.parents for r in roots):
         raise CorruptCheckpoint(
             f"{directory / INDEX} names the shard {shard!r}, which lies "
-            "outside the model folder: only files inside it are read; "
+            "outside the model folder: only files inside it (or, in a Hugging Face cache, "
+            "in its repository's blobs/) are read; "
             "re-save the checkpoint"
         )
       tensors.update(_read_safetensors(path))
@@ -122,6 +124,16 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
       f"{directory}: no {WEIGHTS} or {INDEX}{found}: save the model with "
       "save_pretrained(..., safe_serialization=True)"
   )
+
+
+def _readable_roots(directory: pathlib.Path) -> list[pathlib.Path]:
+  """Folders the files of a model folder may resolve into: the folder itself, and in a Hugging
+  Face cache (models--org--name/snapshots/<revision>/, every file a symlink into ../../blobs/)
+  that repository's blobs."""
+  roots = [directory.resolve()]
+  if directory.resolve().parent.name == "snapshots":
+    roots.append(directory.resolve().parent.parent / "blobs")
+  return roots
 
 
 def _architecture(hf: Mapping, directory: pathlib.Path) -> str:
@@ -194,9 +206,15 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
         f"{directory}: no config.json: pass a directory written by save_pretrained (or "
         "save_hf), which holds config.json"
     )
-  architecture = _architecture(_read_json(directory / "config.json", "config.json"), directory)
+  raw = _read_json(directory / "config.json", "config.json")
+  if not isinstance(raw, dict):
+    raise CorruptCheckpoint(
+        f"{directory}/config.json holds a JSON {type(raw).__name__}, not an object of settings: "
+        "use the config.json saved with the weights"
+    )
+  architecture = _architecture(raw, directory)
   family = FAMILY_OF[architecture]
-  hf = family.config(_read_json(directory / "config.json", "config.json"))
+  hf = family.config(raw)
   try:
     fields = family.fields(hf, architecture, f"{directory}/config.json")
   except KeyError as e:
