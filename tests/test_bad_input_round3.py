@@ -346,3 +346,89 @@ def test_converting_a_folder_without_a_tokenizer_says_what_generate_needs(tmp_pa
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert "has no tokenizer.json" in out.stdout and "generate --prompt needs one" in out.stdout
+
+
+# ----------------------------------------------------------------------------- 8. nonsense
+def _gpt2_tiny():
+  from transformers_jax.config import load_config_module
+
+  return load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config("tiny")
+
+
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("population.learning_rates", "(1e-3, True)", r"True is not a number"),
+        ("population.z_loss", "(0.0, 1e30)", r"z_loss weights are at most 1"),
+        ("z_loss", 1e30, r"z_loss=1e\+30: must be at most 1"),
+        ("profile.num_steps", 2, r"profile.start_step=300: the run has 200 steps"),
+    ],
+)
+def test_nonsense_training_settings_are_refused_at_validation(field, value, said):
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train_config import validate
+
+  config = _gpt2_tiny()
+  config.profile.start_step = 300
+  config.update_from_flattened_dict({field: value})
+  with pytest.raises(ValueError, match=said):
+    validate(config, ModelConfig.from_dict(config.model), 1)
+
+
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("vocab_multiple", 1_000_000, r"vocab_multiple=1000000: at most 4096"),
+        ("rope_theta", 0.0, r"rope_theta=0.0: RoPE's base wavelength must be positive"),
+        ("rope_theta", -5.0, r"rope_theta=-5.0"),
+    ],
+)
+def test_nonsense_model_settings_are_refused(field, value, said):
+  from transformers_jax.config import ModelConfig
+
+  with pytest.raises(ValueError, match=said):
+    ModelConfig(**{field: value, "positions": "rope"})
+
+
+@pytest.mark.parametrize("column", [[1, 2, 3], [["a"], ["b", "c"], []]])
+def test_a_parquet_column_that_is_not_text_is_refused(tmp_path, column):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  from transformers_jax.data import DataError, sources
+
+  pq.write_table(pa.table({"text": column}), tmp_path / "c.parquet")
+  (unit,) = sources.plan_units([tmp_path / "c.parquet"])
+  with pytest.raises(DataError, match=r"column 'text' holds (int64|list<\w+: string>), not text"):
+    list(sources.read_unit(unit))
+
+
+def test_compile_cache_off_in_any_case_is_off(tmp_path, monkeypatch):
+  import jax
+
+  from transformers_jax import compile_cache
+
+  monkeypatch.chdir(tmp_path)
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    assert compile_cache.enable("OFF") is None and compile_cache.enable("Off") is None
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
+  assert not any(tmp_path.iterdir())  # no folder named OFF
+
+
+@pytest.mark.parametrize("flag, said", [("--only=nosuchrow", "names no row"), ("--timeout=-5", "")])
+def test_plan_scale_refuses_flags_that_select_nothing(tmp_path, flag, said):
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+      [sys.executable, "scripts/plan_scale.py", flag, f"--out={tmp_path}"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=120,
+  )
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag}")
+  assert said in lines[0] and not any(tmp_path.iterdir())
