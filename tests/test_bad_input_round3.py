@@ -76,17 +76,21 @@ def test_export_never_overwrites_another_run(tmp_path):
   assert after == before
 
 
-def test_export_refuses_what_the_architecture_cannot_hold(tmp_path):
+def test_export_refuses_what_the_architecture_cannot_hold(tmp_path, monkeypatch):
   import jax
 
   from transformers_jax.config import ModelConfig
-  from transformers_jax.interop import save_hf
+  from transformers_jax.interop import hf, save_hf
   from transformers_jax.interop.common import UnsupportedConfig
-  from transformers_jax.models import build_model
+  from transformers_jax.models import param_shapes
 
   c = ModelConfig(num_layers=1, d_model=16, num_heads=2, max_len=8, qk_norm=True)
-  params = build_model(c).init(jax.random.key(0), np.zeros((1, 4), np.int32))["params"]
+  params = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), param_shapes(c))
   with pytest.raises(UnsupportedConfig, match="qk_norm"):
+    save_hf(tmp_path / "out", c, params)
+  # whatever a field check misses: a parameter no tensor holds is refused, never dropped
+  monkeypatch.setattr(hf, "_check_exportable", lambda c, architecture: None)
+  with pytest.raises(UnsupportedConfig, match="query_norm|key_norm.*has no tensor for them"):
     save_hf(tmp_path / "out", c, params)
   assert not (tmp_path / "out").exists()
 
