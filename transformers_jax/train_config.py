@@ -183,7 +183,7 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     fail(
         "data.examples_per_row",
         f"a row of seq_len={config.seq_len} tokens holds at most {most_per_row} examples of 2 "
-        f"tokens or more: set it to {min(8, most_per_row)} (the default 8) up to {most_per_row}",
+        f"tokens or more: set it between 1 and {most_per_row}",
     )
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
