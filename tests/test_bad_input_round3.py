@@ -286,7 +286,8 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
 @pytest.mark.parametrize(
     "change, said",
     [
-        ({"n_embd": "32"}, r"model.d_model='32': must be an integer"),
+        ({"n_embd": "32"}, r"n_embd='32' gives model.d_model='32': must be an integer"),
+        ({"n_embd": {}}, r"holds a value of the wrong type"),
         ({"n_layer": 1.5}, r"model.num_layers=1.5: must be an integer"),
         ([], r"holds a JSON list, not an object"),
         ({"vocab_size": 10**12}, r"model.vocab_size=1,000,000,000,000: token ids are int32"),

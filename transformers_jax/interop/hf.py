@@ -217,6 +217,11 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
   hf = family.config(raw)
   try:
     fields = family.fields(hf, architecture, f"{directory}/config.json")
+  except TypeError as e:  # e.g. arithmetic on a size given as an object
+    raise CorruptCheckpoint(
+        f"{directory}/config.json holds a value of the wrong type ({e}): use the config.json "
+        "saved with the weights"
+    ) from None
   except KeyError as e:
     raise CorruptCheckpoint(
         f"{directory}/config.json has no {e.args[0]!r}, which {architecture} needs: use the "
@@ -235,7 +240,7 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     c = ModelConfig(**fields)
   except ValueError as e:
     raise UnsupportedArchitecture(
-        f"{directory}/config.json maps to an invalid model: {e}"
+        f"{directory}/config.json maps to an invalid model: {_config_key(e, fields, raw)}{e}"
     ) from None
 
   expected = _expected_shapes(c)
@@ -271,6 +276,17 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     )
   assert set(flat) == set(expected), sorted(set(flat) ^ set(expected))
   return fields, _nest(flat)
+
+
+def _config_key(error: ValueError, fields: Mapping, raw: Mapping) -> str:
+  """'<config.json key>=<value> gives ' for the field a ModelConfig error names, when exactly
+  one config.json entry holds that very value; else ''."""
+  found = re.match(r"model\.(\w+)=", str(error))
+  if not found or found.group(1) not in fields:
+    return ""
+  value = fields[found.group(1)]
+  keys = [k for k, v in raw.items() if v is value]
+  return f"{keys[0]}={value!r} gives " if len(keys) == 1 else ""
 
 
 def _full_name(name: str, architecture: str) -> str:
