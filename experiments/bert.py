@@ -11,7 +11,7 @@ with `num_classes` for `BertForSequenceClassification`.
 `tiny` (2 x 64, byte vocabulary with [PAD]/[BOS]/[EOS]/[MASK], MLM head) is for tests and CPU runs.
 """
 
-from transformers_jax.config import preset_config
+from transformers_jax.train_config import preset_config
 
 BERT = dict(
     family="encoder",

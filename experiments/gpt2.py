@@ -10,7 +10,7 @@ V*d + 1024*d + L*(12d^2 + 13d) + 2d.
     python -m transformers_jax.param_count --config experiments/gpt2.py:small
 """
 
-from transformers_jax.config import preset_config
+from transformers_jax.train_config import preset_config
 
 GPT2 = dict(
     family="decoder",

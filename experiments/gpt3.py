@@ -21,7 +21,7 @@ tensor-parallel chips; counts and conversions see the 50,257 real ones. Layers a
 that counting 175B with eval_shape takes seconds.
 """
 
-from transformers_jax.config import preset_config
+from transformers_jax.train_config import preset_config
 
 GPT3 = dict(
     family="decoder",

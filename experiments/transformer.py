@@ -14,7 +14,7 @@ This architecture has 63.1M and 214.2M parameters; the paper does not say how it
 specials) is for tests and CPU runs.
 """
 
-from transformers_jax.config import preset_config
+from transformers_jax.train_config import preset_config
 
 TRANSFORMER = dict(
     family="encoder_decoder",

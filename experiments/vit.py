@@ -18,7 +18,7 @@ labels) have exactly these parameters. `tiny` classifies the bundled 8 x 8 digit
 2 x 2 patches, 10 classes).
 """
 
-from transformers_jax.config import preset_config
+from transformers_jax.train_config import preset_config
 
 VIT = dict(
     family="vit",

@@ -26,9 +26,7 @@ from absl import flags
 from transformers_jax import cli, counting, parallel
 from transformers_jax.modules import attention
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train import optim
 from transformers_jax.train.compile import build_step
-from transformers_jax.train.step import create_state
 
 cli.define_config_flag()
 flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step and one warm-up step).")
@@ -51,9 +49,9 @@ def main(argv):
           "self-attention, where v has the output's shape)"
       )
     attention._attend = lambda q, k, v, *rest: jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
-  step, _, shardings, model_cfg, mesh, task = build_step(config)
-  tx = optim.make_optimizer(config)
-  state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
+  setup = build_step(config)
+  step, model_cfg, mesh, task = setup.train_step(), setup.model_cfg, setup.mesh, setup.task
+  state = setup.init_state()
   batch = parallel.put_batch(task.synthetic_batch(model_cfg, config), mesh)
   t = time.perf_counter()
   state, m = step(state, batch)

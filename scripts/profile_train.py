@@ -34,9 +34,7 @@ from absl import flags
 
 from transformers_jax import cli, counting, parallel
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train import optim
 from transformers_jax.train.compile import build_step
-from transformers_jax.train.step import create_state
 
 cli.define_config_flag("experiments/gpt2.py:tiny")
 flags.DEFINE_integer("steps", 5, "Steps traced (after compiling and two warm-up steps).")
@@ -97,9 +95,9 @@ def main(argv):
   if flags.FLAGS["config"].config_filename == "experiments/gpt2.py:tiny" and not overridden:
     config.model.update(REFERENCE)
     config.seq_len, config.batch_size = 256, 16
-  step, _, _, c, mesh, task = build_step(config)
-  tx = optim.make_optimizer(config)
-  state, _ = create_state(c, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
+  setup = build_step(config)
+  step, c, mesh, task = setup.train_step(), setup.model_cfg, setup.mesh, setup.task
+  state = setup.init_state()
   batch = parallel.put_batch(task.synthetic_batch(c, config), mesh)
   compiled = step.lower(state, batch).compile()  # run below: the trace names its operations
   hlo = compiled.as_text()

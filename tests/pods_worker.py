@@ -5,7 +5,8 @@
 With the parameters split over both processes' devices (fsdp over 2 x 2 simulated CPU devices)
 it: writes the rows of a global batch it feeds (rows_<id>.npy, and global.npy from process 0);
 trains gpt2:tiny, where process 1 alone gets a SIGTERM during step 2, then resumes it to the end
-with the end-of-run sample on; trains transformer:tiny with BLEU decoding at its evaluation.
+with the end-of-run sample on; trains a population of two gpt2:tiny members, the first being
+that run; trains transformer:tiny with BLEU decoding at its evaluation.
 What it saw goes to OUT_DIR/result_<id>.json.
 """
 
@@ -95,7 +96,19 @@ def main():
   result["lm_step"], result["sample"] = resumed["step"], resumed.get("sample")
   lap("lm_resumed_and_sampled")
 
-  # 3. seq2seq: greedy translations scored by BLEU at the evaluation
+  # 3. a population of two members over both processes' devices (each member split over
+  # fsdp like the solo model), member 0 being the LM run above
+  pop = config_of(
+      "gpt2",
+      steps=8,
+      seq_len=32,
+      sample=dict(max_new_tokens=0),
+      population=dict(learning_rates=f"({lm.learning_rate!r}, {2 * lm.learning_rate!r})"),
+  )
+  result["population_step"] = loop.train(pop, out / "population")["step"]
+  lap("population")
+
+  # 4. seq2seq: greedy translations scored by BLEU at the evaluation
   mt = config_of(
       "transformer",
       steps=2,

@@ -80,7 +80,7 @@ def test_export_refuses_what_the_architecture_cannot_hold(tmp_path, monkeypatch)
   import jax
 
   from transformers_jax.config import ModelConfig
-  from transformers_jax.interop import hf, save_hf
+  from transformers_jax.interop import hf_export, save_hf
   from transformers_jax.interop.common import UnsupportedConfig
   from transformers_jax.models import param_shapes
 
@@ -89,7 +89,7 @@ def test_export_refuses_what_the_architecture_cannot_hold(tmp_path, monkeypatch)
   with pytest.raises(UnsupportedConfig, match="qk_norm"):
     save_hf(tmp_path / "out", c, params)
   # whatever a field check misses: a parameter no tensor holds is refused, never dropped
-  monkeypatch.setattr(hf, "_check_exportable", lambda c, architecture: None)
+  monkeypatch.setattr(hf_export, "_check_exportable", lambda c, architecture: None)
   with pytest.raises(UnsupportedConfig, match="query_norm|key_norm.*has no tensor for them"):
     save_hf(tmp_path / "out", c, params)
   assert not (tmp_path / "out").exists()
@@ -258,7 +258,9 @@ def test_a_corpus_rewritten_in_the_middle_gets_another_token_cache(tmp_path, siz
 def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_path):
   from transformers_jax.checkpoints import Checkpoints
   from transformers_jax.config import load_config_module
-  from transformers_jax.runs import Run, RunError, data_changes
+  from transformers_jax.errors import UserError
+  from transformers_jax.runs import Run
+  from transformers_jax.train.resume import check_resumed_settings
   from transformers_jax.train.loop import train
 
   corpus = tmp_path / "corpus.txt"
@@ -275,11 +277,15 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
   checkpoints = Checkpoints(run.checkpoint_dir, async_save=False)
   checkpoints.save(2, {"params": {"w": np.zeros(2)}, "opt_state": {"count": np.int32(2)}})
   checkpoints.close()
-  with pytest.raises(RunError, match="with other data: the files at data.path changed"):
+  with pytest.raises(UserError, match="with other data: the files at data.path changed"):
     train(config, str(run.path))
   # how batches are computed is not which: workers and prefetch may change on resume
-  changes = {"data.workers": [0, 2], "data.prefetch": [4, 8], "data.path": ["a", "b"]}
-  assert data_changes(changes) == ["data.path"]
+  config.data.workers, config.data.prefetch = 2, 8
+  changes = check_resumed_settings(run, config, allow_data_change=False)
+  assert set(changes) == {"data.workers", "data.prefetch"}
+  config.data.max_bytes += 1  # another setting of the data is another stream of examples
+  with pytest.raises(UserError, match=r"data.max_bytes .*--allow_data_change"):
+    check_resumed_settings(run, config, allow_data_change=False)
 
 
 # ----------------------------------------------------------------------------- 7. HF folders

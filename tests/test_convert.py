@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from transformers_jax import cli
-from transformers_jax.config import ModelConfig, config_from_json, load_config_module
+from transformers_jax.config import ModelConfig, load_config_module
+from transformers_jax.train_config import config_from_json
 from transformers_jax.convert import export_hf, import_hf
 from transformers_jax.interop import load_hf
 from transformers_jax.models import build_model

@@ -302,7 +302,7 @@ def test_sharded_decoding_equals_one_device():
 
 
 def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
-  from transformers_jax.config import experiment_config
+  from transformers_jax.train_config import experiment_config
   from transformers_jax.runs import load_run
   from transformers_jax.runs import Checkpoints, RunError
 
@@ -336,7 +336,7 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
 
 def test_load_run_errors_name_the_fix(lm, tmp_path):
   from transformers_jax.cli import UserError
-  from transformers_jax.config import experiment_config
+  from transformers_jax.train_config import experiment_config
   from transformers_jax.cli import parse_ids
   from transformers_jax.runs import load_run
   from transformers_jax.runs import RunError

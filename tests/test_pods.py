@@ -111,6 +111,18 @@ def test_sample_and_bleu_with_parameters_split_across_processes(two_processes):
   assert json.loads((out / "lm" / "run.json").read_text())["process_count"] == 2
 
 
+def test_a_population_member_equals_its_solo_run_across_processes(two_processes):
+  """Members laid out like the solo model (fsdp over both processes' devices): member 0 of the
+  population logs the losses of the LM run it repeats."""
+  out, results, _ = two_processes
+  assert [r["population_step"] for r in results] == [8, 8]
+  lines = [json.loads(x) for x in (out / "population" / "metrics.jsonl").read_text().splitlines()]
+  member = {x["step"]: x["loss"] for x in lines if x.get("member") == 0 and "loss" in x}
+  solo = losses(out / "lm")
+  assert sorted(member) == sorted(solo) == list(range(1, 9))
+  np.testing.assert_allclose([member[s] for s in solo], list(solo.values()), rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- cluster join
 def test_a_failed_cluster_join_is_one_line():
   out = run_cli(

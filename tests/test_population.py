@@ -300,3 +300,103 @@ def test_lr_sensitivity_grid_covers_the_study():
     assert len(rates) >= 7 and rates[0] <= 1e-4 and rates[-1] >= 1e-1
     assert len({m["seed"] for m in table}) >= 3 and c.steps >= 1000
     assert {m["warmup_steps"] for m in table} == {0, c.steps // 10}
+
+
+# ----------------------------------------------------------------------------- member == solo
+def _member_and_solo(config_of, tmp_path, member_fields):
+  """Train a two-member population and the solo run of its member 0: their logged losses."""
+  train(config_of(**member_fields), tmp_path / "population")
+  train(config_of(), tmp_path / "solo")
+  solo = {x["step"]: x["loss"] for x in lines(tmp_path / "solo") if "loss" in x}
+  return member_losses(tmp_path / "population", 0), solo
+
+
+@pytest.mark.parametrize(
+    "family, fields",
+    [
+        ("bert", {}),  # masked LM
+        ("transformer", {"seq_len": 48, "model.max_len": 48}),  # seq2seq
+    ],
+)
+def test_a_member_equals_its_solo_run_for_mlm_and_seq2seq(experiment, tmp_path, family, fields):
+  def config_of(**extra):
+    config = experiment(family, "tiny")
+    config.update_from_flattened_dict(
+        {**TINY, "eval_every": 0, "checkpoint_every": 0, **fields, **extra}
+    )
+    return config
+
+  member, solo = _member_and_solo(
+      config_of, tmp_path, {"population.learning_rates": "(3e-3, 1e-2)"}
+  )
+  assert sorted(member) == sorted(solo) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([member[s] for s in solo], list(solo.values()), rtol=1e-5)
+  assert solo[STEPS] < solo[1]  # it trained
+
+
+def test_a_member_equals_its_solo_run_on_packed_jsonl_over_fsdp(tmp_path):
+  """Two CPU devices, parameters split over fsdp=2, documents of a .jsonl file packed."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tests/population_worker.py"), str(tmp_path)],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env,
+  )
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert "each member over mesh axes {'fsdp': 2}" in proc.stdout
+  assert json.loads((tmp_path / "member_devices.json").read_text()) == 1
+  solo = {x["step"]: x["loss"] for x in lines(tmp_path / "solo") if "loss" in x}
+  member = member_losses(tmp_path / "population", 0)
+  assert sorted(member) == sorted(solo) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([member[s] for s in solo], list(solo.values()), rtol=1e-5)
+  assert member_losses(tmp_path / "population", 1)[STEPS] != member[STEPS]
+
+
+# ----------------------------------------------------------------------------- other tools
+def test_other_tools_take_one_member_of_a_population(experiment, population_run, tmp_path, capsys):
+  from transformers_jax.runs import Run, RunError, load_run
+
+  workdir, _ = population_run
+  with pytest.raises(RunError, match=r"population of 4 members: pass --member=I with I in 0..3"):
+    load_run(workdir)
+  with pytest.raises(RunError, match="--member=7"):
+    load_run(workdir, member=7)
+  # a member that diverged does not make the checkpoint look damaged to the others
+  _, params, _, step = load_run(workdir, member=2)
+  assert step == STEPS and not (pathlib.Path(workdir) / "checkpoints" / f"{STEPS}.damaged").exists()
+  whole = Run(workdir).checkpoints(async_save=False).restore(STEPS, None)["params"]
+  for got, stacked in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(whole)):
+    np.testing.assert_array_equal(got, stacked[2])
+  # generate names the flag, in one line
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.generate", f"--workdir={workdir}", "--prompt=a"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
+  assert "pass --member=I" in proc.stderr and "Traceback" not in proc.stderr
+  # init_from a population: the member flag is required, then that member's tensors are taken
+  config = make_config(experiment, init_from=str(workdir), steps=1, eval_every=0)
+  with pytest.raises(UserError, match="pass --config.init_member=I"):
+    train(config, tmp_path / "a")
+  config = make_config(experiment, init_from=str(workdir), init_member=2, steps=1, eval_every=0)
+  capsys.readouterr()
+  train(config, tmp_path / "b")
+  said = capsys.readouterr().out
+  assert f"initialised {len(jax.tree_util.tree_leaves(params))} tensors from {workdir}" in said
+
+
+def test_compile_only_compiles_the_population_step(experiment):
+  """--compile_only of a population reports the members' step: its arguments hold every
+  member's state (four members: about four times one model's)."""
+  from transformers_jax.train import compile as compile_step
+
+  solo = compile_step.report(make_config(experiment), verbose=False)
+  pop = compile_step.report(make_config(experiment, **POPULATION), verbose=False)
+  assert pop["population_members"] == 4 and "population_members" not in solo
+  ratio = pop["per_device_argument_gib"] / solo["per_device_argument_gib"]
+  assert 3.9 < ratio < 4.1, ratio

@@ -234,10 +234,17 @@ def file_checksums(folder: pathlib.Path) -> dict[str, str]:
 
 
 def non_finite_values(tree) -> str | None:
-  """None when every floating-point array of a host (numpy) tree is finite, else which is not."""
+  """None when every floating-point array of a host (numpy) tree is finite, else which is not.
+  In a population's state (a tree with "alive"), the frozen state of a diverged member may
+  legitimately hold infinities: only the members still training are checked."""
   import numpy as np
 
   bad = []
+  if isinstance(tree, dict) and "alive" in tree:
+    alive = np.asarray(tree["alive"], bool)
+    tree = {k: v for k, v in tree.items() if k not in ("params", "opt_state")} | {
+        k: _members_where(tree[k], alive) for k in ("params", "opt_state") if k in tree
+    }
 
   def visit(prefix, node):
     if isinstance(node, dict):
@@ -255,6 +262,20 @@ def non_finite_values(tree) -> str | None:
   if not bad:
     return None
   return f"non-finite values in {bad[0]}" + (f" and {len(bad) - 1} more" if bad[1:] else "")
+
+
+def _members_where(tree, alive):
+  """`tree` (leaves with a leading member axis) with the diverged members' values zeroed."""
+  import numpy as np
+
+  if isinstance(tree, dict):
+    return {k: _members_where(v, alive) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_members_where(v, alive) for v in tree]
+  array = np.asarray(tree)
+  if not np.issubdtype(array.dtype, np.inexact) or array.ndim == 0 or len(array) != len(alive):
+    return array
+  return np.where(alive.reshape((-1,) + (1,) * (array.ndim - 1)), array, 0)
 
 
 def sync_processes(name: str) -> None:

@@ -338,54 +338,6 @@ def model_config_dict(**overrides) -> ml_collections.ConfigDict:
   return d
 
 
-def experiment_config(
-    published_params: int = 0,
-    published_source: str = "",
-    training: Mapping[str, Any] | None = None,
-    **model,
-) -> ml_collections.ConfigDict:
-  """The full experiment config every file in experiments/ returns from `get_config(arg)`.
-
-  Training fields (see train_config.py) at the top level, `model` holds ModelConfig fields,
-  `published` the figure a preset is checked against (0 = none).
-  """
-  from transformers_jax.train_config import training_fields
-
-  config = training_fields()
-  config.model = model_config_dict(**model)
-  config.published = ml_collections.ConfigDict(
-      {"params": published_params, "source": published_source}
-  )
-  for key, value in (training or {}).items():
-    if isinstance(value, Mapping):
-      config[key].update(value)
-    else:
-      config[key] = value
-  return config
-
-
-def preset_config(
-    file: str,
-    presets: Mapping[str, dict],
-    arg: str | None,
-    base: dict,
-    source: str,
-    training: Mapping[str, dict] | None = None,
-    default: str = "tiny",
-) -> ml_collections.ConfigDict:
-  """What every experiments/*.py `get_config(arg)` does: look up the preset (an error lists the
-  choices), lay it over the family's `base` fields, attach its published count and its
-  training fields."""
-  name = arg or default
-  if name not in presets:
-    raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
-  preset = dict(presets[name])
-  published = preset.pop("published_params", 0)
-  return experiment_config(
-      published, source if published else "", (training or {}).get(name), **{**base, **preset}
-  )
-
-
 def load_config_module(path: str):
   """Import an experiments/*.py config file by path (as absl's config_flags does)."""
   import importlib.util
@@ -398,17 +350,6 @@ def load_config_module(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
-
-
-def config_from_json(path) -> ml_collections.ConfigDict:
-  """An experiment config saved as JSON (a run's config.json) -> a ConfigDict again."""
-  import json
-  import pathlib
-
-  saved = json.loads(pathlib.Path(path).read_text())
-  config = experiment_config(**saved.pop("model"))
-  config.update_from_flattened_dict(flatten_dict(saved))
-  return config
 
 
 def flatten_dict(d: Mapping, prefix: str = "") -> dict:

@@ -8,7 +8,8 @@ with an orbax checkpoint of the parameters (OUT/checkpoints/0), the run config (
 and OUT/config.py, usable as `--config OUT/config.py`) and the tokenizer if DIR has a
 tokenizer.json. `generate --workdir OUT` samples from it, `params --config OUT/config.py` counts
 it, and `train --config OUT/config.py --config.init_from=OUT` fine-tunes it. `--to_hf` writes
-RUN's latest parameters as a directory Hugging Face's `from_pretrained` loads.
+RUN's latest parameters as a directory Hugging Face's `from_pretrained` loads (`--member I`:
+member I of a population's run).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
-from transformers_jax.config import DTYPES, ModelConfig, experiment_config
+from transformers_jax.config import DTYPES, ModelConfig
+from transformers_jax.train_config import experiment_config
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
 from transformers_jax.runs import Run
@@ -41,6 +43,12 @@ flags.DEFINE_bool(
     "(its config.json and weights are replaced; never the run's own folder, nor a folder "
     "that holds a run).",
 )
+flags.DEFINE_integer(
+    "member",
+    None,
+    "--to_hf of a population's run: the member to export (0-based, as `member` in its "
+    "metrics.jsonl); required for a population, refused for a single run.",
+)
 FLAGS = flags.FLAGS
 
 CONFIG_PY = '''"""Config of a model converted from Hugging Face by transformers_jax.convert: the run
@@ -48,7 +56,7 @@ config saved beside this file as config.json. Use it as --config OUT/config.py."
 
 import pathlib
 
-from transformers_jax.config import config_from_json
+from transformers_jax.train_config import config_from_json
 
 
 def get_config(arg=None):
@@ -116,13 +124,13 @@ def _run_files(folder: pathlib.Path) -> str:
   return ", ".join(found)
 
 
-def export_hf(workdir, target, overwrite: bool = False) -> str:
+def export_hf(workdir, target, overwrite: bool = False, member: int | None = None) -> str:
   run = Run(workdir)
   if not run.config_path.is_file():
     raise cli.UserError(f"{run.path} has no config.json: pass a run directory")
   _check_target(run.path, pathlib.Path(target), overwrite)
   model_cfg = run.model_config()
-  params, _ = run.load_params()
+  params, _ = run.load_params(member=member)
   params = jax.tree_util.tree_map(np.asarray, params)
   if model_cfg.scan_layers:
     params = scan_to_loop(params)
@@ -155,7 +163,7 @@ def main(argv):
           "--prompt_ids works without"
       )
   else:
-    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite)
+    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member)
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")
 
 

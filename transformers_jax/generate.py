@@ -7,7 +7,8 @@
 `--temperature 0` is greedy. The encoder-decoder translates `--source` with beam search (beam 4,
 alpha 0.6) unless a sampling flag or `--beam_size 0` is given, and stops at the tokenizer's eos.
 `--prompt_ids 1,2,3` / `--source_ids` take token ids, `--print_ids` prints the generated ids.
-The run's config.json gives the model and tokenizer.json the tokenizer.
+The run's config.json gives the model and tokenizer.json the tokenizer; `--member I` picks one
+member of a population's run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ flags.DEFINE_string(
     "stop_ids", None, "Token ids that end generation, e.g. 10 (default: the tokenizer's eos)."
 )
 flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest).")
+flags.DEFINE_integer(
+    "member",
+    None,
+    "A population's run: the member to generate from (0-based, as `member` in its "
+    "metrics.jsonl); required for a population, refused for a single run.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -68,7 +75,7 @@ def main(argv):
     raise cli.UserError("--workdir is required: the directory of a training run")
   from transformers_jax import decode
 
-  cfg, params, tok, _ = load_run(FLAGS.workdir, FLAGS.step)
+  cfg, params, tok, _ = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
   sampling_flags = any(FLAGS[f].present for f in ("temperature", "top_k", "top_p"))
   common = dict(
       temperature=FLAGS.temperature,

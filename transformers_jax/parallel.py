@@ -158,16 +158,6 @@ def logical_shardings(abstract_boxed, mesh: Mesh, rule_table):
   return nn.logical_to_mesh_sharding(specs, mesh, rule_table)
 
 
-def param_shardings(model_cfg, mesh: Mesh, rule_table=None):
-  """NamedShardings of a model's parameters on `mesh` as the rules say (default: the
-  training rules), from shapes alone."""
-  from transformers_jax.models import build_model, example_inputs
-
-  model = build_model(model_cfg)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model_cfg)))
-  return logical_shardings(boxed["params"], mesh, rules() if rule_table is None else rule_table)
-
-
 def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh):
   """This process's slice of a global batch -> global jax Arrays split over data × fsdp.
 

@@ -36,6 +36,7 @@ from transformers_jax.checkpoints import (  # noqa: F401  (the run folder's chec
     file_checksums,
     non_finite_values,
 )
+from transformers_jax import records
 from transformers_jax.errors import RunError
 
 
@@ -51,21 +52,11 @@ class Run:
   # ------------------------------------------------------------------ config and tokenizer
   def saved_config(self) -> dict | None:
     """config.json as a dict, or None for a new run."""
-    if not self.config_path.is_file():
-      return None
-    try:
-      saved = json.loads(self.config_path.read_text())
-    except ValueError as e:
-      raise RunError(
-          f"{self.config_path} is not valid JSON ({e}): restore the run's config"
-      ) from None
-    if not isinstance(saved, dict):
-      raise RunError(f"{self.config_path} is not a run config: restore the run's config")
-    return saved
+    return records.read_config(self.config_path)
 
   def config(self):
     """config.json as an experiment ConfigDict (RunError when there is none)."""
-    from transformers_jax.config import config_from_json
+    from transformers_jax.train_config import config_from_json
 
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
@@ -93,24 +84,7 @@ class Run:
 
   def history(self) -> list[dict]:
     """run_history.jsonl: one entry per resume that changed settings."""
-    if not self.history_path.is_file():
-      return []
-    entries = []
-    for number, line in enumerate(self.history_path.read_text().splitlines(), start=1):
-      if not line.strip():
-        continue
-      try:
-        entry = json.loads(line)
-      except ValueError as e:
-        entry = e
-      if not isinstance(entry, dict) or not isinstance(entry.get("changes", {}), dict):
-        raise RunError(
-            f"{self.history_path}: line {number} is not a recorded change ({str(entry)[:80]}): "
-            "restore the file, or delete the line (the run's settings then come from "
-            "config.json and the lines before)"
-        )
-      entries.append(entry)
-    return entries
+    return records.read_history(self.history_path)
 
   def record_changes(self, step: int, changes: dict, argv=()) -> None:
     import datetime
@@ -150,12 +124,15 @@ class Run:
     finally:
       checkpoints.manager.close()  # read only: nothing to record
 
-  def load_params(self, step: int | None = None, on_damaged=print):
+  def load_params(
+      self, step: int | None = None, on_damaged=print, member=None, member_flag="--member"
+  ):
     """(parameters as numpy arrays, step) of the latest (or the given) checkpoint, from a full
     train state or a parameters-only checkpoint alike. Checkpoints are verified as training's
     resume verifies them (recorded checksums, finite values): without a step, a damaged one is
     set aside with a one-line note to `on_damaged` and the next older one used; a damaged
-    given step, or no intact checkpoint at all, raises RunError."""
+    given step, or no intact checkpoint at all, raises RunError. A population's checkpoint
+    holds every member: `member` picks one (without it, a RunError names `member_flag`)."""
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
     steps = self.steps()
@@ -183,7 +160,26 @@ class Run:
           )
     finally:
       manager.close()
-    return tree["params"], step
+    return self.member_params(tree, member, member_flag), step
+
+  def member_params(self, tree, member, member_flag: str = "--member"):
+    """The parameters of a restored checkpoint tree: member `member`'s of a population's."""
+    population = "alive" in tree  # a population's state: every leaf has a member axis
+    if not population:
+      if member is not None:
+        raise RunError(
+            f"{member_flag}={member}: {self.path} holds one model, not a population: leave "
+            f"out {member_flag}"
+        )
+      return tree["params"]
+    count = len(tree["alive"])
+    if member is None or not 0 <= member < count:
+      said = "" if member is None else f"{member_flag}={member}: "
+      raise RunError(
+          f"{said}{self.path} holds a population of {count} members: pass {member_flag}=I "
+          f"with I in 0..{count - 1} to pick one (metrics.jsonl has each member's eval_loss)"
+      )
+    return _member_slice(tree["params"], member)
 
   def save_params(self, params, step: int = 0) -> None:
     """A parameters-only checkpoint (what convert writes): training in this folder starts from
@@ -195,10 +191,17 @@ class Run:
       manager.close()
 
 
-def load_run(workdir, step: int | None = None):
-  """(ModelConfig, params, tokenizer or None, step) of a run's latest (or given) checkpoint."""
+def _member_slice(tree, i: int):
+  if isinstance(tree, dict):
+    return {k: _member_slice(v, i) for k, v in tree.items()}
+  return tree[i]
+
+
+def load_run(workdir, step: int | None = None, member: int | None = None):
+  """(ModelConfig, params, tokenizer or None, step) of a run's latest (or given) checkpoint;
+  of population member `member` for a population's run."""
   run = Run(workdir)
-  params, step = run.load_params(step)
+  params, step = run.load_params(step, member=member)
   return run.model_config(), params, run.tokenizer(), step
 
 
@@ -344,8 +347,7 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
       "process_count": jax.process_count(),
       "argv": list(argv),
   }
-  if data_source is not None:  # what a resume compares (data_source_changes)
-    info["data_source"] = data_source
+  info.update({"data_source": data_source} if data_source else {})  # see train/resume.py
   path = pathlib.Path(workdir) / "run.json"
   path.write_text(json.dumps(info, indent=1) + "\n")
   return info
@@ -354,8 +356,7 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
 # ---------------------------------------------------------------------------- resumed settings
 # Fields whose change on resume alters which examples the rest of the run sees.
 DATA_FIELDS = ("seed", "data.")
-# Fields that say where things are, not what the run is (data.source, the content of the data
-# files, is compared by data_source_changes).
+# Fields that say where things are, not what the run is (data.source: see train/resume.py).
 UNRECORDED_FIELDS = ("data.cache_dir", "data.source")
 
 
@@ -394,32 +395,6 @@ def resume_changes(run: "Run", config) -> dict[str, list]:
   return out
 
 
-# data fields that say how batches are computed, not which: batches are identical by design
-HARMLESS_DATA_FIELDS = ("data.workers", "data.prefetch", "data.tokenize_workers")
-
-
 def data_changes(changes: dict) -> list[str]:
   """The fields among `changes` that alter which examples the run sees."""
-  return [
-      f for f in changes if f == "seed" or (f.startswith("data.") and f not in HARMLESS_DATA_FIELDS)
-  ]
-
-
-def data_source_changes(run: "Run", source: str | None, allow_data_change: bool) -> dict:
-  """{"data.source": [before, now]} when the content of the run's data files changed since the
-  last invocation recorded it in run.json (a file grown, shrunk or rewritten gives another
-  token cache); a RunError unless `allow_data_change`."""
-  try:
-    before = json.loads((run.path / "run.json").read_text()).get("data_source")
-  except (OSError, ValueError, AttributeError):
-    before = None
-  if source is None or before is None or before == source:
-    return {}
-  if not allow_data_change:
-    raise RunError(
-        f"resuming {run.path} with other data: the files at data.path changed since the run "
-        f"last read them (size, modification time or content: {before} before, {source} now); "
-        "the steps after the checkpoint would see other examples than the run's: pass "
-        "--allow_data_change to resume so anyway, or use a new --workdir"
-    )
-  return {"data.source": [before, source]}
+  return [f for f in changes if f == "seed" or f.startswith("data.")]

@@ -1,12 +1,18 @@
-"""Top-level training fields of an experiment config: every one has a default and a meaning."""
+"""Top-level training fields of an experiment config (every one has a default and a meaning),
+and the assembly of a whole experiment config: those fields plus the model's (config.py)."""
 
 from __future__ import annotations
 
 import ast
+import json
 import math
+import pathlib
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
+from transformers_jax.config import flatten_dict, model_config_dict
 from transformers_jax.parallel import rule_names
 
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
@@ -62,6 +68,7 @@ def training_fields() -> ml_collections.ConfigDict:
       }
   )
   c.init_from = ""  # workdir (or checkpoint dir) whose parameters initialise matching ones
+  c.init_member = -1  # init_from a population's run: the member to take (-1: not a population)
   c.data = ml_collections.ConfigDict()
   c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
   c.data.path = ""  # user data: .txt file/folder (LM, MLM), .tsv (seq2seq, classification), .npz
@@ -246,4 +253,58 @@ def _check_population_lists(config) -> None:
 def config_value(config, dotted: str):
   for key in dotted.split("."):
     config = config[key]
+  return config
+
+
+def experiment_config(
+    published_params: int = 0,
+    published_source: str = "",
+    training: Mapping[str, Any] | None = None,
+    **model,
+) -> ml_collections.ConfigDict:
+  """The full experiment config every file in experiments/ returns from `get_config(arg)`.
+
+  Training fields (see train_config.py) at the top level, `model` holds ModelConfig fields,
+  `published` the figure a preset is checked against (0 = none).
+  """
+  config = training_fields()
+  config.model = model_config_dict(**model)
+  config.published = ml_collections.ConfigDict(
+      {"params": published_params, "source": published_source}
+  )
+  for key, value in (training or {}).items():
+    if isinstance(value, Mapping):
+      config[key].update(value)
+    else:
+      config[key] = value
+  return config
+
+
+def preset_config(
+    file: str,
+    presets: Mapping[str, dict],
+    arg: str | None,
+    base: dict,
+    source: str,
+    training: Mapping[str, dict] | None = None,
+    default: str = "tiny",
+) -> ml_collections.ConfigDict:
+  """What every experiments/*.py `get_config(arg)` does: look up the preset (an error lists the
+  choices), lay it over the family's `base` fields, attach its published count and its
+  training fields."""
+  name = arg or default
+  if name not in presets:
+    raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
+  preset = dict(presets[name])
+  published = preset.pop("published_params", 0)
+  return experiment_config(
+      published, source if published else "", (training or {}).get(name), **{**base, **preset}
+  )
+
+
+def config_from_json(path) -> ml_collections.ConfigDict:
+  """An experiment config saved as JSON (a run's config.json) -> a ConfigDict again."""
+  saved = json.loads(pathlib.Path(path).read_text())
+  config = experiment_config(**saved.pop("model"))
+  config.update_from_flattened_dict(flatten_dict(saved))
   return config

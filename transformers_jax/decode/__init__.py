@@ -7,11 +7,11 @@ Both return a Generation (tokens, lengths, stopped, scores; `.ids()` for lists o
 """
 
 from transformers_jax.decode.beam import beam_loop, length_penalty
+from transformers_jax.decode.cache import init_cache
 from transformers_jax.decode.generation import (
     Generation,
     Strategy,
     generate,
-    init_cache,
     shard_params,
     translate,
 )

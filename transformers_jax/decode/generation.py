@@ -22,9 +22,9 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen as nn
 
 from transformers_jax.decode.beam import beam_loop
+from transformers_jax.decode.cache import gather_rows, init_cache, repeat_rows
 from transformers_jax.decode.sampling import sample_loop
 from transformers_jax.models import as_model_config, build_model
 
@@ -83,54 +83,6 @@ class Generation:
   def ids(self) -> list[list[int]]:
     """Each row's generated ids, without the stop token and the padding."""
     return [[int(t) for t in row[:n]] for row, n in zip(self.tokens, self.lengths)]
-
-
-# ----------------------------------------------------------------------------- the cache
-def init_cache(model, *dummy_inputs, **kwargs):
-  """An empty cache shaped like `model.init(*dummy_inputs)['cache']`: zeros, from shapes alone
-  (jax.eval_shape: nothing is initialised or computed). A self-attention cache has as many slots
-  as the dummy tokens; cross-attention entries appear on the first decode call. The write
-  indices are left out: a cache without one is known (when traced) to be empty, so the first
-  call (the prefill) attends over its own keys only (see Attention._cached)."""
-  with nn.logical_axis_rules(()):  # shapes only: no sharding constraints while initialising
-    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *dummy_inputs, **kwargs))[
-        "cache"
-    ]
-
-  def empty(tree):
-    return {
-        k: empty(v) if isinstance(v, dict) else jnp.zeros(v.shape, v.dtype)
-        for k, v in tree.items()
-        if k != "cache_index"
-    }
-
-  return empty(shapes)
-
-
-def _row_axis(path, leaf):
-  """The batch axis of a cached key/value (behind the layer axis when layers are scanned);
-  None for counters."""
-  if leaf.ndim < 4:
-    return None
-  return 1 if any(getattr(k, "key", None) == "layers" for k in path) else 0
-
-
-def map_rows(cache, fn):
-  """Apply fn(array, axis) to every cached key/value along its batch axis."""
-
-  def one(path, leaf):
-    axis = _row_axis(path, leaf)
-    return leaf if axis is None else fn(leaf, axis)
-
-  return jax.tree_util.tree_map_with_path(one, cache)
-
-
-def repeat_rows(cache, k: int):
-  return map_rows(cache, lambda x, axis: jnp.repeat(x, k, axis=axis))
-
-
-def gather_rows(cache, rows):
-  return map_rows(cache, lambda x, axis: jnp.take(x, rows, axis=axis))
 
 
 # ----------------------------------------------------------------------------- programs
@@ -236,9 +188,9 @@ def _compiled(cfg, strategy, bos_id):
 def shard_params(cfg, params, mesh, rules=None):
   """Place parameters on `mesh` as the logical-axis rules say (default parallel.rules(), the
   training layout)."""
-  from transformers_jax import parallel
+  from transformers_jax.models import param_shardings
 
-  return jax.device_put(params, parallel.param_shardings(as_model_config(cfg), mesh, rules))
+  return jax.device_put(params, param_shardings(as_model_config(cfg), mesh, rules))
 
 
 def _place(mesh, args, rows: int):

@@ -36,31 +36,25 @@ from collections.abc import Mapping
 import numpy as np
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import (
-    ACTIVATIONS_OUT,
     CorruptCheckpoint,
-    Family,
     MissingCheckpointFile,
     MissingTensor,
     TensorShapeMismatch,
     UnexpectedTensor,
     UnsupportedArchitecture,
-    UnsupportedConfig,
     hf_shapes,
-    to_hf,
     to_ours,
 )
-from transformers_jax.interop.gpt2 import GPT2
-from transformers_jax.interop.vit import ViT
-
-# One entry per Hugging Face model type; an architecture is found through its family.
-FAMILIES: tuple[Family, ...] = (GPT2(), BERT(), ViT())
-FAMILY_OF = {arch: f for f in FAMILIES for arch in f.architectures}
-SUPPORTED_ARCHITECTURES = {arch: f.model_type for arch, f in FAMILY_OF.items()}
-MODEL_TYPE_DEFAULT = {f.model_type: next(iter(f.architectures)) for f in FAMILIES}
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
+from transformers_jax.interop.families import (  # noqa: F401  (SUPPORTED_ARCHITECTURES: the API)
+    FAMILY_OF,
+    INDEX,
+    MODEL_TYPE_DEFAULT,
+    SUPPORTED_ARCHITECTURES,
+    WEIGHTS,
+    expected_shapes,
+)
+from transformers_jax.interop.hf_export import save_hf  # noqa: F401  (the other direction)
 
 
 # ----------------------------------------------------------------------------- files
@@ -157,16 +151,6 @@ def _strip(name: str, prefix: str) -> str:
   return name[len(prefix) :] if prefix and name.startswith(prefix) else name
 
 
-def _flat_shapes(tree, prefix=()) -> dict[tuple[str, ...], tuple[int, ...]]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(_flat_shapes(value, prefix + (key,)))
-    else:
-      out[prefix + (key,)] = tuple(value.shape)
-  return out
-
-
 def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
   tree: dict = {}
   for path, value in flat.items():
@@ -175,12 +159,6 @@ def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
       node = node.setdefault(key, {})
     node[path[-1]] = value
   return tree
-
-
-def _expected_shapes(c: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-  from transformers_jax.models import param_shapes
-
-  return _flat_shapes(param_shapes(c.replace(scan_layers=False, remat="none")))
 
 
 # ----------------------------------------------------------------------------- public API
@@ -243,7 +221,7 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
         f"{directory}/config.json maps to an invalid model: {_config_key(e, fields, raw)}{e}"
     ) from None
 
-  expected = _expected_shapes(c)
+  expected = expected_shapes(c)
   flat: dict[tuple[str, ...], np.ndarray] = {}
   np_dtype = dtype_of(dtype)
   for rule in family.rules(c, ""):
@@ -294,150 +272,3 @@ def _full_name(name: str, architecture: str) -> str:
   if name.startswith(("lm_head.", "cls.", "classifier.")):
     return name
   return FAMILY_OF[architecture].base_prefix.get(architecture, "") + name
-
-
-def _default_architecture(c: ModelConfig) -> str:
-  for family in FAMILIES:
-    architecture = family.default_architecture(c)
-    if architecture:
-      return architecture
-  return ""
-
-
-def _check_exportable(c: ModelConfig, architecture: str) -> None:
-  """Raise UnsupportedConfig naming the first field that the architecture cannot express."""
-  family = FAMILY_OF[architecture]
-  want = dict(  # what every supported architecture needs
-      head_kind=family.architectures[architecture],
-      positions="learned",
-      norm="layernorm",
-      norm_scale=True,
-      has_norm_bias=True,
-      use_bias=True,
-      residual=True,
-      feed_forward="dense",
-      embed_scale=False,
-      qk_norm=False,  # no Hugging Face architecture here normalises queries and keys
-      kv_heads=c.num_heads,
-      activation=tuple(ACTIVATIONS_OUT),
-  )
-  want.update(family.requirements(c, architecture))
-  for field, value in want.items():
-    have = getattr(c, field)
-    if have not in (value if isinstance(value, tuple) else (value,)):
-      allowed = " or ".join(map(repr, value)) if isinstance(value, tuple) else repr(value)
-      raise UnsupportedConfig(
-          f"cannot write model.{field}={have!r} as {architecture} (which needs {allowed}): "
-          "change the config or pick another architecture"
-      )
-  if c.head_width * c.num_heads != c.d_model:
-    raise UnsupportedConfig(
-        f"cannot write model.head_dim={c.head_width} as {architecture}: Hugging Face uses "
-        f"d_model / num_heads = {c.d_model / c.num_heads:g}; leave model.head_dim unset"
-    )
-  family.check_exportable(c, architecture)
-
-
-def save_hf(
-    directory,
-    model,
-    params,
-    architecture: str | None = None,
-    extra_config: Mapping[str, Any] | None = None,
-) -> str:
-  """Write `params` of `model` (ModelConfig, fields dict or ConfigDict) as a Hugging Face model.
-
-  Writes config.json and model.safetensors into `directory` (created if needed), which
-  transformers' `<architecture>.from_pretrained(directory)` loads. `architecture` defaults to the
-  one matching the family and head (GPT2LMHeadModel, BertModel, BertForMaskedLM, ViTModel,
-  ViTForImageClassification). `params` may be boxed, scanned (`layers`) or looped, jax or numpy.
-  `extra_config` entries (token ids, id2label, ...) are merged into config.json. Returns the
-  architecture written.
-  """
-  from flax import linen as nn
-  from safetensors.numpy import save_file
-
-  from transformers_jax.models import as_model_config
-  from transformers_jax.modules.block import scan_to_loop
-
-  c = as_model_config(model)
-  architecture = architecture or _default_architecture(c)
-  if architecture not in FAMILY_OF:
-    raise UnsupportedConfig(
-        f"cannot write a {c.family} model with head {c.head_kind!r} as {architecture or 'any'} "
-        f"Hugging Face architecture: supported are {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
-  family = FAMILY_OF[architecture]
-  _check_exportable(c, architecture)
-  params = params.get("params", params) if "params" in params and len(params) == 1 else params
-  flat = {p: np.asarray(v) for p, v in _flat_arrays(scan_to_loop(nn.unbox(params))).items()}
-  if c.padded_vocab != c.vocab_size:  # Hugging Face holds the V real rows only
-    flat = _unpad_vocab(flat, c)
-    c = c.replace(vocab_multiple=1)
-  expected = _expected_shapes(c)
-  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-  if missing:
-    raise UnsupportedConfig(
-        f"params have no {'/'.join(missing[0])}, which the config implies: pass the parameters "
-        "made with this config"
-    )
-  if extra:
-    raise UnsupportedConfig(
-        f"params hold {'/'.join(extra[0])}, which the config does not imply: pass the config "
-        "these parameters were made with"
-    )
-  for path, want in expected.items():
-    if flat[path].shape != want:
-      raise TensorShapeMismatch(
-          f"params {'/'.join(path)} has shape {flat[path].shape}, the config implies {want}: "
-          "pass the matching config"
-      )
-
-  tensors: dict[str, np.ndarray] = {}
-  rules = family.rules(c, family.base_prefix.get(architecture, ""))
-  unwritten = sorted(set(flat) - {p for rule in rules for p in rule.ours})
-  if unwritten:  # a parameter the architecture has no tensor for would be lost
-    raise UnsupportedConfig(
-        f"cannot write params {'/'.join(unwritten[0])} ({len(unwritten)} tensors in all) as "
-        f"{architecture}, which has no tensor for them: change the config or export elsewhere"
-    )
-  for rule in rules:
-    for name, array in zip(rule.hf, to_hf(rule, [flat[p] for p in rule.ours])):
-      tensors[name] = np.ascontiguousarray(array)
-  family.adjust_saved(tensors, c)
-  dtypes = {str(a.dtype) for a in tensors.values()}
-  hf = {
-      "architectures": [architecture],
-      "model_type": family.model_type,
-      "dtype": dtypes.pop() if len(dtypes) == 1 else "float32",
-      **family.hf_config(c, architecture),
-      **(extra_config or {}),
-  }
-  directory = pathlib.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-  save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
-  return architecture
-
-
-def _unpad_vocab(flat: Mapping[tuple[str, ...], np.ndarray], c: ModelConfig) -> dict:
-  """Drop the rows that pad the vocabulary to `vocab_multiple`: the token embedding's first
-  axis, an untied unembedding's last, the MLM output bias."""
-  out = {}
-  for path, array in flat.items():
-    if "token_embed" in path and array.shape[:1] == (c.padded_vocab,):
-      array = array[: c.vocab_size]
-    elif path[0] in ("lm_head", "mlm_decoder", "mlm_bias") and array.shape[-1] == c.padded_vocab:
-      array = array[..., : c.vocab_size]
-    out[path] = array
-  return out
-
-
-def _flat_arrays(tree, prefix=()) -> dict[tuple[str, ...], Any]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(_flat_arrays(value, prefix + (str(key),)))
-    else:
-      out[prefix + (str(key),)] = value
-  return out

@@ -35,7 +35,7 @@ class TaskData:
   # (step, first row, end row) -> those rows of the global batch, reading nothing else
   train_rows: Callable[[int, int, int], dict] | None = None
   # what identifies the content of a user's data (the token cache's key: files' sizes, times,
-  # sampled content); a resume compares it with the run's (runs.data_source_changes)
+  # sampled content); a resume compares it with the run's (train/resume.py)
   source: str | None = None
 
   def rows(self, step: int, start: int, stop: int) -> dict:

@@ -10,12 +10,10 @@ import time
 import jax
 import numpy as np
 
-from transformers_jax import counting, hardware, parallel
+from transformers_jax import counting, hardware
 from transformers_jax.config import ModelConfig
-from transformers_jax.train import optim
-from transformers_jax.train_config import validate
-from transformers_jax.train.step import abstract_state, make_train_step, state_shardings
 from transformers_jax.tasks import task_for
+from transformers_jax.train.setup import Setup
 
 GIB = hardware.GIB
 
@@ -27,33 +25,19 @@ def devices_for(config) -> list:
   return hardware.topology_devices(topology) if topology else jax.devices()
 
 
-def build_step(config, devices=None, task=None):
-  """Everything a train step needs, from the config alone: (step fn, abstract state, shardings,
-  model config, mesh, task); the task defaults to the model's (tasks.task_for). Nothing is
-  allocated."""
-  model_cfg = ModelConfig.from_dict(config.model)
-  task = task or task_for(model_cfg)
-  mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
-  rules = parallel.rules(config.rules.to_dict())
-  tx = optim.make_optimizer(config)
-  abstract, shardings = state_shardings(model_cfg, tx, mesh, rules, config.seed)
-  step = make_train_step(
-      task, model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
-  )
-  return step, abstract, shardings, model_cfg, mesh, task
+def build_step(config, devices=None, task=None) -> Setup:
+  """The run's Setup from the config alone (its train_step(), abstract_state(),
+  abstract_batch(), model config, mesh and task; a population's when the config asks for one);
+  the task defaults to the model's (tasks.task_for). Nothing is allocated."""
+  return Setup(config, task, devices)
 
 
 def lower_train_step(config, devices=None, task=None):
   """(lowered step, its arguments as sharded ShapeDtypeStructs, model config, mesh), from
-  shapes alone: no parameter is allocated."""
-  step, abstract, shardings, model_cfg, mesh, task = build_step(config, devices, task)
-  data = parallel.batch_sharding(mesh)
-  batch = {
-      k: jax.ShapeDtypeStruct(shape, dtype, sharding=data)
-      for k, (shape, dtype) in task.batch_shapes(model_cfg, config).items()
-  }
-  args = (abstract_state(abstract, shardings), batch)
-  return step.lower(*args), args, model_cfg, mesh
+  shapes alone: no parameter is allocated. A population's step is the members' vmapped one."""
+  setup = build_step(config, devices, task)
+  args = (setup.abstract_state(), setup.abstract_batch())
+  return setup.train_step().lower(*args), args, setup.model_cfg, setup.mesh
 
 
 def compile_train_step(config, devices=None, task=None):
@@ -144,10 +128,13 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       "hbm_gib": chip.hbm_gib if chip else None,
   }
   start = time.perf_counter()
-  sizes = parallel.mesh_shape(config.mesh.to_dict(), len(devices))
-  validate(config, model_cfg, sizes["data"] * sizes["fsdp"])
-  lowered, args, model_cfg, mesh = lower_train_step(config, devices, task)
+  setup = build_step(config, devices, task)  # validates the config against the mesh
+  args = (setup.abstract_state(), setup.abstract_batch())
+  lowered, mesh = setup.train_step().lower(*args), setup.mesh
   out["mesh"] = dict(mesh.shape)
+  if setup.members:  # the population's step: every member's state and batch, per device
+    out["population_members"] = setup.member_count
+    out["tokens_per_step"] = tokens * setup.member_count
   try:
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - only the compiler's memory refusal is ours to report

@@ -106,3 +106,50 @@ class Progress:
   def close(self):
     if self.bar is not None:
       self.bar.close()
+
+
+def run_steps(
+    config,
+    state,
+    start: int,
+    end: int,
+    *,
+    train_step,
+    next_batch,
+    checkpoints,
+    stop_requests,
+    profiler,
+    on_step,
+    cleanup=(),
+):
+  """The step loop both drivers share: steps start..end-1 of `train_step` on `next_batch(step)`
+  = (device batch, host rows), under the profiler; after each, `on_step(done, state, metrics,
+  rows, log, evaluate, save)` (the driver's checks, logging and evaluation), then the save and,
+  on a stop request, the interruption (saved, one error line). `cleanup` callables run at the
+  end, as do the signal handlers' and profiler's. Returns the last state."""
+  try:
+    for step in range(start, end):
+      batch, rows = next_batch(step)
+      with profiler.step(step, wait_for=state):
+        state, metrics = train_step(state, batch)
+      if step == start:  # compiled and started: from here a signal saves at a step boundary
+        stop_requests.started()
+      done = step + 1
+      stop_now = stop_requests.stop_at(done)
+      log_now, eval_now, save_now = step_events(config, done, end, stop_now)
+      on_step(done, state, metrics, rows, log_now, eval_now, save_now)
+      if save_now:
+        checkpoints.save(done, state)
+      if stop_now:
+        profiler.stop(state)
+        checkpoints.close()
+        raise UserError(
+            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in "
+            f"{checkpoints.directory}; run the same command again to resume"
+        )
+  finally:
+    for close in cleanup:
+      close()
+    stop_requests.restore()
+    profiler.stop()
+  return state

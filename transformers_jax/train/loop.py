@@ -1,9 +1,9 @@
-"""The training loop: data, sharded state, jit step, evaluation, checkpoints, metrics, resume."""
+"""The solo training loop: data, sharded state, jit step, evaluation, checkpoints, metrics,
+resume. A config with population settings goes to train/population.py, the same step vmapped."""
 
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import jax
@@ -11,62 +11,28 @@ import numpy as np
 
 from transformers_jax import counting, parallel, runs
 from transformers_jax.errors import UserError
-from transformers_jax.runs import PARAMS_ONLY, Run
-from transformers_jax.config import ModelConfig
+from transformers_jax.runs import Run
+from transformers_jax.train import evaluation, population, resume
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train import resume
 from transformers_jax.train.events import (  # noqa: F401  (TrainingDiverged: the loop's error)
     Progress,
     TrainingDiverged,
-    step_events,
+    run_steps,
     stop_if_not_finite,
 )
-from transformers_jax.train_config import validate
-from transformers_jax.train.optim import make_optimizer, schedule
 from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.profiling import StepProfiler
-from transformers_jax.train.step import (
-    abstract_state,
-    attention_logit_max,
-    create_state,
-    make_eval_step,
-    make_train_step,
-    moe_dropped_fraction,
-    residual_rms,
-)
-from transformers_jax.tasks import task_data, task_for
+from transformers_jax.train.setup import Setup
 
 
-def _decodes(task, hook: str) -> bool:
-  """Whether the task overrides a decoding hook of the base Task (eval_metrics, sample)."""
-  from transformers_jax.tasks import Task
-
-  return getattr(type(task), hook) is not getattr(Task, hook)
-
-
-def _eval_metrics(task, data, eval_step, params, mesh, model_cfg) -> dict:
-  totals, rms, dropped, logit_max = None, None, None, None
-  for batch in data.eval_batches:
-    sums, inter = eval_step(params, parallel.put_batch(_local(batch, mesh), mesh))
-    sums = jax.device_get(sums)
-    totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-    if rms is None:
-      rms, dropped = residual_rms(inter), moe_dropped_fraction(inter)
-      logit_max = attention_logit_max(inter)
-  w = max(float(totals["weight"]), 1.0)
-  out = {"eval_loss": float(totals["loss"]) / w, "eval_accuracy": float(totals["correct"]) / w}
-  if task.language_model:
-    out["eval_perplexity"] = math.exp(min(out["eval_loss"], 50.0))
-  if data.eval_bytes:  # nats per target token -> bits per byte of the text they stand for
-    out["eval_bits_per_byte"] = float(totals["nll"]) / math.log(2) / data.eval_bytes
-  if _decodes(task, "eval_metrics"):  # decoding reads whole parameters on every process
-    out.update(task.eval_metrics(data, model_cfg, parallel.gather_to_host(params)))
-  if dropped is not None:  # MoE: routing choices over expert capacity (first held-out batch)
-    out["eval_moe_dropped_fraction"] = dropped
-  out["residual_rms"] = rms
-  if logit_max:  # largest attention logit per block (first held-out batch)
-    out["attention_logit_max"] = logit_max
-  return out
+def _eval_metrics(setup, data, eval_step, params) -> dict:
+  mesh = setup.mesh
+  batches = (parallel.put_batch(_local(b, mesh), mesh) for b in data.eval_batches)
+  totals, inter = evaluation.evaluate_batches(eval_step, params, batches)
+  decodes = evaluation.task_overrides(setup.task, "eval_metrics")
+  # decoding reads whole parameters on every process
+  whole = parallel.gather_to_host(params) if decodes else None
+  return evaluation.summarize(setup.task, data, totals, inter, whole, setup.model_cfg)
 
 
 def _local(batch: dict, mesh=None) -> dict:
@@ -123,162 +89,105 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
   # until the first step, Ctrl-C or SIGTERM ends the run at once: nothing is lost
   stop_requests = StopRequests(abort_before_start=True)
   try:
-    from transformers_jax.train import population
-
-    if population.enabled(config):
-      return population.train_population(config, str(run.path), task)
-    return _train(config, run, task, allow_data_change, stop_requests)
+    setup = Setup(config, task)
+    if setup.members:
+      return population.train_population(setup, run, allow_data_change)
+    return _train(setup, run, allow_data_change)
   finally:
     stop_requests.restore()
     lock.release()
 
 
-def _train(config, run: Run, task, allow_data_change: bool, stop_requests=None) -> dict:
+def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
+  config, model_cfg, mesh, task = setup.config, setup.model_cfg, setup.mesh, setup.task
   workdir = run.path
-  model_cfg = ModelConfig.from_dict(config.model)
-  mesh = parallel.make_mesh(config.mesh.to_dict())
-  rule_table = parallel.rules(config.rules.to_dict())
-  validate(config, model_cfg, mesh.shape["data"] * mesh.shape["fsdp"])
   is_main = jax.process_index() == 0
-  workdir.mkdir(parents=True, exist_ok=True)
-  resume.check_same_model(run, config)
-  # a new run, or one that starts from parameters alone (a converted model): config.json
-  # describes it from here on; otherwise a resume, whose changed settings are recorded
-  new_run = run.latest_step() is None or run.starts_from_parameters()
-  changes = {} if new_run else resume.check_resumed_settings(run, config, allow_data_change)
-
-  task = task or task_for(model_cfg)
-  data = task_data(task, config, model_cfg, workdir)
-  if not new_run:  # the files at data.path changed since the last invocation read them
-    changes.update(runs.data_source_changes(run, data.source, allow_data_change))
-  if is_main:
-    if new_run:
-      run.write_config(config)
-    runs.write_run_info(workdir, sys.argv, data_source=data.source)
-  tx = make_optimizer(config)
-  state, shardings = create_state(model_cfg, tx, mesh, rule_table, config.seed)
+  changes = resume.prepare_folder(run, config, allow_data_change)
+  data = setup.data(workdir)
+  if changes is not None:  # a resume: the files at data.path changed since the run read them
+    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
+  resume.write_folder(run, config, changes, data.source)
   checkpoints = run.checkpoints(config.keep_checkpoints)
-  start = checkpoints.latest_step()
-  if start is not None and checkpoints.kind(start) == PARAMS_ONLY:  # e.g. a converted model
-    target = {"params": abstract_state(state, shardings).params}
-    state = state.replace(params=checkpoints.restore(start, target)["params"])
-    note = f"started from the parameters-only checkpoint at step {start} (fresh optimizer)"
-  elif start is not None:
-    state, start = resume.restore_verified(
-        checkpoints,
-        abstract_state(state, shardings),
-        resume.non_finite,
-        does_not_fit="does not fit this run's state ({error}): resume with the optimizer "
-        "settings it was saved with (grad_clip, weight_decay …) or use a new --workdir",
-    )
-    note = f"resumed from step {start}"
-    if changes:
-      if is_main:
-        said = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in changes.items())
-        print(f"resumed with changed settings ({said}): recorded in run_history.jsonl", flush=True)
-        run.record_changes(start, changes, sys.argv)
-  elif config.init_from:
-    params, loaded, fresh, src_step = resume.init_from_run(config.init_from, state.params)
-    state = state.replace(params=params)
-    note = (
-        f"initialised {len(loaded)} tensors from {config.init_from} (step {src_step}); "
-        f"{len(fresh)} new: {', '.join(sorted({f.split('/')[0] for f in fresh})) or '-'}"
-    )
-    start = 0
-  else:
-    note, start = "fresh start", 0
-
-  train_step = make_train_step(
-      task, model_cfg, config, tx, schedule(config), mesh, rule_table, shardings
-  )
-  eval_step = make_eval_step(task, model_cfg, mesh, rule_table, shardings)
+  state, start, note = setup.start(checkpoints)
+  resume.note_changes(run, start, changes)
+  train_step, eval_step = setup.train_step(), setup.eval_step()
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
   peak, peak_source = metrics_lib.device_peak(per_device_override=config.device_peak_flops)
   tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens_per_step = config.batch_size * tokens_per_example
   flops_per_step = counting.flops_per_token(model_cfg, tokens_per_example) * tokens_per_step
-  params_count = counting.count(model_cfg)
   if is_main:
-    print(f"{model_cfg.family} model, {params_count:,} parameters; {data.summary}")
+    print(f"{model_cfg.family} model, {counting.count(model_cfg):,} parameters; {data.summary}")
     print(
         f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
         f"devices; {note}; MFU peak: {peak_source}",
         flush=True,
     )
-
-  stop_requests = stop_requests or StopRequests()
-  profiler = StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb")
   progress = Progress(start, config.steps, enabled=is_main)
-  last_saved = start
-  pending, t_last, step_last = None, time.perf_counter(), start
+  end = min(config.stop_after or config.steps, config.steps)
+  if data.train_stream:
+    _check_stream_rows(mesh, config.batch_size)
+  stream = data.train_stream(start, end) if data.train_stream else None
+  # the loop's own variables: the last checkpoint, the step whose finiteness is unchecked, the
+  # throughput clock (it starts after the first step: compilation is not throughput)
+  at = {"saved": start, "pending": None, "clock": time.perf_counter(), "since": start}
   result: dict = {}
-  stream = None
-  try:
-    end = min(config.stop_after or config.steps, config.steps)
-    stream = data.train_stream(start, end) if data.train_stream else None
-    if stream is not None:
-      _check_stream_rows(mesh, config.batch_size)
-    for step in range(start, end):
-      if stream is not None:
-        rows = next(stream)
-      else:
-        rows = process_batch(data, step, mesh, config.batch_size)
-      with profiler.step(step, wait_for=state):
-        batch = parallel.put_batch(rows, mesh)
-        state, metrics = train_step(state, batch)
-      # check the previous step while this one runs: a non-finite loss stops the run
-      if pending is not None:
-        stop_if_not_finite(pending, checkpoints, last_saved)
-      done = step + 1
-      if step == start:  # throughput excludes compilation
-        jax.block_until_ready(metrics)
-        t_last, step_last = time.perf_counter(), done
-        stop_requests.started()  # from here a signal saves at a step boundary
-      pending = (done, metrics, rows)
-      stop_now = stop_requests.stop_at(done)
-      log_now, eval_now, save_now = step_events(config, done, end, stop_now)
-      if log_now or eval_now or save_now:
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        stop_if_not_finite(pending, checkpoints, last_saved, values)
-        pending = None
-      if log_now:
-        now = time.perf_counter()
-        rate = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
-        values["tokens_per_s"] = rate
-        values["mfu"] = rate / tokens_per_step * flops_per_step / peak if peak else None
-        if task.language_model:
-          values["perplexity"] = math.exp(min(values["nll"], 50.0))
-        writer.write(done, values)
-        progress.update(done, values)
-        t_last, step_last = now, done
-        result.update(values)
-      if eval_now:
-        ev = _eval_metrics(task, data, eval_step, state.params, mesh, model_cfg)
-        writer.write(done, ev)
-        progress.note(done, ev)
-        result.update(ev)
-        t_last = time.perf_counter()  # evaluation time is not training throughput
-      if save_now:
-        checkpoints.save(done, state)
-        last_saved = done
-      if stop_now:
-        profiler.stop(state)
-        checkpoints.close()
-        raise UserError(
-            f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in "
-            f"{checkpoints.directory}; run the same command again to resume"
-        )
-  finally:
-    if stream is not None and hasattr(stream, "close"):  # stops the pipeline's workers
-      stream.close()
-    stop_requests.restore()
-    profiler.stop()
-    progress.close()
-    writer.close()
+
+  def next_batch(step):
+    rows = (
+        next(stream) if stream is not None else process_batch(data, step, mesh, config.batch_size)
+    )
+    return parallel.put_batch(rows, mesh), rows
+
+  def on_step(done, state, metrics, rows, log_now, eval_now, save_now):
+    # check the previous step while this one runs: a non-finite loss stops the run
+    if at["pending"] is not None:
+      stop_if_not_finite(at["pending"], checkpoints, at["saved"])
+    if done == start + 1:
+      jax.block_until_ready(metrics)
+      at["clock"], at["since"] = time.perf_counter(), done
+    at["pending"] = (done, metrics, rows)
+    if log_now or eval_now or save_now:
+      values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      stop_if_not_finite(at["pending"], checkpoints, at["saved"], values)
+      at["pending"] = None
+    if log_now:
+      now = time.perf_counter()
+      rate = (done - at["since"]) * tokens_per_step / max(now - at["clock"], 1e-9)
+      values["tokens_per_s"] = rate
+      values["mfu"] = rate / tokens_per_step * flops_per_step / peak if peak else None
+      if task.language_model:
+        values["perplexity"] = math.exp(min(values["nll"], 50.0))
+      writer.write(done, values)
+      progress.update(done, values)
+      at["clock"], at["since"] = now, done
+      result.update(values)
+    if eval_now:
+      ev = _eval_metrics(setup, data, eval_step, state.params)
+      writer.write(done, ev)
+      progress.note(done, ev)
+      result.update(ev)
+      at["clock"] = time.perf_counter()  # evaluation time is not training throughput
+    if save_now:
+      at["saved"] = done
+
+  state = run_steps(
+      config,
+      state,
+      start,
+      end,
+      train_step=train_step,
+      next_batch=next_batch,
+      checkpoints=checkpoints,
+      stop_requests=StopRequests(abort_before_start=True),
+      profiler=StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb"),
+      on_step=on_step,
+      cleanup=[getattr(stream, "close", lambda: None), progress.close, writer.close],
+  )
   checkpoints.close()
   result["step"] = max(start, end)
   sample = None
-  if config.sample.max_new_tokens and _decodes(task, "sample"):
+  if config.sample.max_new_tokens and evaluation.task_overrides(task, "sample"):
     params = parallel.gather_to_host(state.params)  # every process takes part in the gather
     if is_main:
       sample = task.sample(data, model_cfg, params, config)

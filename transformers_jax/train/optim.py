@@ -1,4 +1,5 @@
-"""AdamW with warmup and a schedule, global-norm clipping and a weight-decay mask (optax)."""
+"""AdamW with warmup and a schedule, global-norm clipping and a weight-decay mask (optax); the
+schedule is written once, for a solo run's Python numbers and a population member's traced ones."""
 
 from __future__ import annotations
 
@@ -11,33 +12,52 @@ from transformers_jax.train_config import SCHEDULES
 DECAYED = ("kernel", "wi", "wi_1", "wo")  # matmul weights (dense kernels, MoE expert weights)
 
 
-def schedule(config) -> optax.Schedule:
-  """Linear warmup to `learning_rate`, then the named decay over the remaining steps.
+# The hyperparameters a population varies per member (train/members.py); a solo run's are the
+# config's own fields of these names.
+HPARAMS = ("learning_rate", "weight_decay", "warmup_steps", "z_loss")
+
+
+def config_hparams(config) -> dict:
+  """{name: the config's value} of HPARAMS, as Python numbers (a solo run)."""
+  return {name: config.get(name, 0.0) for name in HPARAMS}
+
+
+def learning_rate(config, step, peak=None, warmup=None):
+  """The rate at `step` (an int or a traced integer): linear warmup from 0 to the peak over
+  `warmup` steps, then the config's decay over the remaining steps. `peak` and `warmup` default
+  to the config's learning_rate and warmup_steps; Python numbers (a solo run) and traced
+  scalars (a population member's) give the same values, written with optax's arithmetic.
 
   rsqrt is the 2017 paper's d^-0.5 * min(step^-0.5, step * warmup^-1.5) with its peak set to
-  `learning_rate`: lr * min(step / warmup, sqrt(warmup / step)).
+  the learning rate: lr * min(step / warmup, sqrt(warmup / step)).
   """
-  peak, warmup, steps = config.learning_rate, config.warmup_steps, config.steps
+  peak = config.learning_rate if peak is None else peak
+  warmup = config.warmup_steps if warmup is None else warmup
   kind = config.lr_schedule
   if kind not in SCHEDULES:
     raise ValueError(f"lr_schedule={kind!r}: choose one of {', '.join(SCHEDULES)}")
   if kind == "rsqrt":
-    w = max(warmup, 1)
-
-    def rsqrt(step):
-      s = jnp.asarray(step, jnp.float32)
-      return peak * jnp.minimum(s / w, jnp.sqrt(w / jnp.maximum(s, 1.0)))
-
-    return rsqrt
-  decay_steps = max(steps - warmup, 1)
-  after = {
-      "cosine": optax.cosine_decay_schedule(peak, decay_steps, alpha=config.min_lr_ratio),
-      "linear": optax.linear_schedule(peak, 0.0, decay_steps),
-      "constant": optax.constant_schedule(peak),
-  }[kind]
-  if warmup == 0:
+    w = jnp.maximum(warmup, 1)
+    s = jnp.asarray(step, jnp.float32)
+    return peak * jnp.minimum(s / w, jnp.sqrt(w / jnp.maximum(s, 1.0)))
+  decay = jnp.maximum(config.steps - warmup, 1)
+  t = step - warmup  # steps since the warmup ended
+  if kind == "cosine":  # optax.cosine_decay_schedule
+    cosine = 0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(t, decay) / decay))
+    after = peak * ((1 - config.min_lr_ratio) * cosine + config.min_lr_ratio)
+  elif kind == "linear":  # optax.linear_schedule(peak, 0, decay)
+    after = peak * (1 - jnp.clip(t, 0, decay) / decay)
+  else:
+    after = peak * jnp.ones((), jnp.float32)
+  if isinstance(warmup, (int, float)) and warmup == 0:
     return after
-  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
+  warm = (0.0 - peak) * (1 - jnp.clip(step, 0, warmup) / warmup) + peak  # linear_schedule(0, peak)
+  return jnp.where(step < warmup, warm, after)
+
+
+def schedule(config, peak=None, warmup=None) -> optax.Schedule:
+  """step -> learning_rate(config, step, peak, warmup)."""
+  return lambda step: learning_rate(config, step, peak, warmup)
 
 
 def decay_mask(params, decay_embeddings: bool = False):
@@ -53,19 +73,20 @@ def decay_mask(params, decay_embeddings: bool = False):
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
-def make_optimizer(config, learning_rate=None, weight_decay=None) -> optax.GradientTransformation:
-  """The config's optimizer; `learning_rate` (a schedule) and `weight_decay` (a float or a
-  traced scalar) replace the config's own when given (one member of a population)."""
+def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
+  """The config's optimizer, with `hparams` ({name: value} of HPARAMS; Python numbers or, for a
+  population member, traced scalars) in place of the config's own values when given."""
+  h = config_hparams(config) if hparams is None else hparams
   parts = []
   if config.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(config.grad_clip))
   parts.append(
       optax.adamw(
-          schedule(config) if learning_rate is None else learning_rate,
+          schedule(config, h["learning_rate"], h["warmup_steps"]),
           b1=config.adam_b1,
           b2=config.adam_b2,
           eps=config.adam_eps,
-          weight_decay=config.weight_decay if weight_decay is None else weight_decay,
+          weight_decay=h["weight_decay"],
           mask=lambda p: decay_mask(p, config.decay_embeddings),
       )
   )

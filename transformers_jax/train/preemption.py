@@ -89,7 +89,7 @@ class StopRequests:
 
   def _handle(self, signum, _frame):
     if self._abort:
-      from transformers_jax.cli import UserError
+      from transformers_jax.errors import UserError
 
       raise UserError(self.abort_message(signum))
     if self.requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once

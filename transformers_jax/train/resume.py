@@ -3,7 +3,9 @@ restores of the newest intact checkpoint, and parameters taken from another run 
 
 from __future__ import annotations
 
+import json
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +29,17 @@ def check_same_model(run: Run, config) -> None:
     )
 
 
+# data fields that say how batches are computed, not which: the batches are identical by design
+HARMLESS_DATA_FIELDS = ("data.workers", "data.prefetch", "data.tokenize_workers")
+
+
 def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
   the data needs `allow_data_change`."""
   if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
     return {}
   changes = runs.resume_changes(run, config)
-  data = runs.data_changes(changes)
+  data = [f for f in runs.data_changes(changes) if f not in HARMLESS_DATA_FIELDS]
   if data and not allow_data_change:
     said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
     raise UserError(
@@ -42,6 +48,54 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
         "anyway, or use a new --workdir"
     )
   return changes
+
+
+def prepare_folder(run: Run, config, allow_data_change: bool) -> dict | None:
+  """Checks before a run (re)starts in its folder: the same model, and data changes allowed.
+  Returns the settings a resume changes ({} for none), or None for a new run (or one starting
+  from a parameters-only checkpoint), which config.json describes from here on."""
+  run.path.mkdir(parents=True, exist_ok=True)
+  check_same_model(run, config)
+  if run.latest_step() is None or run.starts_from_parameters():
+    return None
+  return check_resumed_settings(run, config, allow_data_change)
+
+
+def write_folder(run: Run, config, changes: dict | None, data_source: str | None = None) -> None:
+  """config.json of a new run, and run.json of this invocation with what identifies its data
+  (process 0 writes them)."""
+  if jax.process_index() == 0:
+    if changes is None:
+      run.write_config(config)
+    runs.write_run_info(run.path, sys.argv, data_source=data_source)
+
+
+def note_changes(run: Run, start: int, changes: dict | None) -> None:
+  """Say, and record in run_history.jsonl, the settings a resume at `start` changed."""
+  if changes and jax.process_index() == 0:
+    said = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in changes.items())
+    print(f"resumed with changed settings ({said}): recorded in run_history.jsonl", flush=True)
+    run.record_changes(start, changes, sys.argv)
+
+
+def data_source_changes(run: Run, source: str | None, allow_data_change: bool) -> dict:
+  """{"data.source": [before, now]} when the content of the run's data files changed since the
+  last invocation recorded it in run.json (a file grown, shrunk or rewritten gives another
+  token cache); a UserError unless `allow_data_change`."""
+  try:
+    before = json.loads((run.path / "run.json").read_text()).get("data_source")
+  except (OSError, ValueError, AttributeError):
+    before = None
+  if source is None or before is None or before == source:
+    return {}
+  if not allow_data_change:
+    raise UserError(
+        f"resuming {run.path} with other data: the files at data.path changed since the run "
+        f"last read them (size, modification time or content: {before} before, {source} now); "
+        "the steps after the checkpoint would see other examples than the run's: pass "
+        "--allow_data_change to resume so anyway, or use a new --workdir"
+    )
+  return {"data.source": [before, source]}
 
 
 def non_finite(tree) -> str | None:
@@ -107,13 +161,16 @@ def copy_matching(params, source):
   return jax.tree_util.tree_map_with_path(take, params), loaded, fresh
 
 
-def init_from_run(path: str, params):
-  """Copy parameters whose path and shape match from another run's latest checkpoint:
-  (params, names loaded, names left fresh, the source's step)."""
+def load_init_from(path: str, member: int = -1):
+  """(parameters as host arrays, step) of the latest intact checkpoint of run `path` (or of its
+  checkpoints/ folder); of population member `member` when `path` holds a population."""
   source = pathlib.Path(path)
   run = Run(source.parent if source.name == "checkpoints" else source)
   if run.latest_step() is None:
     raise UserError(f"init_from={path}: no checkpoint found there")
-  restored, step = run.load_params()
-  params, loaded, fresh = copy_matching(params, restored)
-  return params, loaded, fresh, step
+  try:
+    return run.load_params(
+        member=None if member < 0 else member, member_flag="--config.init_member"
+    )
+  except runs.RunError as e:
+    raise UserError(f"init_from={path}: {e}") from None

@@ -1,98 +1,25 @@
-"""The train state, created already sharded, and the jit-compiled train and eval steps."""
+"""The pure update and eval bodies both drivers share, and the solo run's jit-compiled steps."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
 from transformers_jax import parallel
-from transformers_jax.models import build_model, example_inputs
+from transformers_jax.models import build_model
 from transformers_jax.tasks import cross_entropy
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array  # updates done
-  params: Any
-  opt_state: Any
-  rng: jax.Array  # base key; step s uses fold_in(rng, s)
-
-
-def _params_like(opt_abstract, params_abstract, param_shardings, fallback):
-  """Shardings for an optimizer state: subtrees shaped like the parameters follow them."""
-  params_def = jax.tree_util.tree_structure(params_abstract)
-  is_params = lambda x: jax.tree_util.tree_structure(x) == params_def  # noqa: E731
-  leaves, treedef = jax.tree_util.tree_flatten(opt_abstract, is_leaf=is_params)
-  return jax.tree_util.tree_unflatten(
-      treedef, [param_shardings if is_params(x) else fallback for x in leaves]
-  )
-
-
-def boxed_init(model_cfg):
-  """rng -> the model's parameters, boxed with their logical axis names."""
-  model = build_model(model_cfg)
-  inputs = example_inputs(model_cfg)
-  return lambda rng: model.init({"params": rng}, *inputs)["params"]
-
-
-def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
-  """(abstract state, its shardings), from shapes alone. Raises a ValueError, before anything
-  compiles, when a sharded dimension does not divide over its mesh axes."""
-  boxed_params = boxed_init(model_cfg)
-  key = jax.random.PRNGKey(seed)
-  with nn.logical_axis_rules(rule_table):
-    abstract_boxed = jax.eval_shape(boxed_params, key)
-  parallel.check_divisible(abstract_boxed, mesh, rule_table)
-  param_shardings = parallel.logical_shardings(abstract_boxed, mesh, rule_table)
-  abstract_params = nn.unbox(abstract_boxed)
-  opt_abstract = jax.eval_shape(tx.init, abstract_params)
-  repl = parallel.replicated(mesh)
-  shardings = TrainState(
-      step=repl,
-      params=param_shardings,
-      opt_state=_params_like(opt_abstract, abstract_params, param_shardings, repl),
-      rng=repl,
-  )
-  abstract = TrainState(
-      step=jax.ShapeDtypeStruct((), jnp.int32),
-      params=abstract_params,
-      opt_state=opt_abstract,
-      rng=jax.eval_shape(lambda: key),
-  )
-  return abstract, shardings
-
-
-def create_state(model_cfg, tx, mesh, rule_table, seed: int):
-  """(state, shardings): the state is initialised inside jit with its output shardings, so no
-  parameter ever exists unsharded on one device."""
-  _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
-  boxed_params = boxed_init(model_cfg)
-
-  def init(rng):
-    with nn.logical_axis_rules(rule_table):
-      params = nn.unbox(boxed_params(jax.random.fold_in(rng, 0)))
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        opt_state=tx.init(params),
-        rng=jax.random.fold_in(rng, 1),
-    )
-
-  state = jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(seed))
-  return state, shardings
-
-
-def abstract_state(state, shardings):
-  """ShapeDtypeStructs with shardings: the restore target for a checkpoint."""
-  return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
-  )
+from transformers_jax.train import optim
+from transformers_jax.train.state import (  # noqa: F401  (the state the steps update)
+    TrainState,
+    abstract_state,
+    create_state,
+    state_shardings,
+)
 
 
 def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float, z_loss=0.0):
@@ -124,18 +51,20 @@ def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float,
   return loss_fn
 
 
-def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, shardings):
-  """jit(step)(state, batch) -> (state, metrics); the state is donated."""
-  loss_fn = make_loss_fn(
-      task, model_cfg, config.label_smoothing, config.moe_aux_weight, config.get("z_loss", 0.0)
-  )
+def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
+  """The pure update body both drivers share: update(params, opt_state, batch, rng, hparams)
+  -> (params, opt_state, metrics). A solo run jits it (make_train_step); a population vmaps it
+  over its members (train/members.py). `optimizer(hparams)` is the optax transformation for
+  those hyperparameters (optim.HPARAMS: Python numbers, or a member's traced scalars);
+  `grad_shardings` pins the accumulated gradients of micro-batches to the parameters' layout."""
+  loss_fn = make_loss_fn(task, model_cfg, config.label_smoothing, config.moe_aux_weight)
   accum = config.grad_accum_steps
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def step(state, batch):
-    rng = jax.random.fold_in(state.rng, state.step)
+  def update(params, opt_state, batch, rng, hparams):
+    z_loss = hparams["z_loss"]
     if accum == 1:
-      (_, sums), grads = grad_fn(state.params, batch, rng)
+      (_, sums), grads = grad_fn(params, batch, rng, z_loss)
     else:
       micro = jax.tree_util.tree_map(
           lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch
@@ -143,63 +72,91 @@ def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, sha
 
       def body(carry, xs):
         i, mb = xs
-        (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
-        g = jax.lax.with_sharding_constraint(g, shardings.params)
+        (_, s), g = grad_fn(params, mb, jax.random.fold_in(rng, i), z_loss)
+        if grad_shardings is not None:
+          g = jax.lax.with_sharding_constraint(g, grad_shardings)
         return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
 
+      first = jax.tree_util.tree_map(lambda x: x[0], micro)
       zero_sums = jax.tree_util.tree_map(
           lambda s: jnp.zeros(s.shape, s.dtype),
-          jax.eval_shape(grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), rng)[
-              0
-          ][1],
+          jax.eval_shape(grad_fn, params, first, rng, z_loss)[0][1],
       )
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_sums)
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), zero_sums)
       (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
     weight = jnp.maximum(sums["weight"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = optimizer(hparams).update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
     metrics = {
         "loss": sums["loss"] / weight,
         "nll": sums["nll"] / weight,
         "accuracy": sums["correct"] / weight,
         "grad_norm": optax.tree_utils.tree_norm(grads),
-        "lr": schedule(state.step),
     }
-    if config.get("z_loss", 0.0):
+    if not (isinstance(z_loss, (int, float)) and z_loss == 0):
       metrics["log_z_squared"] = sums["z_loss"] / weight
     if "aux" in sums:
       metrics["moe_aux_loss"] = sums["aux"] / weight
-    new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    return new, metrics
+    return params, opt_state, metrics
 
-  def run(state, batch):
-    # The mesh in context makes the model's logical activation constraints bind (flax drops
-    # them silently without one), so activations stay split over the batch axes.
+  return update
+
+
+def in_mesh(fn, mesh, rule_table):
+  """`fn` traced with the mesh and the logical-axis rules in context: the model's logical
+  activation constraints bind to them (flax drops them silently without a mesh)."""
+
+  def wrapped(*args):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
-      return step(state, batch)
+      return fn(*args)
+
+  return wrapped
+
+
+def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, shardings):
+  """jit(step)(state, batch) -> (state, metrics): the update body with the config's own
+  hyperparameters; the state is donated."""
+  update = make_update(task, model_cfg, config, lambda _: tx, shardings.params)
+  hparams = optim.config_hparams(config)
+
+  def step(state, batch):
+    rng = jax.random.fold_in(state.rng, state.step)
+    params, opt_state, metrics = update(state.params, state.opt_state, batch, rng, hparams)
+    metrics["lr"] = schedule(state.step)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return jax.jit(
-      run,
+      in_mesh(step, mesh, rule_table),
       in_shardings=(shardings, parallel.batch_sharding(mesh)),
       out_shardings=(shardings, parallel.replicated(mesh)),
       donate_argnums=0,
   )
 
 
-def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
-  """jit(eval)(params, batch) -> (sums, residual RMS per layer per stack)."""
+def make_evaluate(task, model_cfg):
+  """The pure eval body both drivers share: evaluate(params, batch) -> (sums, intermediates):
+  the loss sums of tasks.cross_entropy plus the sum of each position's mean output logit and
+  the largest one, and what the model sowed (residual RMS, attention logits, MoE drops)."""
   model = build_model(model_cfg)
 
   def evaluate(params, batch):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rule_table):
-      (logits, targets, weights), state = task.outputs(
-          model, {"params": params}, batch, {}, ["intermediates"]
-      )
-    return cross_entropy(logits, targets, weights), state["intermediates"]
+    (logits, targets, weights), state = task.outputs(
+        model, {"params": params}, batch, {}, ["intermediates"]
+    )
+    sums = cross_entropy(logits, targets, weights)
+    real = logits[..., : model_cfg.vocab_size].astype(jnp.float32)
+    sums["logit_sum"] = jnp.sum(jnp.mean(real, axis=-1) * weights.astype(jnp.float32))
+    sums["logit_max"] = jnp.max(real)
+    return sums, state["intermediates"]
 
+  return evaluate
+
+
+def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
+  """jit(evaluate)(params, batch) -> (sums, intermediates) of one model."""
   return jax.jit(
-      evaluate,
+      in_mesh(make_evaluate(task, model_cfg), mesh, rule_table),
       in_shardings=(shardings.params, parallel.batch_sharding(mesh)),
       out_shardings=parallel.replicated(mesh),
   )

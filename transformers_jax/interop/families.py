@@ -1,0 +1,37 @@
+"""The Hugging Face architectures this project reads and writes, one Family each (interop/gpt2.py,
+bert.py, vit.py), and the parameter shapes a config implies: what reading (hf.py) and writing
+(hf_export.py) share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.interop.bert import BERT
+from transformers_jax.interop.common import Family
+from transformers_jax.interop.gpt2 import GPT2
+from transformers_jax.interop.vit import ViT
+
+# One entry per Hugging Face model type; an architecture is found through its family.
+FAMILIES: tuple[Family, ...] = (GPT2(), BERT(), ViT())
+FAMILY_OF = {arch: f for f in FAMILIES for arch in f.architectures}
+SUPPORTED_ARCHITECTURES = {arch: f.model_type for arch, f in FAMILY_OF.items()}
+MODEL_TYPE_DEFAULT = {f.model_type: next(iter(f.architectures)) for f in FAMILIES}
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def flat_shapes(tree, prefix=()) -> dict[tuple[str, ...], tuple[int, ...]]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flat_shapes(value, prefix + (key,)))
+    else:
+      out[prefix + (key,)] = tuple(value.shape)
+  return out
+
+
+def expected_shapes(c: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+  from transformers_jax.models import param_shapes
+
+  return flat_shapes(param_shapes(c.replace(scan_layers=False, remat="none")))

@@ -1,0 +1,197 @@
+"""What a run builds from its config before the first step, once, for every driver: the solo
+loop, the population, --compile_only and the benchmark scripts all start from a Setup.
+
+    setup = Setup(config)              # model config, task, mesh, rules, optimizer, shardings
+    state = setup.init_state()         # or setup.start(run, checkpoints): resume / init_from
+    step = setup.train_step()          # jit(step)(state, batch) -> (state, metrics)
+
+A config with population settings (train/members.py) gets the same object with `members` set:
+its state is the members' stacked states, its step the same update body vmapped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from transformers_jax import parallel
+from transformers_jax.config import ModelConfig
+from transformers_jax.errors import UserError
+from transformers_jax.runs import PARAMS_ONLY
+from transformers_jax.tasks import task_data, task_for
+from transformers_jax.train import members as members_lib
+from transformers_jax.train import optim, resume, state as state_lib, step as step_lib
+from transformers_jax.train_config import validate
+
+
+class Setup:
+  """A run's model config, task, mesh, logical-axis rules, optimizer and state layout, from its
+  config alone (nothing allocated). `members` is None for a solo run, else the population's
+  member table; `member_axis` the mesh axis the members are split over (or None)."""
+
+  def __init__(self, config, task=None, devices=None):
+    self.config = config
+    self.model_cfg = ModelConfig.from_dict(config.model)
+    self.task = task or task_for(self.model_cfg)
+    self.mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
+    self.members = members_lib.members(config) if members_lib.enabled(config) else None
+    count = len(self.members) if self.members else 1
+    self.member_axis = members_lib.member_axis(self.mesh, count) if self.members else None
+    rules = parallel.rules(config.rules.to_dict())
+    self.rule_table = members_lib.without_axis(rules, self.member_axis)
+    batch_axes = [a for a in parallel.BATCH_AXES if a != self.member_axis]
+    validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes))
+    self.tx = optim.make_optimizer(config)
+    abstract, shardings = state_lib.state_shardings(
+        self.model_cfg, self.tx, self.mesh, self.rule_table, config.seed
+    )
+    self.solo_shardings = shardings  # one model's layout (a member's, for a population)
+    if self.members:
+      abstract, shardings = members_lib.population_shardings(
+          abstract, shardings, self.members, config, self.member_axis
+      )
+    self.abstract, self.shardings = abstract, shardings
+
+  @property
+  def member_count(self) -> int:
+    return len(self.members) if self.members else 0
+
+  # ------------------------------------------------------------------ layout
+  def batch_sharding(self) -> NamedSharding:
+    if self.members:
+      return members_lib.stacked_batch_sharding(self.mesh, self.member_axis)
+    return parallel.batch_sharding(self.mesh)
+
+  def eval_batch_sharding(self) -> NamedSharding:
+    """Held-out batches are shared by every member: rows over the batch axes left to them."""
+    axes = tuple(a for a in parallel.BATCH_AXES if a != self.member_axis)
+    return NamedSharding(self.mesh, P(axes))
+
+  def abstract_batch(self) -> dict:
+    """The train step's batch as sharded ShapeDtypeStructs ([M, B, ...] for a population)."""
+    lead = (self.member_count,) if self.members else ()
+    return {
+        k: jax.ShapeDtypeStruct(lead + tuple(shape), dtype, sharding=self.batch_sharding())
+        for k, (shape, dtype) in self.task.batch_shapes(self.model_cfg, self.config).items()
+    }
+
+  def abstract_state(self):
+    """The state as sharded ShapeDtypeStructs: a restore target, or a step's argument."""
+    return state_lib.abstract_state(self.abstract, self.shardings)
+
+  # ------------------------------------------------------------------ steps
+  def train_step(self):
+    if self.members:
+      return members_lib.make_train_step(self, self.solo_shardings.params)
+    return step_lib.make_train_step(
+        self.task,
+        self.model_cfg,
+        self.config,
+        self.tx,
+        optim.schedule(self.config),
+        self.mesh,
+        self.rule_table,
+        self.shardings,
+    )
+
+  def eval_step(self):
+    if self.members:
+      return members_lib.make_eval_step(self)
+    return step_lib.make_eval_step(
+        self.task, self.model_cfg, self.mesh, self.rule_table, self.shardings
+    )
+
+  # ------------------------------------------------------------------ data and state
+  def data(self, workdir, seed: int | None = None):
+    """The task's data for this run (for `seed`: a population member's batch stream)."""
+    config = self.config
+    if seed is not None and seed != config.seed:
+      config = config.copy_and_resolve_references()
+      config.seed = seed
+    return task_data(self.task, config, self.model_cfg, workdir)
+
+  def init_state(self):
+    """A fresh state, initialised inside jit already sharded."""
+    if self.members:
+      return members_lib.init_state(self)
+    state, _ = state_lib.create_state(
+        self.model_cfg, self.tx, self.mesh, self.rule_table, self.config.seed
+    )
+    return state
+
+  def start(self, checkpoints, changes=None):
+    """(state, first step, a note saying how it started): the newest intact checkpoint of the
+    run, parameters of a parameters-only checkpoint (a converted model) with a fresh optimizer,
+    parameters taken from `init_from`, or a fresh state."""
+    state, start = self.init_state(), checkpoints.latest_step()
+    if start is not None and checkpoints.kind(start) == PARAMS_ONLY:  # e.g. a converted model
+      target = {"params": self.abstract_state().params}
+      if self.members:  # every member starts from the same parameters
+        params = checkpoints.restore(start, None)["params"]
+        state, _ = self.copy_params(state, params)
+      else:
+        state = state.replace(params=checkpoints.restore(start, target)["params"])
+      return (
+          state,
+          start,
+          f"started from the parameters-only checkpoint at step {start} (fresh optimizer)",
+      )
+    if start is not None:
+      held = "this population" if self.members else "this run's state"
+      fix = (
+          "resume with the population it was saved with"
+          if self.members
+          else "resume with the optimizer settings it was saved with (grad_clip, weight_decay …)"
+      )
+      state, start = resume.restore_verified(
+          checkpoints,
+          self.abstract_state(),
+          members_lib.non_finite_alive if self.members else resume.non_finite,
+          does_not_fit=f"does not {'hold' if self.members else 'fit'} {held} ({{error}}): "
+          f"{fix} or use a new --workdir",
+      )
+      if self.members:
+        self.check_same_members(state, start, checkpoints)
+      return state, start, f"resumed from step {start}"
+    if self.config.init_from:
+      source = self.config.init_from
+      params, src_step = resume.load_init_from(source, self.config.get("init_member", -1))
+      state, (loaded, fresh) = self.copy_params(state, params)
+      fresh_names = ", ".join(sorted({f.split("/")[0] for f in fresh})) or "-"
+      if not loaded:
+        raise UserError(
+            f"init_from={source}: none of its {len(jax.tree_util.tree_leaves(params))} tensors "
+            "matches this model's names and shapes: give a run of the same model family"
+        )
+      note = (
+          f"initialised {len(loaded)} tensors from {source} (step {src_step}); "
+          f"{len(fresh)} new: {fresh_names}"
+      )
+      return state, 0, note
+    return state, 0, "fresh start"
+
+  def copy_params(self, state, source):
+    """(state with the parameters of `source` (one model's, host arrays) whose path and shape
+    match, (names loaded, names left fresh)); a population's members all take them."""
+    if not self.members:
+      params, loaded, fresh = resume.copy_matching(state.params, source)
+      return state.replace(params=params), (loaded, fresh)
+    count = self.member_count
+    stacked = jax.tree_util.tree_map(
+        lambda a: np.broadcast_to(np.asarray(a), (count, *np.shape(a))), source
+    )
+    params, loaded, fresh = resume.copy_matching(state.params, stacked)
+    return state.replace(params=params), (loaded, fresh)
+
+  def check_same_members(self, state, start, checkpoints) -> None:
+    saved = jax.device_get(state.hparams)
+    want = members_lib.hparam_arrays(self.members)
+    if any(not np.array_equal(saved[k], want[k]) for k in want):
+      raise UserError(
+          f"checkpoint step {start} in {checkpoints.directory} holds other members (seeds "
+          "or hyperparameters differ): resume with the population it was saved with, or "
+          "use a new --workdir"
+      )

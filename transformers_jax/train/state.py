@@ -1,0 +1,92 @@
+"""The train state, created already sharded: parameters, optimizer state, step and base key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformers_jax import parallel
+from transformers_jax.models import build_model, example_inputs
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # updates done
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # base key; step s uses fold_in(rng, s)
+
+
+def params_like(opt_abstract, params_abstract, param_shardings, fallback):
+  """Shardings for an optimizer state: subtrees shaped like the parameters follow them."""
+  params_def = jax.tree_util.tree_structure(params_abstract)
+  is_params = lambda x: jax.tree_util.tree_structure(x) == params_def  # noqa: E731
+  leaves, treedef = jax.tree_util.tree_flatten(opt_abstract, is_leaf=is_params)
+  return jax.tree_util.tree_unflatten(
+      treedef, [param_shardings if is_params(x) else fallback for x in leaves]
+  )
+
+
+def boxed_init(model_cfg):
+  """rng -> the model's parameters, boxed with their logical axis names."""
+  model = build_model(model_cfg)
+  inputs = example_inputs(model_cfg)
+  return lambda rng: model.init({"params": rng}, *inputs)["params"]
+
+
+def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
+  """(abstract state, its shardings), from shapes alone. Raises a ValueError, before anything
+  compiles, when a sharded dimension does not divide over its mesh axes."""
+  boxed_params = boxed_init(model_cfg)
+  key = jax.random.PRNGKey(seed)
+  with nn.logical_axis_rules(rule_table):
+    abstract_boxed = jax.eval_shape(boxed_params, key)
+  parallel.check_divisible(abstract_boxed, mesh, rule_table)
+  param_shardings = parallel.logical_shardings(abstract_boxed, mesh, rule_table)
+  abstract_params = nn.unbox(abstract_boxed)
+  opt_abstract = jax.eval_shape(tx.init, abstract_params)
+  repl = parallel.replicated(mesh)
+  shardings = TrainState(
+      step=repl,
+      params=param_shardings,
+      opt_state=params_like(opt_abstract, abstract_params, param_shardings, repl),
+      rng=repl,
+  )
+  abstract = TrainState(
+      step=jax.ShapeDtypeStruct((), jnp.int32),
+      params=abstract_params,
+      opt_state=opt_abstract,
+      rng=jax.eval_shape(lambda: key),
+  )
+  return abstract, shardings
+
+
+def create_state(model_cfg, tx, mesh, rule_table, seed: int):
+  """(state, shardings): the state is initialised inside jit with its output shardings, so no
+  parameter ever exists unsharded on one device."""
+  _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
+  boxed_params = boxed_init(model_cfg)
+
+  def init(rng):
+    with nn.logical_axis_rules(rule_table):
+      params = nn.unbox(boxed_params(jax.random.fold_in(rng, 0)))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.fold_in(rng, 1),
+    )
+
+  state = jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(seed))
+  return state, shardings
+
+
+def abstract_state(state, shardings):
+  """ShapeDtypeStructs with shardings: the restore target for a checkpoint."""
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+  )
