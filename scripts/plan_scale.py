@@ -175,8 +175,25 @@ def markdown(results: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def check_flags() -> str:
+  """What is wrong with the flags (one line naming the fix), or ''."""
+  if FLAGS.timeout < 1:
+    return f"--timeout={FLAGS.timeout}: give the seconds one compile may take, e.g. 900"
+  unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in ROWS)]
+  if unmatched:
+    return (
+        f"--only={','.join(FLAGS.only)}: {unmatched[0]!r} names no row; rows are "
+        f"{', '.join(r['name'] for r in ROWS)}"
+    )
+  return ""
+
+
 def main(argv):
   del argv
+  problem = check_flags()
+  if problem:
+    print(f"error: {problem}", file=sys.stderr)
+    sys.exit(2)
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   path = out / "tpu.json"

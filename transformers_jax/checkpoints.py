@@ -3,9 +3,16 @@
 DIR/<step>/        a committed checkpoint (orbax writes under a temporary name and renames on
                    commit, so a crash mid-save never looks like a good checkpoint)
 DIR/checksums.json SHA-256 of every file of each committed checkpoint, recorded once its save
-                   has finished and verified before a restore
-DIR/<step>.damaged a checkpoint that failed its checksums, did not restore or held non-finite
-                   values: set aside for inspection; the newest intact one is used instead
+                   has finished and verified before a restore (written as {} when the folder
+                   is made, so that a missing one means it was lost)
+DIR/<step>.damaged a checkpoint that failed its checksums, lacks a file orbax needs, did not
+                   restore or held non-finite values: set aside for inspection; the newest
+                   intact one is used instead
+
+A checksums.json that is missing or unreadable while checkpoints exist leaves them unverifiable:
+a flipped bit would load unnoticed, so loading refuses (one line) until the file is put back,
+or replaced by an empty record {} by a user who trusts the checkpoints as they are (their
+checksums are then recorded anew). Files a user added to a checkpoint folder are not damage.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ import orbax.checkpoint as ocp
 from transformers_jax.errors import RunError
 
 FULL_STATE, PARAMS_ONLY = "train_state", "params"
+# Files every committed orbax checkpoint of a StandardCheckpointHandler item holds.
+REQUIRED_FILES = ("_CHECKPOINT_METADATA", "default/_METADATA", "default/manifest.ocdbt")
+# How tensorstore's errors (raised as ValueError) begin when a checkpoint's files are damaged,
+# as opposed to a tree that does not fit the target.
+STORAGE_ERRORS = ("NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "UNKNOWN", "INTERNAL", "FAILED_PREC")
 
 
 class Checkpoints:
@@ -36,6 +48,10 @@ class Checkpoints:
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
     )
+    import jax
+
+    if jax.process_index() == 0 and not self.checksum_path.exists() and not self.steps():
+      self.checksum_path.write_text("{}")  # a new folder: from here a missing record is a loss
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -44,10 +60,16 @@ class Checkpoints:
     return sorted(self.manager.all_steps())
 
   def kind(self, step: int) -> str:
-    """FULL_STATE or PARAMS_ONLY: what the checkpoint at `step` holds."""
-    tree = self.manager.item_metadata(step)
+    """FULL_STATE or PARAMS_ONLY: what the checkpoint at `step` holds (FULL_STATE when its
+    metadata cannot be read: restoring it finds the damage and falls back)."""
+    if any(not (self.directory / str(step) / name).is_file() for name in REQUIRED_FILES):
+      return FULL_STATE
+    try:
+      tree = self.manager.item_metadata(step)
+    except Exception:  # a damaged checkpoint; restore_intact says what is wrong  # noqa: BLE001
+      return FULL_STATE
     tree = getattr(tree, "tree", tree)
-    return FULL_STATE if "opt_state" in tree else PARAMS_ONLY
+    return PARAMS_ONLY if tree is not None and "opt_state" not in tree else FULL_STATE
 
   def save(self, step: int, state) -> None:
     """Start saving (asynchronously once the arrays are copied off the devices). The previous
@@ -75,10 +97,33 @@ class Checkpoints:
     return self.directory / "checksums.json"
 
   def _checksums(self) -> dict:
+    record = self._checksum_record()
+    return record if isinstance(record, dict) else {}
+
+  def _checksum_record(self) -> dict | str:
+    """The recorded checksums, or what makes them unusable (missing while checkpoints exist,
+    not JSON, not a record of steps)."""
     try:
-      return json.loads(self.checksum_path.read_text())
-    except (OSError, ValueError):
-      return {}
+      record = json.loads(self.checksum_path.read_text())
+    except FileNotFoundError:
+      return "is missing" if self.steps() else {}
+    except (OSError, ValueError) as e:
+      return f"is unreadable ({type(e).__name__})"
+    if not isinstance(record, dict) or not all(isinstance(v, dict) for v in record.values()):
+      return "is not a record of checkpoint checksums"
+    return record
+
+  def unverifiable(self) -> str | None:
+    """Why the checkpoints cannot be verified (their checksum record is lost), or None."""
+    record = self._checksum_record()
+    if isinstance(record, dict):
+      return None
+    return (
+        f"{self.checksum_path} {record}, so checkpoint step(s) "
+        f"{', '.join(map(str, self.steps()))} cannot be verified (a damaged file would load "
+        "unnoticed): put back the file the run wrote, or, to trust the checkpoints as they are, "
+        f"replace it with an empty record: echo '{{}}' > {self.checksum_path}"
+    )
 
   def _record_checksums(self) -> None:
     """Checksums of committed checkpoints that have none yet (written by process 0 alone; the
@@ -87,7 +132,9 @@ class Checkpoints:
 
     if jax.process_index() != 0:
       return
-    recorded = self._checksums()
+    recorded = self._checksum_record()
+    if not isinstance(recorded, dict):  # lost: recording now would vouch for unverified files
+      return
     steps = {str(s) for s in self.manager.all_steps()}
     missing = [s for s in steps if s not in recorded]
     stale = [s for s in recorded if s not in steps]
@@ -104,15 +151,22 @@ class Checkpoints:
   def damage(self, step: int) -> str | None:
     """What is wrong with the files of checkpoint `step` against the checksums recorded when it
     was committed, or None (intact, or saved before checksums were recorded)."""
+    folder = self.directory / str(step)
+    for name in REQUIRED_FILES:
+      if not (folder / name).is_file():
+        return f"file {name} is missing"
+    unverifiable = self.unverifiable()
+    if unverifiable:
+      raise CheckpointDamaged(unverifiable)
     want = self._checksums().get(str(step))
     if want is None:
       return None
-    have = file_checksums(self.directory / str(step))
-    for name in sorted(set(want) | set(have)):
+    have = file_checksums(folder)
+    for name in sorted(want):  # files a user added are not the checkpoint's
       if name not in have:
         return f"file {name} is missing"
-      if want.get(name) != have[name]:
-        return f"file {name} differs from its checksum" if name in want else f"extra file {name}"
+      if want[name] != have[name]:
+        return f"file {name} differs from its checksum"
     return None
 
   def set_aside(self, step: int) -> pathlib.Path:
@@ -143,8 +197,10 @@ class Checkpoints:
       if problem is None:
         try:
           tree = self.restore(step, target(step) if callable(target) else target)
-        except (ValueError, KeyError):  # the tree does not fit: the caller's error to report
-          raise
+        except (ValueError, KeyError) as e:
+          if not str(e).startswith(STORAGE_ERRORS):  # a tree that does not fit: the caller's
+            raise
+          problem = f"it does not restore ({str(e).split(':')[0]}: a file is missing or damaged)"
         except Exception as e:  # a truncated or unreadable file  # noqa: BLE001
           text = str(e).strip().splitlines()
           problem = f"it does not restore ({type(e).__name__}: {text[0] if text else ''})"

@@ -24,7 +24,7 @@ def enable(directory: str = "") -> str | None:
   returns the folder in use, or None when turned off. Call it before anything compiles."""
   import jax
 
-  if directory == OFF:
+  if directory.strip().lower() == OFF:  # off, OFF, Off: never a folder named so
     jax.config.update("jax_compilation_cache_dir", None)
     return None
   path = directory or jax.config.jax_compilation_cache_dir or str(default_dir())

@@ -8,6 +8,8 @@ field has a default and a line saying what it does; `None` means "derived" (see 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 from collections.abc import Mapping
 
@@ -192,8 +194,38 @@ def _choice(cfg, field, options):
     _fail(field, repr(value), f"choose one of {', '.join(options)}")
 
 
+# Largest vocabulary: token ids are int32 everywhere.
+MAX_VOCAB = 2**31 - 1
+# Largest vocab_multiple: 128 per tensor-parallel device covers any mesh of up to 32 devices.
+MAX_VOCAB_MULTIPLE = 4096
+
+
+def _check_types(c: ModelConfig) -> None:
+  """Every field holds a value of its declared type (an int, not 1.5 or "32"; a finite float;
+  True or False), so that the checks below and the model never meet a string or a NaN."""
+  for f in dataclasses.fields(c):
+    value, declared = getattr(c, f.name), str(f.type)
+    if value is None and "None" in declared:
+      continue
+    kind = declared.split(" |")[0]
+    if kind == "int":
+      ok = isinstance(value, numbers.Integral) and type(value).__name__ not in ("bool", "bool_")
+      want = "an integer"
+    elif kind == "float":
+      ok = isinstance(value, numbers.Real) and type(value).__name__ not in ("bool", "bool_")
+      ok = ok and math.isfinite(value)
+      want = "a finite number"
+    elif kind == "bool":
+      ok, want = type(value).__name__ in ("bool", "bool_"), "True or False"
+    else:
+      ok, want = isinstance(value, str), "a string"
+    if not ok:
+      _fail(f.name, repr(value), f"must be {want}")
+
+
 def validate(c: ModelConfig) -> None:
   """Raise ValueError naming the field and the fix; called on construction, before tracing."""
+  _check_types(c)
   _choice(c, "family", FAMILIES)
   _choice(c, "positions", POSITIONS)
   _choice(c, "norm_placement", NORM_PLACEMENTS)
@@ -235,6 +267,17 @@ def validate(c: ModelConfig) -> None:
     _fail("d_model", str(c.d_model), "sinusoidal positions need an even d_model")
   if c.family != "vit" and c.vocab_size < 1:
     _fail("vocab_size", str(c.vocab_size), "must be a positive integer")
+  if c.vocab_size > MAX_VOCAB:
+    _fail("vocab_size", f"{c.vocab_size:,}", f"token ids are int32: at most {MAX_VOCAB:,}")
+  if c.vocab_multiple > MAX_VOCAB_MULTIPLE:
+    _fail(
+        "vocab_multiple",
+        str(c.vocab_multiple),
+        f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
+        "covers any mesh)",
+    )
+  if not c.rope_theta > 0:
+    _fail("rope_theta", str(c.rope_theta), "RoPE's base wavelength must be positive, e.g. 10000")
   if c.type_vocab_size < 0:
     _fail("type_vocab_size", str(c.type_vocab_size), "must be >= 0")
   for field in ("dropout", "attention_dropout"):
@@ -242,7 +285,7 @@ def validate(c: ModelConfig) -> None:
       _fail(field, str(getattr(c, field)), "must be in [0, 1)")
   if not isinstance(c.qk_norm, bool):
     _fail("qk_norm", repr(c.qk_norm), "must be True or False")
-  if c.norm_eps <= 0:
+  if not c.norm_eps > 0:
     _fail("norm_eps", str(c.norm_eps), "must be positive")
   if c.feed_forward == "moe":
     if c.num_experts < 1:

@@ -14,6 +14,7 @@ member I of a population's run).
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 
@@ -39,7 +40,8 @@ flags.DEFINE_bool(
     "overwrite",
     False,
     "--to_hf: write into a folder that already holds files "
-    "(its config.json and weights are replaced; never the run's own folder).",
+    "(its config.json and weights are replaced; never the run's own folder, nor a folder "
+    "that holds a run).",
 )
 flags.DEFINE_integer(
     "member",
@@ -94,11 +96,32 @@ def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> N
     )
   if target.exists() and not target.is_dir():
     raise cli.UserError(f"--to_hf {target} is a file: give a folder")
+  held = _run_files(target)
+  if held:
+    raise cli.UserError(
+        f"--to_hf {target} holds a run of this project ({held}): --overwrite never replaces "
+        "a run's files; export into another folder"
+    )
   if target.is_dir() and any(target.iterdir()) and not overwrite:
     raise cli.UserError(
         f"--to_hf {target} already holds files: give an empty or new folder, "
         "or pass --overwrite to replace them"
     )
+
+
+def _run_files(folder: pathlib.Path) -> str:
+  """What marks `folder` as a run of this project (a config.json with a model, checkpoints,
+  a run history), or ''."""
+  if not folder.is_dir():
+    return ""
+  found = [name for name in ("checkpoints", "run_history.jsonl") if (folder / name).exists()]
+  try:
+    saved = json.loads((folder / "config.json").read_text())
+    if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
+      found.insert(0, "config.json with a model")
+  except (OSError, ValueError):  # none, or not JSON: not a run's config
+    pass
+  return ", ".join(found)
 
 
 def export_hf(workdir, target, overwrite: bool = False, member: int | None = None) -> str:
@@ -133,6 +156,12 @@ def main(argv):
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
         f"(checkpoint step 0, config.py, config.json)"
     )
+    if not Run(FLAGS.workdir).tokenizer_path.is_file():
+      print(
+          f"note: {FLAGS.from_hf} has no tokenizer.json, so {FLAGS.workdir} has no tokenizer: "
+          f"generate --prompt needs one (copy the model's tokenizer.json into {FLAGS.workdir}); "
+          "--prompt_ids works without"
+      )
   else:
     architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member)
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")

@@ -35,6 +35,7 @@ from transformers_jax.checkpoints import (  # noqa: F401  (the run folder's chec
     file_checksums,
     non_finite_values,
 )
+from transformers_jax import records
 from transformers_jax.errors import RunError
 from transformers_jax.workdir_lock import (  # noqa: F401  (one run per folder)
     WorkdirBusy,
@@ -54,7 +55,7 @@ class Run:
   # ------------------------------------------------------------------ config and tokenizer
   def saved_config(self) -> dict | None:
     """config.json as a dict, or None for a new run."""
-    return json.loads(self.config_path.read_text()) if self.config_path.is_file() else None
+    return records.read_config(self.config_path)
 
   def config(self):
     """config.json as an experiment ConfigDict (RunError when there is none)."""
@@ -86,9 +87,7 @@ class Run:
 
   def history(self) -> list[dict]:
     """run_history.jsonl: one entry per resume that changed settings."""
-    if not self.history_path.is_file():
-      return []
-    return [json.loads(x) for x in self.history_path.read_text().splitlines() if x.strip()]
+    return records.read_history(self.history_path)
 
   def record_changes(self, step: int, changes: dict, argv=()) -> None:
     import datetime
@@ -223,7 +222,7 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
 
 
 # ---------------------------------------------------------------------------- run record
-def write_run_info(workdir, argv) -> dict:
+def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
   """WORKDIR/run.json for this invocation: code version, package versions, devices, processes
   and the command line."""
   import importlib.metadata
@@ -273,6 +272,7 @@ def write_run_info(workdir, argv) -> dict:
       "process_count": jax.process_count(),
       "argv": list(argv),
   }
+  info.update({"data_source": data_source} if data_source else {})  # see train/resume.py
   path = pathlib.Path(workdir) / "run.json"
   path.write_text(json.dumps(info, indent=1) + "\n")
   return info
@@ -281,8 +281,8 @@ def write_run_info(workdir, argv) -> dict:
 # ---------------------------------------------------------------------------- resumed settings
 # Fields whose change on resume alters which examples the rest of the run sees.
 DATA_FIELDS = ("seed", "data.")
-# Fields that say where things are, not what the run is.
-UNRECORDED_FIELDS = ("data.cache_dir",)
+# Fields that say where things are, not what the run is (data.source: see train/resume.py).
+UNRECORDED_FIELDS = ("data.cache_dir", "data.source")
 
 
 def _unflatten_into(tree: dict, dotted: str, value) -> None:

@@ -3,6 +3,7 @@ and the assembly of a whole experiment config: those fields plus the model's (co
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import pathlib
@@ -16,6 +17,15 @@ from transformers_jax.parallel import rule_names
 
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+# Largest z_loss weight: PaLM uses 1e-4; beyond 1 the penalty outweighs the loss it steadies.
+MAX_Z_LOSS = 1.0
+# population list -> the training field each of its values stands for
+POPULATION_LISTS = {
+    "learning_rates": "learning_rate",
+    "weight_decay": "weight_decay",
+    "warmup_steps": "warmup_steps",
+    "z_loss": "z_loss",
+}
 
 
 def training_fields() -> ml_collections.ConfigDict:
@@ -138,6 +148,15 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
       fail(field, "must be >= 0 (0 turns it off)")
   if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
     fail("learning_rate", "must be positive (a negative rate climbs the loss)")
+  if config.z_loss > MAX_Z_LOSS:
+    fail("z_loss", f"must be at most {MAX_Z_LOSS:g} (PaLM uses 1e-4)")
+  if config.profile.num_steps and config.profile.start_step >= config.steps:
+    fail(
+        "profile.start_step",
+        f"the run has {config.steps} steps, so nothing would be profiled: start before step "
+        f"{config.steps}",
+    )
+  _check_population_lists(config)
   for field in ("adam_b1", "adam_b2"):
     if not 0 <= config[field] < 1:
       fail(field, "Adam's decay rates lie in [0, 1)")
@@ -166,6 +185,13 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     )
   if config.data.packing and packs_examples and config.data.examples_per_row < 1:
     fail("data.examples_per_row", "packed rows hold at least 1 example")
+  most_per_row = max(1, config.seq_len // 2)  # an example takes 2 tokens at least
+  if config.data.packing and packs_examples and config.data.examples_per_row > most_per_row:
+    fail(
+        "data.examples_per_row",
+        f"a row of seq_len={config.seq_len} tokens holds at most {most_per_row} examples of 2 "
+        f"tokens or more: set it between 1 and {most_per_row}",
+    )
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
   if config.get("init_member", -1) < -1:
@@ -201,6 +227,31 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
         f"{num_data_shards} data-parallel shards: make batch_size / "
         f"grad_accum_steps a multiple of {num_data_shards}"
     )
+
+
+def _check_population_lists(config) -> None:
+  """Each population list (a tuple written as a string) holds numbers that the field it varies
+  accepts: no booleans, strings or NaNs, rates positive, z_loss within MAX_Z_LOSS."""
+  population = config.get("population")
+  for name, field in POPULATION_LISTS.items():
+    text = str(population.get(name, "") if population is not None else "").strip()
+    if not text:
+      continue
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+      value = text
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    example = f'give a tuple of numbers, e.g. --config.population.{name}="(1e-3, 3e-3)"'
+    for v in values or ("(empty)",):
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"population.{name}={text!r}: {v!r} is not a number: {example}")
+    if field == "learning_rate" and min(values) <= 0:
+      raise ValueError(f"population.{name}={text!r}: learning rates must be positive")
+    if min(values) < 0:
+      raise ValueError(f"population.{name}={text!r}: values must be >= 0")
+    if field == "z_loss" and max(values) > MAX_Z_LOSS:
+      raise ValueError(f"population.{name}={text!r}: z_loss weights are at most {MAX_Z_LOSS:g}")
 
 
 def config_value(config, dotted: str):

@@ -6,9 +6,13 @@ s therefore starts the grain dataset at s and gives the same batches as a run th
 stopped, whatever the number of workers (grain keeps the order of a map over step indices).
 
 Language modelling takes random windows of the token stream. With `packing`, rows are whole
-documents packed end to end instead: each row starts at a random document and takes the
-following ones while they fit (a document longer than the row is cut), with segment ids
-(1, 2, ... per document, 0 for padding) and positions that restart at every document.
+documents packed end to end instead: each row starts at a random piece and takes the following
+ones while they fit, with segment ids (1, 2, ... per piece, 0 for padding) and positions that
+restart at every piece. A document that fits a row is one piece; a longer one is cut into
+pieces of exactly a row (the last one ending at the document's end, overlapping the one before),
+so every token of every document is trained on, and each such piece fills a row of its own as an
+unpacked window would. Held-out rows are packed the same way, in order, so the validation loss
+measures what training optimises.
 """
 
 from __future__ import annotations
@@ -64,12 +68,13 @@ class TokenSpans:
     self._maps: dict[int, np.ndarray] = {}
     self._files: dict[int, int] = {}
     self._docs = None
+    self._pieces: dict[tuple[int, int], tuple] = {}
     self._doc_shards = {s.shard for s in self.spans}
     self._cache = cache
 
   def __getstate__(self):
     state = dict(self.__dict__)
-    state["_maps"], state["_files"], state["_docs"] = {}, {}, None
+    state["_maps"], state["_files"], state["_docs"], state["_pieces"] = {}, {}, None, {}
     return state
 
   def __del__(self):
@@ -123,17 +128,47 @@ class TokenSpans:
       )
     return self._docs
 
-  def packed_row(self, rng: np.random.Generator, length: int, pad_id: int):
-    """One row of `length` tokens packed from consecutive documents starting at a random one:
-    (tokens, segment ids, positions), int32."""
-    shard_ids, starts, ends = self.documents()
-    n = len(starts)
+  def pieces(self, length: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shard, start, end) of every piece the documents are cut into for rows of `length`
+    tokens: a document of at most `length` tokens is one piece; a longer one gives pieces of
+    `length` tokens starting every `stride` tokens, the last one ending at the document's end
+    (a language model's rows overlap by one token, stride = length - 1, so that no next-token
+    target is lost between two pieces)."""
+    key = (length, stride)
+    if key not in self._pieces:
+      shard_ids, starts, ends = self.documents()
+      sizes = ends - starts
+      over = np.maximum(sizes - length, 0)
+      counts = np.where(sizes > length, -(-over // stride) + 1, 1)
+      doc = np.repeat(np.arange(len(starts)), counts)
+      first = np.cumsum(counts) - counts
+      j = np.arange(int(counts.sum())) - np.repeat(first, counts)
+      piece_starts = starts[doc] + np.minimum(j * stride, over[doc])
+      self._pieces[key] = (
+          shard_ids[doc],
+          piece_starts,
+          np.minimum(piece_starts + length, ends[doc]),
+      )
+    return self._pieces[key]
+
+  def packed_row(self, rng: np.random.Generator, length: int, pad_id: int, stride: int = 0):
+    """One row of `length` tokens packed from consecutive pieces (see `pieces`; `stride` 0 =
+    `length`) starting at a random one: (tokens, segment ids, positions), int32."""
+    pieces = self.pieces(length, stride or length)
+    n = len(pieces[0])
     if n == 0:
       raise DataError("the token cache holds no documents to pack: use more text")
+    return self.pack_from(int(rng.integers(0, n)), pieces, length, pad_id)[:3]
+
+  def pack_from(self, d: int, pieces, length: int, pad_id: int, wrap: bool = True):
+    """A row packed from pieces d, d + 1, ... (after the last, the first again if `wrap`)
+    while they fit: (tokens, segment ids, positions, the index of the first piece not taken)."""
+    shard_ids, starts, ends = pieces
+    n = len(starts)
     tokens = np.full(length, pad_id, np.int32)
     segments = np.zeros(length, np.int32)
     positions = np.zeros(length, np.int32)
-    d, filled, segment = int(rng.integers(0, n)), 0, 0
+    filled, segment = 0, 0
     for _ in range(n):
       size = int(ends[d] - starts[d])
       if filled and size > length - filled:
@@ -145,10 +180,10 @@ class TokenSpans:
       segments[filled : filled + size] = segment
       positions[filled : filled + size] = np.arange(size)
       filled += size
-      d = (d + 1) % n
-      if filled == length:
+      d = (d + 1) % n if wrap else d + 1
+      if filled == length or d == n:
         break
-    return tokens, segments, positions
+    return tokens, segments, positions, d
 
 
 def local_rows(batch_size: int, process_index: int, process_count: int) -> range:
@@ -184,6 +219,8 @@ class StepBatches:
 
   def __post_init__(self):
     self.length = self.seq_len + 1 if self.kind == "lm" else self.seq_len
+    # packed LM pieces of one document overlap by a token: every next-token target is trained
+    self.stride = self.length - 1 if self.kind == "lm" else self.length
     self.cumulative = self.data.window_starts(self.length)
     if not self.packing and (not len(self.cumulative) or self.cumulative[-1] == 0):
       raise DataError(
@@ -200,7 +237,7 @@ class StepBatches:
     if self.packing:
       packed = [
           self.data.packed_row(
-              np.random.default_rng([self.seed, step, r]), self.length, self.pad_id
+              np.random.default_rng([self.seed, step, r]), self.length, self.pad_id, self.stride
           )
           for r in rows
       ]
@@ -261,6 +298,30 @@ def eval_windows(data: TokenSpans, batch_size: int, length: int, num_batches: in
         f"batch of {batch_size}: use more text or a smaller --config.seq_len / batch_size"
     )
   return [np.stack(windows[b * batch_size : (b + 1) * batch_size]) for b in range(count)]
+
+
+def packed_eval_rows(batches: StepBatches, num_batches: int) -> list[dict]:
+  """Up to `num_batches` held-out batches packed as training packs its rows (see `pieces`),
+  from the first piece on in order, each piece in one row only: finished batches like the
+  training ones (segment ids, positions, weights)."""
+  data, length = batches.data, batches.length
+  pieces = data.pieces(length, batches.stride)
+  n, d, rows = len(pieces[0]), 0, []
+  while d < n and len(rows) < batches.batch_size * num_batches:
+    tokens, segments, positions, d = data.pack_from(d, pieces, length, batches.pad_id, False)
+    rows.append((tokens, segments, positions))
+  count = len(rows) // batches.batch_size
+  if count == 0:
+    raise DataError(
+        f"the validation split packs into {len(rows)} rows of {length} tokens, fewer than one "
+        f"batch of {batches.batch_size}: use more text or a smaller --config.seq_len / batch_size"
+    )
+  out = []
+  for b in range(count):
+    part = rows[b * batches.batch_size : (b + 1) * batches.batch_size]
+    tokens, segments, positions = (np.stack(x) for x in zip(*part))
+    out.append(batches.finish(tokens, segments, positions, b, range(len(part))))
+  return out
 
 
 def batch_stream(fn, start: int, end: int, workers: int = 0, prefetch: int = 4) -> Iterator[dict]:

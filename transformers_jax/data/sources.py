@@ -139,6 +139,12 @@ def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]
           f"'{unit.path}' has no column '{text_field}' (columns: "
           f"{', '.join(pf.schema_arrow.names)}): set --config.data.text_field"
       )
+    kind = pf.schema_arrow.field(text_field).type
+    if str(kind) not in ("string", "large_string", "string_view"):
+      raise DataError(
+          f"'{unit.path}': column '{text_field}' holds {kind}, not text: set "
+          "--config.data.text_field to a column of strings"
+      )
     for g in range(unit.start, unit.end):
       column = pf.read_row_group(g, columns=[text_field]).column(0)
       for text in column.to_pylist():

@@ -42,21 +42,40 @@ def token_dtype(vocab_size: int) -> np.dtype:
   return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
+# Content sampled for a cache's key: whole files up to WHOLE_FILE_BYTES, else the first and last
+# MiB and SAMPLES evenly spaced blocks of SAMPLE_BYTES in between.
+WHOLE_FILE_BYTES = 8 << 20
+SAMPLES, SAMPLE_BYTES = 32, 64 << 10
+
+
+def _content_sample(path: pathlib.Path, size: int) -> int:
+  """CRC-32 of a file's bytes (up to WHOLE_FILE_BYTES), or of its ends and evenly spaced
+  blocks: any change in a small file changes it, and a change of a MiB or more in a file of up
+  to about SAMPLES MiB; the modification time beside it catches the rest, unless reset."""
+  if size <= WHOLE_FILE_BYTES:
+    return _file_crc(path)
+  crc = 0
+  offsets = [0, size - (1 << 20)] + [(size * (i + 1)) // (SAMPLES + 1) for i in range(SAMPLES)]
+  with open(path, "rb") as fh:
+    for offset in sorted(offsets):
+      fh.seek(offset)
+      crc = zlib.crc32(fh.read(1 << 20 if offset in (0, size - (1 << 20)) else SAMPLE_BYTES), crc)
+  return crc
+
+
 def cache_key(files: list[pathlib.Path], tokenizer: Tokenizer, text_field: str) -> str:
-  """A digest of the tokenizer and the source: each file's name, size and the CRC-32 of its
-  first and last MiB (reading whole terabytes to name a cache would cost as much as building it;
-  a changed file almost always changes its size or its ends)."""
+  """A digest of the tokenizer and the source: each file's name, size, modification time and a
+  CRC-32 of its content (whole, or sampled in a large file: reading whole terabytes to name a
+  cache would cost as much as building it). A file that grows, shrinks or is rewritten gets a
+  new cache, never the stale one."""
   h = hashlib.sha256(f"{FORMAT}|{text_field}|".encode())
   h.update(tokenizer.to_json().encode("utf-8"))
   common = pathlib.Path(os.path.commonpath([str(f.resolve()) for f in files]))
   for f in files:
-    size = f.stat().st_size
-    with open(f, "rb") as fh:
-      head = fh.read(1 << 20)
-      fh.seek(max(size - (1 << 20), 0))
-      tail = fh.read(1 << 20)
+    stat = f.stat()
     name = f.resolve().relative_to(common).as_posix() if len(files) > 1 else f.name
-    h.update(f"{name}|{size}|{zlib.crc32(head)}|{zlib.crc32(tail)}|".encode())
+    sample = _content_sample(f, stat.st_size)
+    h.update(f"{name}|{stat.st_size}|{stat.st_mtime_ns}|{sample}|".encode())
   return h.hexdigest()[:20]
 
 

@@ -91,13 +91,15 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
     if not isinstance(index.get("weight_map"), dict):
       raise CorruptCheckpoint(f"{directory / INDEX} has no weight_map: re-save the checkpoint")
     tensors: dict[str, np.ndarray] = {}
-    root = directory.resolve()
+    roots = _readable_roots(directory)
     for shard in sorted(set(index["weight_map"].values())):
+      name = pathlib.PurePosixPath(str(shard))
       path = (directory / str(shard)).resolve()
-      if root not in path.parents:
+      if name.is_absolute() or ".." in name.parts or not any(r in path.parents for r in roots):
         raise CorruptCheckpoint(
             f"{directory / INDEX} names the shard {shard!r}, which lies "
-            "outside the model folder: only files inside it are read; "
+            "outside the model folder: only files inside it (or, in a Hugging Face cache, "
+            "in its repository's blobs/) are read; "
             "re-save the checkpoint"
         )
       tensors.update(_read_safetensors(path))
@@ -116,6 +118,16 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
       f"{directory}: no {WEIGHTS} or {INDEX}{found}: save the model with "
       "save_pretrained(..., safe_serialization=True)"
   )
+
+
+def _readable_roots(directory: pathlib.Path) -> list[pathlib.Path]:
+  """Folders the files of a model folder may resolve into: the folder itself, and in a Hugging
+  Face cache (models--org--name/snapshots/<revision>/, every file a symlink into ../../blobs/)
+  that repository's blobs."""
+  roots = [directory.resolve()]
+  if directory.resolve().parent.name == "snapshots":
+    roots.append(directory.resolve().parent.parent / "blobs")
+  return roots
 
 
 def _architecture(hf: Mapping, directory: pathlib.Path) -> str:
@@ -172,11 +184,22 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
         f"{directory}: no config.json: pass a directory written by save_pretrained (or "
         "save_hf), which holds config.json"
     )
-  architecture = _architecture(_read_json(directory / "config.json", "config.json"), directory)
+  raw = _read_json(directory / "config.json", "config.json")
+  if not isinstance(raw, dict):
+    raise CorruptCheckpoint(
+        f"{directory}/config.json holds a JSON {type(raw).__name__}, not an object of settings: "
+        "use the config.json saved with the weights"
+    )
+  architecture = _architecture(raw, directory)
   family = FAMILY_OF[architecture]
-  hf = family.config(_read_json(directory / "config.json", "config.json"))
+  hf = family.config(raw)
   try:
     fields = family.fields(hf, architecture, f"{directory}/config.json")
+  except TypeError as e:  # e.g. arithmetic on a size given as an object
+    raise CorruptCheckpoint(
+        f"{directory}/config.json holds a value of the wrong type ({e}): use the config.json "
+        "saved with the weights"
+    ) from None
   except KeyError as e:
     raise CorruptCheckpoint(
         f"{directory}/config.json has no {e.args[0]!r}, which {architecture} needs: use the "
@@ -195,7 +218,7 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     c = ModelConfig(**fields)
   except ValueError as e:
     raise UnsupportedArchitecture(
-        f"{directory}/config.json maps to an invalid model: {e}"
+        f"{directory}/config.json maps to an invalid model: {_config_key(e, fields, raw)}{e}"
     ) from None
 
   expected = expected_shapes(c)
@@ -231,6 +254,17 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     )
   assert set(flat) == set(expected), sorted(set(flat) ^ set(expected))
   return fields, _nest(flat)
+
+
+def _config_key(error: ValueError, fields: Mapping, raw: Mapping) -> str:
+  """'<config.json key>=<value> gives ' for the field a ModelConfig error names, when exactly
+  one config.json entry holds that very value; else ''."""
+  found = re.match(r"model\.(\w+)=", str(error))
+  if not found or found.group(1) not in fields:
+    return ""
+  value = fields[found.group(1)]
+  keys = [k for k, v in raw.items() if v is value]
+  return f"{keys[0]}={value!r} gives " if len(keys) == 1 else ""
 
 
 def _full_name(name: str, architecture: str) -> str:

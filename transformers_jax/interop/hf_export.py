@@ -47,6 +47,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       residual=True,
       feed_forward="dense",
       embed_scale=False,
+      qk_norm=False,  # no Hugging Face architecture here normalises queries and keys
       kv_heads=c.num_heads,
       activation=tuple(ACTIVATIONS_OUT),
   )
@@ -123,7 +124,14 @@ def save_hf(
       )
 
   tensors: dict[str, np.ndarray] = {}
-  for rule in family.rules(c, family.base_prefix.get(architecture, "")):
+  rules = family.rules(c, family.base_prefix.get(architecture, ""))
+  unwritten = sorted(set(flat) - {p for rule in rules for p in rule.ours})
+  if unwritten:  # a parameter the architecture has no tensor for would be lost
+    raise UnsupportedConfig(
+        f"cannot write params {'/'.join(unwritten[0])} ({len(unwritten)} tensors in all) as "
+        f"{architecture}, which has no tensor for them: change the config or export elsewhere"
+    )
+  for rule in rules:
     for name, array in zip(rule.hf, to_hf(rule, [flat[p] for p in rule.ours])):
       tensors[name] = np.ascontiguousarray(array)
   family.adjust_saved(tensors, c)

@@ -34,6 +34,9 @@ class TaskData:
   eval_bytes: float | None = None
   # (step, first row, end row) -> those rows of the global batch, reading nothing else
   train_rows: Callable[[int, int, int], dict] | None = None
+  # what identifies the content of a user's data (the token cache's key: files' sizes, times,
+  # sampled content); a resume compares it with the run's (train/resume.py)
+  source: str | None = None
 
   def rows(self, step: int, start: int, stop: int) -> dict:
     """Rows [start, stop) of the global batch of `step`."""

@@ -80,13 +80,18 @@ def streamed_text_data(config, model_cfg, workdir, kind: str) -> TaskData:
       train, process_index=jax.process_index(), process_count=jax.process_count(), **common
   )
   length = config.seq_len + 1 if kind == "lm" else config.seq_len
-  windows = pipeline.eval_windows(val, config.batch_size, length, config.eval_batches)
-  eval_maker = pipeline.StepBatches(val, **{**common, "packing": False, "seed": config.seed + 1})
-  evals = [eval_maker.finish(w, None, None, i, range(len(w))) for i, w in enumerate(windows)]
+  eval_maker = pipeline.StepBatches(val, **{**common, "seed": config.seed + 1})
+  if config.data.packing:  # held-out rows packed as the training rows are
+    evals = pipeline.packed_eval_rows(eval_maker, config.eval_batches)
+  else:
+    windows = pipeline.eval_windows(val, config.batch_size, length, config.eval_batches)
+    evals = [eval_maker.finish(w, None, None, i, range(len(w))) for i, w in enumerate(windows)]
   eval_bytes = None
   if kind == "lm":  # bytes the evaluated targets stand for: bits per byte
     lengths = np.asarray(token_byte_lengths(tok), np.int64)
-    eval_bytes = float(sum(lengths[w[:, 1:]].sum() for w in windows))
+    eval_bytes = float(
+        sum((lengths[b["tokens"][:, 1:]] * b.get("weights", 1.0)).sum() for b in evals)
+    )
   summary = (
       f"{config.data.path}: {cache.source_bytes:,} bytes, {cache.num_tokens:,} {tok.kind} "
       f"tokens in {len(cache.shards)} shards ({cache.folder}); "
@@ -99,4 +104,5 @@ def streamed_text_data(config, model_cfg, workdir, kind: str) -> TaskData:
       local, start, end, config.data.workers, config.data.prefetch
   )
   data.eval_bytes = eval_bytes
+  data.source = f"{config.data.path} (token cache {cache.folder.name})"
   return data

@@ -132,6 +132,8 @@ def run_steps(
       batch, rows = next_batch(step)
       with profiler.step(step, wait_for=state):
         state, metrics = train_step(state, batch)
+      if step == start:  # compiled and started: from here a signal saves at a step boundary
+        stop_requests.started()
       done = step + 1
       stop_now = stop_requests.stop_at(done)
       log_now, eval_now, save_now = step_events(config, done, end, stop_now)

@@ -86,12 +86,15 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
       problem = e
   if not parallel.agree(problem is None):
     raise problem or UserError(f"process 0 could not lock {run.path}: see its error")
+  # until the first step, Ctrl-C or SIGTERM ends the run at once: nothing is lost
+  stop_requests = StopRequests(abort_before_start=True)
   try:
     setup = Setup(config, task)
     if setup.members:
       return population.train_population(setup, run, allow_data_change)
     return _train(setup, run, allow_data_change)
   finally:
+    stop_requests.restore()
     lock.release()
 
 
@@ -101,7 +104,9 @@ def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   is_main = jax.process_index() == 0
   changes = resume.prepare_folder(run, config, allow_data_change)
   data = setup.data(workdir)
-  resume.write_folder(run, config, changes)
+  if changes is not None:  # a resume: the files at data.path changed since the run read them
+    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
+  resume.write_folder(run, config, changes, data.source)
   checkpoints = run.checkpoints(config.keep_checkpoints)
   state, start, note = setup.start(checkpoints)
   resume.note_changes(run, start, changes)
@@ -174,7 +179,7 @@ def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       train_step=train_step,
       next_batch=next_batch,
       checkpoints=checkpoints,
-      stop_requests=StopRequests(),
+      stop_requests=StopRequests(abort_before_start=True),
       profiler=StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb"),
       on_step=on_step,
       cleanup=[getattr(stream, "close", lambda: None), progress.close, writer.close],

@@ -84,7 +84,9 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
   seeds = sorted({m["seed"] for m in table})
   datas = {seed: setup.data(workdir, seed) for seed in seeds}  # each seed's, as its solo run's
   data = datas[seeds[0]]
-  resume.write_folder(run, config, changes)
+  if changes is not None:  # a resume: the files at data.path changed since the run read them
+    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
+  resume.write_folder(run, config, changes, data.source)
   checkpoints = run.checkpoints(config.keep_checkpoints)
   state, start, note = setup.start(checkpoints)
   resume.note_changes(run, start, changes)
@@ -148,7 +150,7 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
       train_step=train_step,
       next_batch=feed,
       checkpoints=checkpoints,
-      stop_requests=StopRequests(),
+      stop_requests=StopRequests(abort_before_start=True),
       profiler=StepProfiler(config.profile.start_step, config.profile.num_steps, workdir / "tb"),
       on_step=on_step,
       cleanup=[feed.close, writer.close],

@@ -3,6 +3,7 @@ restores of the newest intact checkpoint, and parameters taken from another run 
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 
@@ -28,13 +29,17 @@ def check_same_model(run: Run, config) -> None:
     )
 
 
+# data fields that say how batches are computed, not which: the batches are identical by design
+HARMLESS_DATA_FIELDS = ("data.workers", "data.prefetch", "data.tokenize_workers")
+
+
 def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
   the data needs `allow_data_change`."""
   if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
     return {}
   changes = runs.resume_changes(run, config)
-  data = runs.data_changes(changes)
+  data = [f for f in runs.data_changes(changes) if f not in HARMLESS_DATA_FIELDS]
   if data and not allow_data_change:
     said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
     raise UserError(
@@ -56,12 +61,13 @@ def prepare_folder(run: Run, config, allow_data_change: bool) -> dict | None:
   return check_resumed_settings(run, config, allow_data_change)
 
 
-def write_folder(run: Run, config, changes: dict | None) -> None:
-  """config.json of a new run, and run.json of this invocation (process 0 writes them)."""
+def write_folder(run: Run, config, changes: dict | None, data_source: str | None = None) -> None:
+  """config.json of a new run, and run.json of this invocation with what identifies its data
+  (process 0 writes them)."""
   if jax.process_index() == 0:
     if changes is None:
       run.write_config(config)
-    runs.write_run_info(run.path, sys.argv)
+    runs.write_run_info(run.path, sys.argv, data_source=data_source)
 
 
 def note_changes(run: Run, start: int, changes: dict | None) -> None:
@@ -70,6 +76,26 @@ def note_changes(run: Run, start: int, changes: dict | None) -> None:
     said = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in changes.items())
     print(f"resumed with changed settings ({said}): recorded in run_history.jsonl", flush=True)
     run.record_changes(start, changes, sys.argv)
+
+
+def data_source_changes(run: Run, source: str | None, allow_data_change: bool) -> dict:
+  """{"data.source": [before, now]} when the content of the run's data files changed since the
+  last invocation recorded it in run.json (a file grown, shrunk or rewritten gives another
+  token cache); a UserError unless `allow_data_change`."""
+  try:
+    before = json.loads((run.path / "run.json").read_text()).get("data_source")
+  except (OSError, ValueError, AttributeError):
+    before = None
+  if source is None or before is None or before == source:
+    return {}
+  if not allow_data_change:
+    raise UserError(
+        f"resuming {run.path} with other data: the files at data.path changed since the run "
+        f"last read them (size, modification time or content: {before} before, {source} now); "
+        "the steps after the checkpoint would see other examples than the run's: pass "
+        "--allow_data_change to resume so anyway, or use a new --workdir"
+    )
+  return {"data.source": [before, source]}
 
 
 def non_finite(tree) -> str | None:

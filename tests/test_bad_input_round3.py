@@ -1,0 +1,445 @@
+"""Round three of bad inputs and faults: each case ends in the right behaviour or one clear
+error naming the problem and the fix (packing of long documents, exports that would lose a run
+or a tensor, impossible settings, changed data, hostile Hugging Face folders, silent
+acceptance of nonsense values)."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from transformers_jax.data import ByteTokenizer
+from transformers_jax.data import pipeline as P
+from transformers_jax.data.token_cache import build_cache
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def quiet(_):
+  pass
+
+
+# ----------------------------------------------------------------------------- 1. packing
+@pytest.fixture(scope="module")
+def one_long_document(tmp_path_factory):
+  """A .txt corpus that is one document of 6,000 byte tokens (the cache adds one separator)."""
+  root = tmp_path_factory.mktemp("long")
+  rng = np.random.default_rng(0)
+  text = "".join(chr(c) for c in rng.integers(97, 123, 6000))
+  (root / "book.txt").write_text(text)
+  cache = build_cache(root / "book.txt", ByteTokenizer(), root / "cache", 256, 1, log=quiet)
+  train, val = P.split_spans(cache)
+  return P.TokenSpans(cache, train), P.TokenSpans(cache, val), train[0], val[0]
+
+
+def test_packing_trains_on_every_piece_of_a_long_document(one_long_document):
+  train, val, train_span, val_span = one_long_document
+  common = dict(kind="lm", batch_size=8, seq_len=63, seed=1, packing=True, pad_id=0)
+  batches = P.StepBatches(train, **common)
+  seen = np.zeros(train_span.hi, bool)
+  text = train.tokens(0)[: train_span.hi].tobytes()
+  for step in range(60):
+    batch = batches(step)
+    # each row is one piece of the document: 64 tokens, positions 0..62, nothing masked out
+    assert np.all(batch["segment_ids"] == 1) and np.all(batch["weights"] == 1)
+    np.testing.assert_array_equal(batch["positions"][0], np.arange(63))
+    for row in batch["tokens"]:
+      start = text.find(row.astype(np.uint8).tobytes())
+      assert start >= 0, "a packed row that is not a piece of the training text"
+      seen[start : start + 64] = True
+  # 480 rows drawn over the ~95 pieces: every part of the training text is reached (before the
+  # fix every row was the document's first 64 tokens)
+  assert seen.mean() > 0.95
+  # the held-out rows are packed the same way, from the held-out tail only
+  evals = P.packed_eval_rows(P.StepBatches(val, **{**common, "batch_size": 4, "seed": 2}), 1)
+  assert len(evals) == 1 and set(evals[0]) == {"tokens", "segment_ids", "positions", "weights"}
+  held_out = val.tokens(0)[val_span.lo : val_span.hi].tobytes()
+  for row in evals[0]["tokens"]:
+    assert held_out.find(row.astype(np.uint8).tobytes()) >= 0
+
+
+# ----------------------------------------------------------------------------- 2, 3. export
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+
+
+def test_export_never_overwrites_another_run(tmp_path):
+  from transformers_jax import cli
+  from transformers_jax.convert import export_hf, import_hf
+
+  import_hf(FIXTURES / "gpt2", tmp_path / "a")
+  import_hf(FIXTURES / "gpt2", tmp_path / "b")
+  before = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
+  with pytest.raises(cli.UserError, match="holds a run"):
+    export_hf(tmp_path / "a", tmp_path / "b", overwrite=True)
+  after = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
+  assert after == before
+
+
+def test_export_refuses_what_the_architecture_cannot_hold(tmp_path, monkeypatch):
+  import jax
+
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.interop import hf_export, save_hf
+  from transformers_jax.interop.common import UnsupportedConfig
+  from transformers_jax.models import param_shapes
+
+  c = ModelConfig(num_layers=1, d_model=16, num_heads=2, max_len=8, qk_norm=True)
+  params = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), param_shapes(c))
+  with pytest.raises(UnsupportedConfig, match="qk_norm"):
+    save_hf(tmp_path / "out", c, params)
+  # whatever a field check misses: a parameter no tensor holds is refused, never dropped
+  monkeypatch.setattr(hf_export, "_check_exportable", lambda c, architecture: None)
+  with pytest.raises(UnsupportedConfig, match="query_norm|key_norm.*has no tensor for them"):
+    save_hf(tmp_path / "out", c, params)
+  assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- 4. hangs
+def test_more_examples_per_row_than_a_row_can_hold_is_refused():
+  from transformers_jax.config import ModelConfig, load_config_module
+  from transformers_jax.train_config import validate
+
+  config = load_config_module(str(ROOT / "experiments" / "transformer.py")).get_config("tiny")
+  config.data.packing, config.data.examples_per_row = True, 100000
+  with pytest.raises(ValueError, match="data.examples_per_row=100000: a row of seq_len="):
+    validate(config, ModelConfig.from_dict(config.model), 1)
+
+
+def test_a_signal_before_the_first_step_ends_the_run_at_once():
+  import os
+  import signal
+
+  from transformers_jax.cli import UserError
+  from transformers_jax.train.preemption import StopRequests
+
+  before = signal.getsignal(signal.SIGTERM)
+  stop = StopRequests(abort_before_start=True)
+  try:
+    with pytest.raises(UserError, match=r"interrupted \(SIGTERM\) before the first step"):
+      os.kill(os.getpid(), signal.SIGTERM)
+      signal.pause()  # (the handler raises here at the latest)
+    stop.started()  # after the first step a signal is a request to save at a step boundary
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.stop_at(1) and stop.signal_name == "SIGTERM"
+  finally:
+    stop.restore()
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+WATCHDOG = """
+import os, signal, threading
+from transformers_jax.train.preemption import StopRequests
+stop = StopRequests(abort_before_start=True)
+try:
+  os.kill(os.getpid(), signal.SIGINT)
+  signal.pause()
+except Exception:
+  pass  # as if the main thread were held in a call that never returns to Python
+threading.Event().wait(120)
+print("still running")
+"""
+
+
+def test_a_main_thread_that_does_not_return_is_ended_by_the_watchdog():
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+      [sys.executable, "-c", WATCHDOG], capture_output=True, text=True, cwd=ROOT, timeout=100
+  )
+  assert out.returncode == 2 and "still running" not in out.stdout
+  assert out.stderr.strip().splitlines() == [
+      "error: interrupted (SIGINT) before the first step, while the data was prepared or the "
+      "step compiled: nothing was trained or saved; run the same command again to start"
+  ]
+
+
+# ----------------------------------------------------------------------------- 5. run folders
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """A checkpoint folder with steps 2 and 4 of a small train-state-like tree."""
+  from transformers_jax.checkpoints import Checkpoints
+
+  folder = tmp_path_factory.mktemp("ckpt") / "checkpoints"
+  checkpoints = Checkpoints(folder, async_save=False)
+  for step in (2, 4):
+    tree = {"params": {"w": np.arange(6.0) * step}, "opt_state": {"count": np.int32(step)}}
+    checkpoints.save(step, tree)
+  checkpoints.close()
+  return folder
+
+
+def _copy(folder, tmp_path):
+  import shutil
+
+  shutil.copytree(folder, tmp_path / "checkpoints")
+  return tmp_path / "checkpoints"
+
+
+@pytest.mark.parametrize("lost", ["default/_METADATA", "default/manifest.ocdbt", "default"])
+def test_a_checkpoint_missing_a_file_falls_back_to_the_older_one(two_steps, tmp_path, lost):
+  import shutil
+
+  from transformers_jax.checkpoints import FULL_STATE, Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  path = folder / "4" / lost
+  shutil.rmtree(path) if path.is_dir() else path.unlink()
+  checkpoints = Checkpoints(folder, async_save=False)
+  assert checkpoints.kind(4) == FULL_STATE  # (a TypeError before)
+  notes = []
+  tree, step = checkpoints.restore_intact(None, on_damaged=notes.append)
+  checkpoints.close()
+  assert step == 2 and float(tree["params"]["w"][1]) == 2.0
+  assert len(notes) == 1 and "step 4" in notes[0] and "missing" in notes[0]
+
+
+@pytest.mark.parametrize("record", [None, "not json {", "[1, 2]"])
+def test_lost_checksums_leave_checkpoints_unverifiable_not_trusted(two_steps, tmp_path, record):
+  from transformers_jax.checkpoints import CheckpointDamaged, Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  path = folder / "checksums.json"
+  path.unlink() if record is None else path.write_text(record)
+  checkpoints = Checkpoints(folder, async_save=False)
+  with pytest.raises(CheckpointDamaged, match="cannot be verified .* echo '{}' >"):
+    checkpoints.restore_intact(None)
+  checkpoints.close()  # closing does not record the unverified files as good
+  assert (not path.exists()) if record is None else path.read_text() == record
+  assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["2", "4"]  # nothing moved
+  path.write_text("{}")  # the user's word that they are as saved
+  checkpoints = Checkpoints(folder, async_save=False)
+  assert checkpoints.restore_intact(None)[1] == 4
+  checkpoints.close()
+
+
+def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
+  from transformers_jax.checkpoints import Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  (folder / "4" / "notes.txt").write_text("saved before the long weekend")
+  checkpoints = Checkpoints(folder, async_save=False)
+  notes = []
+  assert checkpoints.restore_intact(None, on_damaged=notes.append)[1] == 4 and not notes
+  checkpoints.close()
+
+
+def test_a_garbage_run_history_names_the_file(tmp_path):
+  from transformers_jax.runs import Run, RunError
+
+  (tmp_path / "run_history.jsonl").write_text('{"step": 2, "changes": {}}\n{"chan\n')
+  with pytest.raises(RunError, match=r"run_history.jsonl: line 2 is not a recorded change"):
+    Run(tmp_path).history()
+
+
+# ----------------------------------------------------------------------------- 6. data changes
+@pytest.mark.parametrize("size", [5_000_000, 12_000_000])
+def test_a_corpus_rewritten_in_the_middle_gets_another_token_cache(tmp_path, size):
+  import os
+
+  from transformers_jax.data.token_cache import cache_key
+
+  path = tmp_path / "corpus.txt"
+  path.write_bytes(b"abcdefghij" * (size // 10))
+  stat = path.stat()
+  before = cache_key([path], ByteTokenizer(), "text")
+  with open(path, "r+b") as f:  # 1 MB in the middle changed, same size, same times
+    f.seek(size // 2 - 500_000)
+    f.write(b"0123456789" * 100_000)
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert path.stat().st_size == size
+  assert cache_key([path], ByteTokenizer(), "text") != before
+  with open(path, "ab") as f:
+    f.write(b"more")
+  assert cache_key([path], ByteTokenizer(), "text") != before
+
+
+def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_path):
+  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.config import load_config_module
+  from transformers_jax.errors import UserError
+  from transformers_jax.runs import Run
+  from transformers_jax.train.resume import check_resumed_settings
+  from transformers_jax.train.loop import train
+
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 300)
+  config = load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config("tiny")
+  config.data.path, config.data.tokenize_workers = str(corpus), 1
+  config.steps, config.batch_size, config.seq_len, config.eval_batches = 4, 2, 16, 1
+  # a run stopped at step 2 that last read another version of the file: resuming it refuses
+  # before anything compiles
+  run = Run(tmp_path / "run")
+  run.path.mkdir()
+  run.write_config(config)
+  (run.path / "run.json").write_text(json.dumps({"data_source": f"{corpus} (token cache old)"}))
+  checkpoints = Checkpoints(run.checkpoint_dir, async_save=False)
+  checkpoints.save(2, {"params": {"w": np.zeros(2)}, "opt_state": {"count": np.int32(2)}})
+  checkpoints.close()
+  with pytest.raises(UserError, match="with other data: the files at data.path changed"):
+    train(config, str(run.path))
+  # how batches are computed is not which: workers and prefetch may change on resume
+  config.data.workers, config.data.prefetch = 2, 8
+  changes = check_resumed_settings(run, config, allow_data_change=False)
+  assert set(changes) == {"data.workers", "data.prefetch"}
+  config.data.max_bytes += 1  # another setting of the data is another stream of examples
+  with pytest.raises(UserError, match=r"data.max_bytes .*--allow_data_change"):
+    check_resumed_settings(run, config, allow_data_change=False)
+
+
+# ----------------------------------------------------------------------------- 7. HF folders
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"n_embd": "32"}, r"n_embd='32' gives model.d_model='32': must be an integer"),
+        ({"n_embd": {}}, r"holds a value of the wrong type"),
+        ({"n_layer": 1.5}, r"model.num_layers=1.5: must be an integer"),
+        ([], r"holds a JSON list, not an object"),
+        ({"vocab_size": 10**12}, r"model.vocab_size=1,000,000,000,000: token ids are int32"),
+        ({"layer_norm_epsilon": float("nan")}, r"model.norm_eps=nan: must be a finite number"),
+    ],
+)
+def test_hostile_hf_configs_are_one_line(tmp_path, change, said):
+  import shutil
+
+  from transformers_jax.interop import HFCheckpointError, load_hf
+
+  shutil.copytree(FIXTURES / "gpt2", tmp_path / "m")
+  config = json.loads((tmp_path / "m" / "config.json").read_text())
+  config = config | change if isinstance(change, dict) else change
+  (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+  with pytest.raises(HFCheckpointError, match=said):
+    load_hf(tmp_path / "m")
+
+
+def test_a_hugging_face_cache_snapshot_of_symlinks_loads(tmp_path):
+  """models--org--name/snapshots/<revision>/ holds symlinks into ../../blobs/, as the hub's
+  cache lays out a sharded model."""
+  from safetensors.numpy import load_file, save_file
+
+  from transformers_jax.interop import load_hf
+
+  repo = tmp_path / "models--org--tiny"
+  blobs, snapshot = repo / "blobs", repo / "snapshots" / "0123abc"
+  blobs.mkdir(parents=True)
+  snapshot.mkdir(parents=True)
+  tensors = load_file(str(FIXTURES / "gpt2" / "model.safetensors"))
+  names = sorted(tensors)
+  halves = {
+      "model-00001-of-00002.safetensors": names[::2],
+      "model-00002-of-00002.safetensors": names[1::2],
+  }
+  files = {"config.json": (FIXTURES / "gpt2" / "config.json").read_bytes()}
+  index = {"weight_map": {n: shard for shard, part in halves.items() for n in part}}
+  files["model.safetensors.index.json"] = json.dumps(index).encode()
+  for shard, part in halves.items():
+    save_file({n: tensors[n] for n in part}, str(tmp_path / shard))
+    files[shard] = (tmp_path / shard).read_bytes()
+  for i, (name, data) in enumerate(files.items()):
+    (blobs / f"blob{i}").write_bytes(data)
+    (snapshot / name).symlink_to(f"../../blobs/blob{i}")
+  want, _ = load_hf(FIXTURES / "gpt2")
+  fields, params = load_hf(snapshot)
+  assert fields == want and "decoder" in params
+
+
+def test_converting_a_folder_without_a_tokenizer_says_what_generate_needs(tmp_path):
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.convert", "--from_hf", str(FIXTURES / "gpt2")]
+      + ["--workdir", str(tmp_path / "run")],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "has no tokenizer.json" in out.stdout and "generate --prompt needs one" in out.stdout
+
+
+# ----------------------------------------------------------------------------- 8. nonsense
+def _gpt2_tiny():
+  from transformers_jax.config import load_config_module
+
+  return load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config("tiny")
+
+
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("population.learning_rates", "(1e-3, True)", r"True is not a number"),
+        ("population.z_loss", "(0.0, 1e30)", r"z_loss weights are at most 1"),
+        ("z_loss", 1e30, r"z_loss=1e\+30: must be at most 1"),
+        ("profile.num_steps", 2, r"profile.start_step=300: the run has 200 steps"),
+    ],
+)
+def test_nonsense_training_settings_are_refused_at_validation(field, value, said):
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train_config import validate
+
+  config = _gpt2_tiny()
+  config.profile.start_step = 300
+  config.update_from_flattened_dict({field: value})
+  with pytest.raises(ValueError, match=said):
+    validate(config, ModelConfig.from_dict(config.model), 1)
+
+
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("vocab_multiple", 1_000_000, r"vocab_multiple=1000000: at most 4096"),
+        ("rope_theta", 0.0, r"rope_theta=0.0: RoPE's base wavelength must be positive"),
+        ("rope_theta", -5.0, r"rope_theta=-5.0"),
+    ],
+)
+def test_nonsense_model_settings_are_refused(field, value, said):
+  from transformers_jax.config import ModelConfig
+
+  with pytest.raises(ValueError, match=said):
+    ModelConfig(**{field: value, "positions": "rope"})
+
+
+@pytest.mark.parametrize("column", [[1, 2, 3], [["a"], ["b", "c"], []]])
+def test_a_parquet_column_that_is_not_text_is_refused(tmp_path, column):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  from transformers_jax.data import DataError, sources
+
+  pq.write_table(pa.table({"text": column}), tmp_path / "c.parquet")
+  (unit,) = sources.plan_units([tmp_path / "c.parquet"])
+  with pytest.raises(DataError, match=r"column 'text' holds (int64|list<\w+: string>), not text"):
+    list(sources.read_unit(unit))
+
+
+def test_compile_cache_off_in_any_case_is_off(tmp_path, monkeypatch):
+  import jax
+
+  from transformers_jax import compile_cache
+
+  monkeypatch.chdir(tmp_path)
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    assert compile_cache.enable("OFF") is None and compile_cache.enable("Off") is None
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
+  assert not any(tmp_path.iterdir())  # no folder named OFF
+
+
+@pytest.mark.parametrize("flag, said", [("--only=nosuchrow", "names no row"), ("--timeout=-5", "")])
+def test_plan_scale_refuses_flags_that_select_nothing(tmp_path, flag, said):
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+      [sys.executable, "scripts/plan_scale.py", flag, f"--out={tmp_path}"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=120,
+  )
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag}")
+  assert said in lines[0] and not any(tmp_path.iterdir())

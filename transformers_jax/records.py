@@ -1,0 +1,44 @@
+"""The run folder's JSON records read with one-line errors naming the file: config.json (one
+object) and run_history.jsonl (one object per line)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from transformers_jax.errors import RunError
+
+
+def read_config(path: pathlib.Path) -> dict | None:
+  """config.json as a dict, or None when there is none."""
+  if not path.is_file():
+    return None
+  try:
+    saved = json.loads(path.read_text())
+  except ValueError as e:
+    raise RunError(f"{path} is not valid JSON ({e}): restore the run's config") from None
+  if not isinstance(saved, dict):
+    raise RunError(f"{path} is not a run config (a JSON object): restore the run's config")
+  return saved
+
+
+def read_history(path: pathlib.Path) -> list[dict]:
+  """run_history.jsonl's entries ([] when there is none)."""
+  if not path.is_file():
+    return []
+  entries = []
+  for number, line in enumerate(path.read_text().splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      entry = json.loads(line)
+    except ValueError as e:
+      entry = e
+    if not isinstance(entry, dict) or not isinstance(entry.get("changes", {}), dict):
+      raise RunError(
+          f"{path}: line {number} is not a recorded change ({str(entry)[:80]}): restore the "
+          "file, or delete the line (the run's settings then come from config.json and the "
+          "lines before)"
+      )
+    entries.append(entry)
+  return entries
