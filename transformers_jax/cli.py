@@ -29,6 +29,12 @@ def define_config_flag(default: str | None = None) -> None:
       "half's memory-bound operations overlap the other's matmuls (about 5% faster on two "
       "cores). Accelerators are unaffected.",
   )
+  flags.DEFINE_bool(
+      "config_help",
+      False,
+      "Print every field of --config (model and training): its value, its default and its "
+      "meaning, then exit. docs/config.md lists the defaults.",
+  )
 
 
 def apply_cpu_devices() -> None:
@@ -105,6 +111,8 @@ def parse_flags(argv):
     rest = FLAGS(argv)
     if "config" in FLAGS and FLAGS["config"].value is not None:
       FLAGS.config.keys()  # a config file that failed to load raises here, not while parsing
+    if "config_help" in FLAGS and FLAGS.config_help:
+      print_config_help()
     return rest
   except (AttributeError, KeyError) as e:  # an override of a field the config does not have
     said = str(e).replace("\\n", " ").replace("\\'", "").strip("'\" ")
@@ -128,6 +136,18 @@ def parse_flags(argv):
     message = _gist(str(e))
   print(f"error: {message}", file=sys.stderr)
   sys.exit(2)
+
+
+def print_config_help() -> None:
+  """--config_help: every field of --config (or of the defaults), then exit 0."""
+  from transformers_jax import config_reference
+
+  given = FLAGS["config"].value
+  if given is None:
+    print(config_reference.markdown())
+  else:
+    print(config_reference.help_text(given, FLAGS["config"].config_filename))
+  sys.exit(0)
 
 
 def run(main, start_backends: bool = True) -> None:

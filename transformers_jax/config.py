@@ -311,7 +311,10 @@ def experiment_config(
   config = training_fields()
   config.model = model_config_dict(**model)
   config.published = ml_collections.ConfigDict(
-      {"params": published_params, "source": published_source}
+      {
+          "params": published_params,  # the published parameter count a preset is checked against; 0 = none
+          "source": published_source,  # where the published count comes from
+      }
   )
   for key, value in (training or {}).items():
     if isinstance(value, Mapping):
