@@ -26,7 +26,7 @@ def test_every_field_of_every_preset_has_a_default_and_a_meaning(name):
   module = load_config_module(str(ROOT / "experiments" / f"{name}.py"))
   defaults = config_reference.flatten(config_reference.default_config())
   for preset in module.PRESETS:
-    for field, _, default, meaning, _ in config_reference.rows(module.get_config(preset)):
+    for field, _, _, meaning, _ in config_reference.rows(module.get_config(preset)):
       assert field in defaults, f"{name}.py:{preset}: {field} is not a config field"
       assert meaning, f"{field} has no comment beside it in the source"
   model_fields = [f for f in defaults if f.startswith("model.")]

@@ -13,7 +13,6 @@ with its values beside the defaults.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import io
 import sys
