@@ -89,6 +89,16 @@ def quiet_cpu_host() -> None:
     jax.config.update("jax_platforms", "cpu")
 
 
+def quiet_children() -> None:
+  """Python's resource tracker (a process of its own, started with the data workers) reports the
+  shared memory a killed worker left, which it then frees, in three lines of warning after the
+  run's own error line; hide that report, unless the user set PYTHONWARNINGS. (The batches of
+  workers that end normally leave nothing behind: data/pipeline.py.)"""
+  import os
+
+  os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+
+
 def _one_line_errors(call):
   """call() with a user's mistake as one 'error: ...' line and exit code 2, Ctrl-C as one line
   and exit code 130."""
@@ -107,6 +117,22 @@ def _one_line_errors(call):
   except KeyboardInterrupt:
     print("error: interrupted (Ctrl-C)", file=sys.stderr)
     sys.exit(130)
+  except RuntimeError as e:
+    if not _DATA_WORKER_DIED.search(str(e)):
+      raise
+    code = re.search(r"exit code (-?\d+)", str(e))
+    print(
+        "error: a data worker process ended unexpectedly"
+        + (f" (exit code {code.group(1)})" if code else "")
+        + ": run the same command again to resume from the last checkpoint; "
+        "--config.data.workers=0 computes batches in the training process",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+# grain's error when one of its worker processes dies (killed, out of memory)
+_DATA_WORKER_DIED = re.compile(r"[Ww]orker process was terminated unexpectedly")
 
 
 def _console_quiet(flag_values: flags.FlagValues = FLAGS) -> None:
@@ -190,6 +216,7 @@ def parse_flags(argv):
   """absl's flag parsing for the package's commands, a user's mistake as one `error:` line and
   exit code 2; --config_help prints the config's fields and exits."""
   quiet_cpu_host()
+  quiet_children()
   rest, message = _parse(FLAGS, argv)
   if message is not None:
     print(f"error: {message}", file=sys.stderr)
@@ -293,5 +320,6 @@ def run_script(main) -> None:
   accelerator, with a user's mistake (a bad flag value included) as one `error:` line and exit
   code 2."""
   quiet_cpu_host()
+  quiet_children()
   _console_quiet()
   sys.exit(_one_line_errors(lambda: main(sys.argv[1:])) or 0)
