@@ -83,3 +83,26 @@ def test_run_folders_read_by_a_command_are_made_by_one():
       read.add(workdir.group(1))
   assert "runs/numbers" in read
   assert read <= made, f"no command in the docs makes {sorted(read - made)}"
+
+
+def test_the_parameter_count_table_is_what_count_params_prints(monkeypatch):
+  import contextlib
+  import importlib.util
+  import io
+
+  from transformers_jax import counting
+
+  # the analytic count, which tests/test_counting.py holds equal to eval_shape for every preset,
+  # in a fraction of the time
+  monkeypatch.setattr(counting, "count", counting.analytic_count)
+
+  spec = importlib.util.spec_from_file_location("count_params", ROOT / "scripts/count_params.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    script.main([])
+  printed = [line for line in out.getvalue().splitlines() if line.startswith("|")]
+  page = (ROOT / "docs" / "parameter_counts.md").read_text().splitlines()
+  start = page.index(printed[0])
+  assert page[start : start + len(printed)] == printed, "rerun python scripts/count_params.py"
