@@ -74,13 +74,17 @@ def quiet_cpu_host() -> None:
 
   if os.environ.get("JAX_PLATFORMS") is not None or platform.system() != "Linux":
     return
-  from jax._src import hardware_utils  # reads PCI ids from /sys; starts no backend
+  try:  # JAX's own probe: reads PCI ids from /sys, starts no backend
+    from jax._src import hardware_utils
 
-  if (
-      hardware_utils.num_available_tpu_chips_and_device_id()[0]
-      or hardware_utils.has_visible_nvidia_gpu()
-      or hardware_utils.num_available_amd_gpus(stop_at=1)
-  ):
+    accelerator = (
+        hardware_utils.num_available_tpu_chips_and_device_id()[0]
+        or hardware_utils.has_visible_nvidia_gpu()
+        or hardware_utils.num_available_amd_gpus(stop_at=1)
+    )
+  except (ImportError, AttributeError, TypeError, OSError):  # another JAX: leave JAX's choice
+    return
+  if accelerator:
     return
   os.environ["JAX_PLATFORMS"] = "cpu"
   if "jax" in sys.modules:  # imported already: JAX read the variable then, so tell its config
