@@ -44,18 +44,18 @@ def batch(step):
 """
 
 STREAM = """
-import sys
-from transformers_jax import cli
-from transformers_jax.data import pipeline
-import batches
-
 def main(argv):
+  from transformers_jax.data import pipeline
+  import batches
+
   stream = pipeline.batch_stream(batches.batch, 0, int(argv[0]), workers=2, prefetch=2)
   got = [int(b["x"][0, 0]) for b in stream]
   stream.close()
   print(got)
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # (the workers import this file too: they need nothing of it)
+  from transformers_jax import cli
+
   cli.run_script(main)
 """
 
