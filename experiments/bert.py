@@ -9,6 +9,12 @@ transform, norm and vocabulary bias; decoder tied to the word embedding) or `hea
 with `num_classes` for `BertForSequenceClassification`.
 
 `tiny` (2 x 64, byte vocabulary with [PAD]/[BOS]/[EOS]/[MASK], MLM head) is for tests and CPU runs.
+`classify` is `tiny` with a 2-class classifier head on the bundled text classification task
+(corpus windows: Python source 0, pydoc text 1); `--config.init_from` fine-tunes a `tiny` MLM run:
+
+    python -m transformers_jax.train --config experiments/bert.py:tiny --workdir runs/bert-mlm
+    python -m transformers_jax.train --config experiments/bert.py:classify \
+        --workdir runs/bert-classify --config.init_from=runs/bert-mlm
 """
 
 from transformers_jax.train_config import preset_config
@@ -45,6 +51,18 @@ PRESETS = {
         head="mlm",
         vocab_multiple=1,
     ),
+    "classify": dict(
+        num_layers=2,
+        d_model=64,
+        num_heads=4,
+        vocab_size=260,
+        max_len=128,
+        dropout=0.0,
+        attention_dropout=0.0,
+        head="classifier",
+        num_classes=2,
+        vocab_multiple=1,
+    ),
     "base": dict(num_layers=12, d_model=768, num_heads=12, published_params=109_482_240),
     "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
 }
@@ -56,6 +74,16 @@ TRAINING = {
         batch_size=16,
         seq_len=64,
         learning_rate=3e-3,
+        warmup_steps=20,
+        log_every=20,
+        eval_every=100,
+        checkpoint_every=100,
+    ),
+    "classify": dict(
+        steps=200,
+        batch_size=16,
+        seq_len=64,
+        learning_rate=1e-3,
         warmup_steps=20,
         log_every=20,
         eval_every=100,

@@ -2,7 +2,7 @@
 
 Presets are the four released models — small 12 x 768, medium 24 x 1024, large 36 x 1280, XL 48 x 1600,
 64-dim heads, 50,257-token BPE vocabulary, 1,024 positions — plus `tiny` (2 x 64, byte vocabulary)
-for tests and `cpu` (4 x 128, byte vocabulary, 0.8M parameters) that trains on the bundled corpus
+for tests and `cpu` (4 x 128, byte vocabulary, 0.86M parameters) that trains on the bundled corpus
 in a few minutes on a 2-core CPU (the README's quick start). Published counts are those of the released checkpoints (the unembedding
 is the token embedding, so it is counted once); they equal the lesson's formula
 V*d + 1024*d + L*(12d^2 + 13d) + 2d.

@@ -27,21 +27,13 @@ import json
 import math
 import pathlib
 import shutil
-import sys
 import time
 
 from absl import flags
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
+from transformers_jax import cli, sweeps
 
-sys.path.insert(0, str(ROOT / "scripts"))  # and the sweep helpers beside this file
-
-import sweeps  # noqa: E402
-
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string(
     "sweep", None, "Sweep file, e.g. experiments/norm_ablation.py.", flag_values=FLAGS
 )
@@ -377,7 +369,7 @@ def _work(point) -> float:
 
 
 def main(argv=None) -> int:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "ablate.py")
+  cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.sweep or not FLAGS.out:
     raise cli.UserError(
         "--sweep and --out are required, e.g. --sweep "

@@ -21,16 +21,11 @@ import time
 
 from absl import flags
 
+from transformers_jax import bench_report, cli
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
-sys.path.insert(0, str(ROOT / "scripts"))  # and the report helpers beside this file
 
-import bench_report  # noqa: E402
-
-
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string(
     "config", str(ROOT / "experiments/gpt2.py") + ":cpu", "Experiment to start.", flag_values=FLAGS
 )
@@ -74,7 +69,7 @@ def time_to_first_step(workdir, cache: str, data_cache) -> float:
 
 
 def main(argv=None) -> None:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_compile_cache.py")
+  cli.parse_script_flags(FLAGS, argv)
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     data = tmp / "data"

@@ -32,12 +32,11 @@ import numpy as np
 
 from absl import flags
 
+from transformers_jax import cli
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_integer("big_mb", 2048, "Size of the large generated corpus (MB).", flag_values=FLAGS)
 flags.DEFINE_integer("small_mb", 200, "Size of the small generated corpus (MB).", flag_values=FLAGS)
 flags.DEFINE_integer(
@@ -259,7 +258,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_data.py")
+  cli.parse_script_flags(FLAGS, argv)
   for name in ("big_mb", "small_mb", "tokenize_mb", "bpe_mb"):
     if FLAGS[name].value < 1:
       raise cli.UserError(f"--{name}={FLAGS[name].value}: give a positive size in MB")

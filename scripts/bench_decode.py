@@ -22,26 +22,38 @@ import platform
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from transformers_jax import decode
-from transformers_jax.config import ModelConfig
-from transformers_jax.models import build_model, param_shapes
+from transformers_jax import cli
 
-flags.DEFINE_string("positions", "64,256,1024", "Prompt lengths at which to time a token.")
-flags.DEFINE_integer("new_tokens", 32, "Tokens generated per timing (n).")
-flags.DEFINE_string("batches", "1,16", "Batch sizes for tokens/s.")
-flags.DEFINE_integer("max_len", 2048, "Position table size.")
-flags.DEFINE_integer("repeats", 3, "Timed runs per measurement (the best is kept).")
-flags.DEFINE_integer("uncached_repeats", 2, "Timed runs of the no-cache forward (the best).")
-flags.DEFINE_bool("scan_layers", False, "Scanned layers (faster compile) instead of looped.")
-FLAGS = flags.FLAGS
+FLAGS = cli.ScriptFlags(__doc__)
+cli.define_integer_list(
+    "positions", "64,256,1024", "Prompt lengths at which to time a token.", FLAGS
+)
+flags.DEFINE_integer(
+    "new_tokens", 32, "Tokens generated per timing (n).", lower_bound=1, flag_values=FLAGS
+)
+cli.define_integer_list("batches", "1,16", "Batch sizes for tokens/s.", FLAGS)
+flags.DEFINE_integer("max_len", 2048, "Position table size.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer(
+    "repeats", 3, "Timed runs per measurement (the best is kept).", lower_bound=1, flag_values=FLAGS
+)
+flags.DEFINE_integer(
+    "uncached_repeats",
+    2,
+    "Timed runs of the no-cache forward (the best).",
+    lower_bound=1,
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "scan_layers", False, "Scanned layers (faster compile) instead of looped.", flag_values=FLAGS
+)
 
 
-def gpt2_small(max_len: int, scan: bool) -> ModelConfig:
+def gpt2_small(max_len: int, scan: bool):
+  from transformers_jax.config import ModelConfig
+
   return ModelConfig(
       family="decoder",
       num_layers=12,
@@ -58,6 +70,11 @@ def gpt2_small(max_len: int, scan: bool) -> ModelConfig:
 
 
 def random_params(cfg, seed: int = 0):
+  import jax
+  import jax.numpy as jnp
+
+  from transformers_jax.models import param_shapes
+
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map(
       lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32) * cfg.init_std),
@@ -75,14 +92,26 @@ def best_time(fn, repeats: int) -> float:
   return min(times)
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+  n = FLAGS.new_tokens
+  positions, batches = FLAGS.positions, FLAGS.batches
+  longest = max(positions + [64]) + 1 + n  # the prompt, then 1 + n tokens
+  if longest > FLAGS.max_len:
+    raise cli.UserError(
+        f"--positions={max(positions)} with --new_tokens={n} reaches position {longest}, "
+        f"past --max_len={FLAGS.max_len}: raise --max_len or lower --positions"
+    )
+  import jax
+  import jax.numpy as jnp
+
+  from transformers_jax import decode
+  from transformers_jax.models import build_model
+
   cfg = gpt2_small(FLAGS.max_len, FLAGS.scan_layers)
   params = random_params(cfg)
   rng = np.random.default_rng(1)
-  n = FLAGS.new_tokens
-  positions = [int(p) for p in FLAGS.positions.split(",")]
-  batches = [int(b) for b in FLAGS.batches.split(",")]
 
   def prompts(batch, length):
     return rng.integers(0, cfg.vocab_size, (batch, length)).tolist()
@@ -152,4 +181,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

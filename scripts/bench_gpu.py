@@ -20,30 +20,40 @@ import pathlib
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from transformers_jax import cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-flags.DEFINE_list("presets", ["small", "medium"], "GPT-2 presets to time.")
-flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
-flags.DEFINE_integer("seq_len", 1024, "Tokens per sequence.")
-flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_list("presets", ["small", "medium"], "GPT-2 presets to time.", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 16, "Sequences per step.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("seq_len", 1024, "Tokens per sequence.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer(
+    "steps", 20, "Timed steps (the median is reported).", lower_bound=1, flag_values=FLAGS
+)
 flags.DEFINE_string(
     "out",
     str(ROOT / "experiments/results/benchmarks/train_gpu_gpt2.json"),
     "JSON file for the results.",
+    flag_values=FLAGS,
 )
-flags.DEFINE_bool("allow_cpu", False, "Run without a GPU (XLA attention), to try the script.")
-FLAGS = flags.FLAGS
+flags.DEFINE_bool(
+    "allow_cpu",
+    False,
+    "Run without a GPU (XLA attention), to try the script.",
+    flag_values=FLAGS,
+)
 
 
 def fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  raise cli.UserError(message)
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    fail(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+def main(argv=None) -> None:
+  rest = cli.parse_script_flags(FLAGS, argv)
+  if rest:
+    fail(f"unexpected arguments {rest}: pass options as --flag=value")
   # this process only asks which backend there is: leave the GPU's memory to the benchmarks
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   import jax
@@ -89,4 +99,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

@@ -24,16 +24,11 @@ import tempfile
 
 from absl import flags
 
+from transformers_jax import bench_report, cli, local_cluster
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
-sys.path.insert(0, str(ROOT / "scripts"))  # and the report helpers beside this file
 
-import bench_report  # noqa: E402
-
-
-from transformers_jax import cli, local_cluster  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string(
     "config", str(ROOT / "experiments/gpt2.py") + ":tiny", "Experiment to run.", flag_values=FLAGS
 )
@@ -88,7 +83,7 @@ def last_logged(workdir) -> dict:
 
 
 def main(argv=None) -> None:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_mfu_processes.py")
+  cli.parse_script_flags(FLAGS, argv)
   if FLAGS.devices < 2 or FLAGS.devices % 2:
     raise cli.UserError(f"--devices={FLAGS.devices}: give an even number, at least 2")
   peak = FLAGS.device_peak_flops

@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
-flags.DEFINE_list("layers", ["2", "96"], "Depths whose compile time is measured.")
-flags.DEFINE_string("out", "", "Also write the JSON to this file.")
-FLAGS = flags.FLAGS
+from transformers_jax import cli
+
+FLAGS = cli.ScriptFlags(__doc__)
+cli.define_integer_list("layers", "2,96", "Depths whose compile time is measured.", FLAGS)
+flags.DEFINE_string("out", "", "Also write the JSON to this file.", flag_values=FLAGS)
 
 COUNT_175B = r"""
 import json, resource, sys, time
@@ -68,9 +70,10 @@ def compile_seconds(layers: int, scan: bool) -> float:
   return time.perf_counter() - start
 
 
-def main(argv):
-  del argv
-  depths = [int(x) for x in FLAGS.layers]
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+  depths = FLAGS.layers
   import jax
 
   result = {
@@ -105,4 +108,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import tempfile
 import time
 
 from absl import flags
 
+from transformers_jax import cli, sweeps
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
 
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_integer("steps", 1000, "Training steps of every model.", flag_values=FLAGS)
 flags.DEFINE_integer("depth", 2, "Blocks per model (the sweep has 2 and 4).", flag_values=FLAGS)
 flags.DEFINE_string("json", "", "Also write the result to this file.", flag_values=FLAGS)
@@ -38,10 +36,7 @@ LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
 
 def configs(steps: int, depth: int, cache: pathlib.Path):
   """(population config, [the 8 solo configs])."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  from lr_sensitivity import load_sweep, population_config
-
-  sweep = load_sweep(ROOT / "experiments" / "lr_sensitivity.py")
+  sweep = sweeps.load_sweep(ROOT / "experiments" / "lr_sensitivity.py", ("BASE", "populations"))
   entry = next(e for e in sweep.populations() if e["name"] == f"pre-qkoff-L{depth}")  # noqa: E501
   warmups = (0, steps // 10)
   overrides = {
@@ -52,7 +47,9 @@ def configs(steps: int, depth: int, cache: pathlib.Path):
       "population.learning_rates": repr(LEARNING_RATES),
       "population.warmup_steps": repr(warmups),
   }
-  pop = population_config(sweep, {"name": entry["name"], "overrides": overrides}, cache)
+  pop = sweeps.entry_config(
+      sweep, {"name": entry["name"], "overrides": overrides}, cache, "population"
+  )
   solos = []
   for lr in LEARNING_RATES:
     for warmup in warmups:
@@ -60,12 +57,14 @@ def configs(steps: int, depth: int, cache: pathlib.Path):
           k: v for k, v in overrides.items() if not k.startswith("population.")
       }  # an ordinary run
       solo.update({"learning_rate": lr, "warmup_steps": warmup})
-      solos.append(population_config(sweep, {"name": "solo", "overrides": solo}, cache))
+      solos.append(
+          sweeps.entry_config(sweep, {"name": "solo", "overrides": solo}, cache, "population")
+      )
   return pop, solos
 
 
 def main(argv=None) -> int:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_population.py")
+  cli.parse_script_flags(FLAGS, argv)
   if FLAGS.steps < 1 or FLAGS.depth < 1:
     raise cli.UserError("--steps and --depth must be positive integers")
   from absl import logging

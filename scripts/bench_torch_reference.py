@@ -18,11 +18,11 @@ import json
 import statistics
 import time
 
-from absl import app, flags
-import torch
-import torch.nn.functional as F
-from torch import nn
+from absl import flags
 
+from transformers_jax import cli
+
+FLAGS = cli.ScriptFlags(__doc__)
 for _name, _default, _help in [
     ("d_model", 256, "Model width."),
     ("layers", 4, "Blocks."),
@@ -32,50 +32,65 @@ for _name, _default, _help in [
     ("vocab", 256, "Vocabulary size."),
     ("steps", 20, "Timed steps (the median is reported)."),
 ]:
-  flags.DEFINE_integer(_name, _default, _help)
-flags.DEFINE_bool("profile", False, "Also print PyTorch's profile of three steps.")
-FLAGS = flags.FLAGS
+  flags.DEFINE_integer(_name, _default, _help, lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_bool(
+    "profile", False, "Also print PyTorch's profile of three steps.", flag_values=FLAGS
+)
 
 
-class Block(nn.Module):
+def gpt_class():
+  """The nanoGPT-style model (torch imported only when the script runs)."""
+  import torch
+  import torch.nn.functional as F
+  from torch import nn
 
-  def __init__(self, d, heads):
-    super().__init__()
-    self.heads = heads
-    self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-    self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-    self.fc, self.fc_out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+  class Block(nn.Module):
 
-  def forward(self, x):
-    B, T, D = x.shape
-    q, k, v = self.qkv(self.ln_1(x)).split(D, dim=2)
-    q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
-    return x + self.fc_out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+    def __init__(self, d, heads):
+      super().__init__()
+      self.heads = heads
+      self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+      self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+      self.fc, self.fc_out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+      B, T, D = x.shape
+      q, k, v = self.qkv(self.ln_1(x)).split(D, dim=2)
+      q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+      y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+      x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+      return x + self.fc_out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+  class GPT(nn.Module):
+
+    def __init__(self, vocab, seq_len, d, layers, heads):
+      super().__init__()
+      self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
+      self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+      self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, idx, targets):
+      x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+      for block in self.blocks:
+        x = block(x)
+      logits = self.ln_f(x) @ self.wte.weight.T
+      return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+  return GPT
 
 
-class GPT(nn.Module):
-
-  def __init__(self, vocab, seq_len, d, layers, heads):
-    super().__init__()
-    self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
-    self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-    self.ln_f = nn.LayerNorm(d)
-
-  def forward(self, idx, targets):
-    x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-    for block in self.blocks:
-      x = block(x)
-    logits = self.ln_f(x) @ self.wte.weight.T
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+  try:
+    import torch
+  except ImportError:
+    raise cli.UserError(
+        "this script needs PyTorch: pip install torch==2.13.0 (CPU build)"
+    ) from None
   a = FLAGS
   torch.manual_seed(0)
-  model = GPT(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)
+  model = gpt_class()(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)
   decay = [q for q in model.parameters() if q.dim() >= 2]
   no_decay = [q for q in model.parameters() if q.dim() < 2]
   opt = torch.optim.AdamW(
@@ -123,4 +138,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

@@ -15,40 +15,70 @@ implementation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from unittest import mock
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformers_jax import cli, counting, parallel
-from transformers_jax.modules import attention
-from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train.compile import build_step
+from transformers_jax import cli
 
-cli.define_config_flag()
-flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step and one warm-up step).")
+FLAGS = cli.ScriptFlags(__doc__)
+cli.define_config_flag(flag_values=FLAGS)
+flags.DEFINE_integer(
+    "steps",
+    20,
+    "Timed steps (after one compile step and one warm-up step).",
+    lower_bound=1,
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool(
     "free_attention_core",
     False,
     "Diagnostic, not a model: replace softmax(q k^T) v by v, so the step times "
     "everything but the attention core (a floor for any attention kernel). "
     "Decoder family only.",
+    flag_values=FLAGS,
 )
-FLAGS = flags.FLAGS
 
 
-def main(argv):
+def free_attention_core():
+  """While active, attention's public `attend` returns v (its kv heads repeated to the query
+  heads): the step without softmax(q k^T), for --free_attention_core."""
+  import jax.numpy as jnp
+
+  from transformers_jax.modules import attention
+
+  def attend_nothing(q, k, v, *args, **kwargs):
+    return jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+
+  return mock.patch.object(attention, "attend", attend_nothing)
+
+
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+  if FLAGS.config is None:
+    raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:tiny")
   config = FLAGS.config
-  if FLAGS.free_attention_core:
-    if config.model.family != "decoder":
-      raise cli.UserError(
-          "--free_attention_core: decoder family only (its attention is "
-          "self-attention, where v has the output's shape)"
-      )
-    attention._attend = lambda q, k, v, *rest: jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+  if FLAGS.free_attention_core and config.model.family != "decoder":
+    raise cli.UserError(
+        "--free_attention_core: decoder family only (its attention is "
+        "self-attention, where v has the output's shape)"
+    )
+  with free_attention_core() if FLAGS.free_attention_core else contextlib.nullcontext():
+    return timed(config)
+
+
+def timed(config):
+  import jax
+
+  from transformers_jax import counting, parallel
+  from transformers_jax.train import metrics as metrics_lib
+  from transformers_jax.train.compile import build_step
+
   setup = build_step(config)
   step, model_cfg, mesh, task = setup.train_step(), setup.model_cfg, setup.mesh, setup.task
   state = setup.init_state()
@@ -66,14 +96,14 @@ def main(argv):
     jax.block_until_ready((state, m))
     times.append(time.perf_counter() - t)
   step_s = float(np.median(times))  # the median step: robust to a noisy neighbour on the host
-  tokens_per_example = config.seq_len if model_cfg.family != "vit" else model_cfg.seq_len_max
+  tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens = config.batch_size * tokens_per_example
   flops = counting.flops_per_token(model_cfg, tokens_per_example) * tokens
   peak, source = metrics_lib.device_peak()
   print(
       json.dumps(
           {
-              "config": flags.FLAGS["config"].config_filename,
+              "config": FLAGS["config"].config_filename,
               "family": model_cfg.family,
               "params": counting.count(model_cfg),
               "batch_size": config.batch_size,
@@ -96,4 +126,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run_script(main)

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
-from transformers_jax import counting
-from transformers_jax.config import ModelConfig, load_config_module
+from absl import flags
 
+from transformers_jax import cli
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_bool("json", False, "Print JSON instead of the markdown table.", flag_values=FLAGS)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FILES = ("gpt2", "gpt3", "bert", "transformer", "vit")
 
 
 def rows():
+  from transformers_jax import counting
+  from transformers_jax.config import ModelConfig, load_config_module
+
   for name in FILES:
     module = load_config_module(str(ROOT / "experiments" / f"{name}.py"))
     for preset in module.PRESETS:
@@ -43,9 +48,11 @@ def rows():
       }
 
 
-def main():
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
   table = list(rows())
-  if "--json" in sys.argv:
+  if FLAGS.json:
     print(json.dumps(table))
     return
   print("| preset | layers | d_model | heads | our count | published | difference |")
@@ -60,4 +67,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

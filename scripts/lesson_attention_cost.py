@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import time
 
 from absl import flags
 
+from transformers_jax import cli
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
 
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_integer("min_len", 128, "Shortest sequence.", flag_values=FLAGS)
 flags.DEFINE_integer(
     "max_len", 4096, "Longest sequence (doubling from --min_len).", flag_values=FLAGS
@@ -115,7 +113,7 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
 
 
 def main(argv=None) -> None:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "lesson_attention_cost.py")
+  cli.parse_script_flags(FLAGS, argv)
   import jax
 
   device = jax.devices()[0]

@@ -16,18 +16,16 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import sys
 import tempfile
 import time
 
 from absl import flags
 
+from transformers_jax import cli
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
 
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_integer("steps", 0, "Train steps (0 = the preset's own).", flag_values=FLAGS)
 flags.DEFINE_string(
     "workdir", "", "Keep the runs here (default: a temporary folder).", flag_values=FLAGS
@@ -115,9 +113,7 @@ def write_table(results: list[dict], path: pathlib.Path) -> None:
 
 def main(argv=None) -> None:
   """Positional arguments: families to train (default: all)."""
-  names = cli.parse_script_flags(
-      FLAGS, sys.argv[1:] if argv is None else argv, "lesson_families.py"
-  )
+  names = cli.parse_script_flags(FLAGS, argv)
   files = names or list(FAMILIES)
   unknown = [f for f in files if f not in FAMILIES]
   if unknown:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import pathlib
 
+from transformers_jax import cli
+
+FLAGS = cli.ScriptFlags(__doc__)  # no flags of its own: --help prints the docstring
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GPT2_SIZES = (("small", 12, 768), ("medium", 24, 1024), ("large", 36, 1280), ("XL", 48, 1600))
 LABELS = {
@@ -41,7 +45,9 @@ def preset_count(file: str, preset: str) -> int:
   return counting.count(preset_config(file, preset).model)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: this script takes none")
   from transformers_jax import counting
 
   for name, layers, d in GPT2_SIZES:
@@ -85,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

@@ -19,6 +19,10 @@ import math
 
 import numpy as np
 
+from transformers_jax import cli
+
+FLAGS = cli.ScriptFlags(__doc__)  # no flags of its own: --help prints the docstring
+
 GAPS = (0, 1, 2, 4, 8, 16)
 
 
@@ -140,7 +144,9 @@ def encoder_shuffle_gap(positions: str) -> float:
   return float(np.abs(h[:, ::-1] - h_rev).max())
 
 
-def main() -> None:
+def main(argv=None) -> None:
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: this script takes none")
   print_sinusoids()
   print()
   print_rope()
@@ -149,4 +155,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

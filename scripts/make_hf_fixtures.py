@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import sys
 import tempfile
 
-from absl import app, flags
 import numpy as np
-import torch
-import transformers
+from absl import flags
+
+from transformers_jax import cli
+
+try:  # the `hf` extra; without it the script says so in one line
+  import torch
+  import transformers
+except ImportError:
+  torch = transformers = None
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "hf"
@@ -61,12 +66,13 @@ VIT = dict(
 VIT_LABELS = 5
 
 
+FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_bool(
     "check",
     True,
-    "Check that transformers loads what save_hf writes (--nocheck " "skips the round trip).",
+    "Check that transformers loads what save_hf writes (--nocheck skips the round trip).",
+    flag_values=FLAGS,
 )
-FLAGS = flags.FLAGS
 
 
 def perturb(model, seed: int) -> None:
@@ -175,7 +181,6 @@ def write(name: str) -> pathlib.Path:
 
 def check_export(name: str, directory: pathlib.Path) -> None:
   """load_hf -> save_hf -> transformers.from_pretrained reproduces the reference outputs."""
-  sys.path.insert(0, str(ROOT))
   from transformers_jax.interop import load_hf, save_hf
 
   fields, params = load_hf(directory)
@@ -191,8 +196,11 @@ def check_export(name: str, directory: pathlib.Path) -> None:
   print(f"{name:15s} save_hf -> from_pretrained matches the reference")
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+  if torch is None:
+    raise cli.UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier"):
     directory = write(name)
@@ -201,4 +209,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

@@ -12,25 +12,33 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import tempfile
 
-from absl import app, flags
+from absl import flags
+
+from transformers_jax import cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
-
-from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
-from transformers_jax.tasks import task_data, task_for  # noqa: E402
-
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 64, "row length (source and target)")
-_PER_ROW = flags.DEFINE_integer("examples_per_row", 8, "most pairs a packed row holds")
-_MAX_NUMBER = flags.DEFINE_integer("max_number", 99_999, "largest number translated")
-_STEPS = flags.DEFINE_integer("steps", 20, "training batches measured")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "rows per batch")
+FLAGS = cli.ScriptFlags(__doc__)
+_SEQ_LEN = flags.DEFINE_integer(
+    "seq_len", 64, "row length (source and target)", lower_bound=1, flag_values=FLAGS
+)
+_PER_ROW = flags.DEFINE_integer(
+    "examples_per_row", 8, "most pairs a packed row holds", lower_bound=1, flag_values=FLAGS
+)
+_MAX_NUMBER = flags.DEFINE_integer(
+    "max_number", 99_999, "largest number translated", lower_bound=1, flag_values=FLAGS
+)
+_STEPS = flags.DEFINE_integer(
+    "steps", 20, "training batches measured", lower_bound=1, flag_values=FLAGS
+)
+_BATCH = flags.DEFINE_integer("batch_size", 32, "rows per batch", lower_bound=1, flag_values=FLAGS)
 
 
 def measure(packing: bool, workdir: pathlib.Path) -> dict:
+  from transformers_jax.config import ModelConfig, load_config_module
+  from transformers_jax.tasks import task_data, task_for
+
   config = load_config_module(str(ROOT / "experiments" / "transformer.py")).get_config("tiny")
   config.model.max_len = max(config.model.max_len, _SEQ_LEN.value)
   config.update_from_flattened_dict(
@@ -60,8 +68,9 @@ def measure(packing: bool, workdir: pathlib.Path) -> dict:
   }
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
   with tempfile.TemporaryDirectory() as tmp:
     out = {
         "data": f"numbers digits_to_words up to {_MAX_NUMBER.value:,}",
@@ -74,4 +83,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

@@ -19,13 +19,25 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
-flags.DEFINE_string("out", "experiments/results/scale", "Folder for tpu.json and tpu.md.")
-flags.DEFINE_list("only", [], "Compile only the rows whose name contains one of these texts.")
-flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.")
-flags.DEFINE_integer("timeout", 900, "Seconds one compile may take before it is given up.")
-FLAGS = flags.FLAGS
+from transformers_jax import cli
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_string(
+    "out", "experiments/results/scale", "Folder for tpu.json and tpu.md.", flag_values=FLAGS
+)
+flags.DEFINE_list(
+    "only", [], "Compile only the rows whose name contains one of these texts.", flag_values=FLAGS
+)
+flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "timeout",
+    900,
+    "Seconds one compile may take before it is given up.",
+    lower_bound=1,
+    flag_values=FLAGS,
+)
 
 COMMON = [
     "--config.model.dtype=bfloat16",
@@ -188,12 +200,12 @@ def check_flags() -> str:
   return ""
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
   problem = check_flags()
   if problem:
-    print(f"error: {problem}", file=sys.stderr)
-    sys.exit(2)
+    raise cli.UserError(problem)
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   path = out / "tpu.json"
@@ -219,4 +231,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)

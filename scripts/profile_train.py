@@ -24,22 +24,24 @@ import glob
 import gzip
 import json
 import re
-import sys
 import tempfile
 import time
 
-import jax
 import numpy as np
 from absl import flags
 
-from transformers_jax import cli, counting, parallel
-from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train.compile import build_step
+from transformers_jax import cli
 
-cli.define_config_flag("experiments/gpt2.py:tiny")
-flags.DEFINE_integer("steps", 5, "Steps traced (after compiling and two warm-up steps).")
-flags.DEFINE_bool("json", False, "Print JSON instead of markdown.")
-FLAGS = flags.FLAGS
+FLAGS = cli.ScriptFlags(__doc__)
+cli.define_config_flag("experiments/gpt2.py:tiny", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "steps",
+    5,
+    "Steps traced (after compiling and two warm-up steps).",
+    lower_bound=1,
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool("json", False, "Print JSON instead of markdown.", flag_values=FLAGS)
 
 REFERENCE = dict(d_model=256, num_layers=4, num_heads=4, max_len=256)
 PARTS = (  # (part, pattern in the operation's name stack), first match wins
@@ -89,10 +91,18 @@ def classify(line: str, bodies: dict[str, str]) -> tuple[str, str]:
   return part, "matmul" if is_dot else "other"
 
 
-def main(argv):
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+  import jax
+
+  from transformers_jax import counting, parallel
+  from transformers_jax.train import metrics as metrics_lib
+  from transformers_jax.train.compile import build_step
+
   config = FLAGS.config
-  overridden = any(arg.startswith("--config.") for arg in sys.argv[1:])
-  if flags.FLAGS["config"].config_filename == "experiments/gpt2.py:tiny" and not overridden:
+  overridden = any(arg.startswith("--config.") for arg in argv or [])
+  if FLAGS["config"].config_filename == "experiments/gpt2.py:tiny" and not overridden:
     config.model.update(REFERENCE)
     config.seq_len, config.batch_size = 256, 16
   setup = build_step(config)
@@ -143,7 +153,7 @@ def main(argv):
         "no operation of the compiled step was found in the profiler's trace: "
         "this script reads XLA:CPU's per-operation events (run it on a CPU)"
     )
-  tokens_per_example = config.seq_len if c.family != "vit" else c.seq_len_max
+  tokens_per_example = task.tokens_per_example(c, config)
   tokens = config.batch_size * tokens_per_example
   peak, peak_source = metrics_lib.device_peak()
   step_s = float(np.median(times))
@@ -216,4 +226,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run_script(main)

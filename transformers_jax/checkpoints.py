@@ -80,8 +80,39 @@ class Checkpoints:
 
   def restore(self, step: int, target):
     """Restore into `target` (ShapeDtypeStructs with shardings: any mesh works), or as numpy
-    arrays when `target` is None."""
+    arrays when `target` is None. An array whose shape differs from the stored one is a
+    ValueError before anything is read."""
+    if target is not None:
+      self._check_shapes(step, target)
     return self.manager.restore(step, args=ocp.args.StandardRestore(target))
+
+  def _check_shapes(self, step: int, target) -> None:
+    """Compare `target`'s array shapes with the checkpoint's metadata. (A restore that orbax
+    abandons part way leaves tensorstore reads whose callbacks find orbax's event loop closed,
+    and each prints a traceback: hundreds of lines after the one that says what is wrong.)"""
+    import jax
+
+    def by_name(tree):
+      leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+      return {
+          tuple(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path): (
+              leaf
+          )
+          for path, leaf in leaves
+      }
+
+    try:
+      stored = self.manager.item_metadata(step)
+    except (ValueError, KeyError, OSError, TypeError):
+      return  # orbax's own restore reports what it cannot read
+    stored = by_name(getattr(stored, "tree", stored))
+    for name, leaf in by_name(target).items():
+      want, have = getattr(leaf, "shape", None), getattr(stored.get(name), "shape", None)
+      if want is not None and have is not None and tuple(want) != tuple(have):
+        raise ValueError(
+            f"Requested shape: {tuple(want)} is not compatible with the stored shape: "
+            f"{tuple(have)} (at {'.'.join(name)})"
+        )
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

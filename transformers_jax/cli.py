@@ -15,12 +15,14 @@ from transformers_jax.errors import UserError  # noqa: F401  (raised by every co
 FLAGS = flags.FLAGS
 
 
-def define_config_flag(default: str | None = None) -> None:
+def define_config_flag(default: str | None = None, flag_values: flags.FlagValues = FLAGS) -> None:
+  """--config, --cpu_devices and --config_help, in `flag_values` (a script's own, or absl's)."""
   config_flags.DEFINE_config_file(
       "config",
       default,
       "Experiment config, e.g. experiments/gpt2.py:small; override fields with "
       "--config.model.num_layers=24 and the like.",
+      flag_values=flag_values,
       lock_config=True,
   )
   flags.DEFINE_integer(
@@ -30,12 +32,20 @@ def define_config_flag(default: str | None = None) -> None:
       "spans like any others. On a CPU, N=2 runs two halves of each batch side by side, so one "
       "half's memory-bound operations overlap the other's matmuls (about 5% faster on two "
       "cores). Accelerators are unaffected.",
+      flag_values=flag_values,
+  )
+  flags.DEFINE_bool(
+      "config_help",
+      False,
+      "Print every field of --config (model and training): its value, its default and its "
+      "meaning, then exit. docs/config.md lists the defaults.",
+      flag_values=flag_values,
   )
 
 
-def apply_cpu_devices() -> None:
+def apply_cpu_devices(flag_values: flags.FlagValues = FLAGS) -> None:
   """--cpu_devices, applied before JAX starts its backends (which fixes the device count)."""
-  n = FLAGS["cpu_devices"].value if "cpu_devices" in FLAGS else 0
+  n = flag_values["cpu_devices"].value if "cpu_devices" in flag_values else 0
   if n < 0:
     raise UserError(
         f"--cpu_devices={n}: give a positive number of devices, or 0 for JAX's " "default"
@@ -49,31 +59,106 @@ def apply_cpu_devices() -> None:
       raise UserError(f"--cpu_devices={n}: JAX has already started ({e})") from None
 
 
+def quiet_cpu_host() -> None:
+  """On a host with neither a TPU nor a GPU, run JAX on the CPU only (JAX_PLATFORMS=cpu, unless
+  the user set it), decided before JAX starts its backends. Where libtpu is installed (the
+  `tpu` and `test` extras, to compile for TPU topologies) JAX would otherwise load it to look
+  for a TPU, and it complains on such a host: warnings about the TPU type and workers, "Failed
+  to create TPU profiler ... UNIMPLEMENTED" when profiling, "sudo rm /tmp/libtpu_lockfile" when
+  a second process looks too. Compiling for a TPU topology loads libtpu on its own and still
+  works. Child processes inherit the setting."""
+  import os
+  import platform
+
+  if os.environ.get("JAX_PLATFORMS") is not None or platform.system() != "Linux":
+    return
+  try:  # JAX's own probe: reads PCI ids from /sys, starts no backend
+    from jax._src import hardware_utils
+
+    accelerator = (
+        hardware_utils.num_available_tpu_chips_and_device_id()[0]
+        or hardware_utils.has_visible_nvidia_gpu()
+        or hardware_utils.num_available_amd_gpus(stop_at=1)
+    )
+  except (ImportError, AttributeError, TypeError, OSError):  # another JAX: leave JAX's choice
+    return
+  if accelerator:
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  if "jax" in sys.modules:  # imported already: JAX read the variable then, so tell its config
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+
+
+def quiet_children() -> None:
+  """Python's resource tracker (a process of its own, started with the data workers) reports the
+  shared memory a killed worker left, which it then frees, in three lines of warning after the
+  run's own error line; hide that report, unless the user set PYTHONWARNINGS. (The batches of
+  workers that end normally leave nothing behind: data/pipeline.py.)"""
+  import os
+
+  os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+
+
+def _one_line_errors(call):
+  """call() with a user's mistake as one 'error: ...' line and exit code 2, Ctrl-C as one line
+  and exit code 130."""
+  try:
+    return call()
+  except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  except OSError as e:  # a workdir that is a file, a read-only folder, a full disk ...
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    print(
+        f"error: {e.strerror or e}{where}: check the path's type, permissions and free space",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+  except KeyboardInterrupt:
+    print("error: interrupted (Ctrl-C)", file=sys.stderr)
+    sys.exit(130)
+  except RuntimeError as e:
+    if not _DATA_WORKER_DIED.search(str(e)):
+      raise
+    code = re.search(r"exit code (-?\d+)", str(e))
+    print(
+        "error: a data worker process ended unexpectedly"
+        + (f" (exit code {code.group(1)})" if code else "")
+        + ": run the same command again to resume from the last checkpoint; "
+        "--config.data.workers=0 computes batches in the training process",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+# grain's error when one of its worker processes dies (killed, out of memory)
+_DATA_WORKER_DIED = re.compile(r"[Ww]orker process was terminated unexpectedly")
+
+
+def _console_quiet(flag_values: flags.FlagValues = FLAGS) -> None:
+  if "verbosity" not in flag_values or not flag_values["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; keep the console
+
+
 def user_errors(main, start_backends: bool = True):
   """Wrap an absl main: a UserError, ValueError or OSError becomes one 'error: ...' line and
   exit code 2."""
 
   @functools.wraps(main)
   def wrapped(argv):
-    if not FLAGS["verbosity"].present:  # orbax logs every save at INFO; keep the console for us
-      logging.set_verbosity(logging.WARNING)
-    try:
+    _console_quiet()
+
+    def call():
       apply_cpu_devices()
       if start_backends:  # (train starts them itself, after joining a multi-process cluster)
         from transformers_jax import hardware
 
         hardware.start_backends()
       return main(argv)
-    except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    except OSError as e:  # a workdir that is a file, a read-only folder, a full disk ...
-      where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-      print(
-          f"error: {e.strerror or e}{where}: check the path's type, permissions and free " "space",
-          file=sys.stderr,
-      )
-      sys.exit(2)
+
+    return _one_line_errors(call)
 
   return wrapped
 
@@ -95,15 +180,16 @@ def _gist(text: str) -> str:
   return re.sub(r"^\w+(Error|Exception): ", "", line)
 
 
-def parse_flags(argv):
-  """absl's flag parsing, with a user's mistakes in --config (a missing file, an unknown preset
-  or field, a value of the wrong type) as one `error:` line and exit code 2."""
+def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
+  """Parse `argv` (program name first) into `flag_values`: (the program name and positional
+  arguments, None), or ([], the one line that says what is wrong: a flag's bad value, or in
+  --config a missing file, an unknown preset or field, a value of the wrong type)."""
   overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
   try:
-    rest = FLAGS(argv)
-    if "config" in FLAGS and FLAGS["config"].value is not None:
-      FLAGS.config.keys()  # a config file that failed to load raises here, not while parsing
-    return rest
+    rest = flag_values(argv)
+    if "config" in flag_values and flag_values["config"].value is not None:
+      flag_values.config.keys()  # a config file that failed to load raises here, not in parsing
+    return rest, None
   except (AttributeError, KeyError) as e:  # an override of a field the config does not have
     said = str(e).replace("\\n", " ").replace("\\'", "").strip("'\" ")
     name = next(
@@ -112,53 +198,130 @@ def parse_flags(argv):
     )
     hint = re.search(r"Did you mean .*\?", said)
     message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
-    message += "; the fields are in transformers_jax/train_config.py and config.py"
+    return [], message + "; --config_help lists the fields (docs/config.md the defaults)"
   except OSError:  # the config file cannot be read
     given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
     if given is None and "--config" in argv[:-1]:
       given = argv[argv.index("--config") + 1]
     path = (given or "").split(":")[0]
-    message = (
+    return [], (
         f"--config: cannot load {path!r} (no such file, or it failed to import): give "
         "an experiment file, e.g. --config experiments/gpt2.py:cpu"
     )
+  except flags.UnrecognizedFlagError as e:
+    return [], f"unknown flag --{e.flagname}: --helpfull lists the flags"
   except flags.Error as e:
-    message = _gist(str(e))
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+    return [], _gist(str(e))
+
+
+def parse_flags(argv):
+  """absl's flag parsing for the package's commands, a user's mistake as one `error:` line and
+  exit code 2; --config_help prints the config's fields and exits."""
+  quiet_cpu_host()
+  quiet_children()
+  rest, message = _parse(FLAGS, argv)
+  if message is not None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+  if "config_help" in FLAGS and FLAGS.config_help:
+    print_config_help(FLAGS)
+  return rest
+
+
+def print_config_help(flag_values: flags.FlagValues = FLAGS) -> None:
+  """--config_help: every field of --config (or of the defaults), then exit 0."""
+  from transformers_jax import config_reference
+
+  given = flag_values["config"].value
+  if given is None:
+    print(config_reference.markdown())
+  else:
+    print(config_reference.help_text(given, flag_values["config"].config_filename))
+  sys.exit(0)
 
 
 def run(main, start_backends: bool = True) -> None:
+  """The start of the package's commands (python -m transformers_jax.train and the like)."""
   app.run(user_errors(main, start_backends), flags_parser=parse_flags)
 
 
-def parse_script_flags(flag_values: flags.FlagValues, argv, program: str) -> list[str]:
-  """Parse a script's own flags (a FlagValues of its own, so that scripts imported side by side,
-  as tests do, never clash) from `argv` (the arguments after the program name), every flag back
-  at its default first. Returns the positional arguments. A bad flag is one error line (a
-  UserError)."""
+# ---------------------------------------------------------------------------------- scripts
+# Every script in scripts/ starts the same way: its flags in a ScriptFlags of its own (so that
+# scripts imported side by side, as the tests do, never clash), a `main(argv=None)` that begins
+# with `args = cli.parse_script_flags(FLAGS, argv)`, and `cli.run_script(main)` under
+# `if __name__ == "__main__"`.
+
+
+class ScriptFlags(flags.FlagValues):
+  """A script's own flags, with its docstring for --help."""
+
+  def __init__(self, doc: str | None):
+    super().__init__()
+    self.__dict__["doc"] = (doc or "").strip()
+
+
+def define_integer_list(
+    name: str, default: str, help: str, flag_values: flags.FlagValues, lower_bound: int = 1
+) -> None:
+  """A flag holding comma-separated integers, each at least `lower_bound`; its value is a list
+  of ints. A bad value is refused while parsing, as one line naming the flag."""
+
+  def parse(text):
+    items = text if isinstance(text, list) else [t for t in text.replace(" ", "").split(",")]
+    try:
+      values = [int(t) for t in items if t != ""]
+    except ValueError:
+      raise ValueError(
+          f"give comma-separated integers (each >= {lower_bound}), e.g. {default}"
+      ) from None
+    if not values or min(values) < lower_bound:
+      raise ValueError(f"every value must be an integer >= {lower_bound}, e.g. {default}")
+    return values
+
+  class IntegerList(flags.ArgumentParser):
+
+    def parse(self, argument):
+      return parse(argument)
+
+    def flag_type(self):
+      return "comma-separated integers"
+
+  flags.DEFINE(IntegerList(), name, default, help, flag_values, flags.CsvListSerializer(","))
+
+
+def help_text(flag_values: flags.FlagValues) -> str:
+  """A script's docstring, then every flag it takes, with its default and meaning."""
+  doc = getattr(flag_values, "doc", "") if isinstance(flag_values, ScriptFlags) else ""
+  return (doc + "\n\n" if doc else "") + "flags:\n" + flag_values.get_help()
+
+
+def parse_script_flags(
+    flag_values: flags.FlagValues, argv: list[str] | None = None, program: str | None = None
+) -> list[str]:
+  """Parse a script's flags from `argv` (the arguments after the program name, which
+  run_script passes; None = none: main() called from Python takes the defaults), every flag
+  back at its default first, and apply --cpu_devices. Returns the positional arguments.
+  --help / --helpfull print the script's docstring and flags and exit 0; --config_help prints
+  the config's fields; a bad flag is one error line (a UserError)."""
+  argv = [] if argv is None else list(argv)
+  if any(a in ("-h", "--help", "-help", "--helpfull", "--helpshort") for a in argv):
+    print(help_text(flag_values))
+    sys.exit(0)
   flag_values.unparse_flags()
-  try:
-    return flag_values([program, *argv])[1:]
-  except flags.Error as e:
-    raise UserError(str(e).strip().splitlines()[0]) from None
+  rest, message = _parse(flag_values, [program or sys.argv[0], *argv])
+  if message is not None:
+    raise UserError(message)
+  if "config_help" in flag_values and flag_values.config_help:
+    print_config_help(flag_values)
+  apply_cpu_devices(flag_values)
+  return rest[1:]
 
 
 def run_script(main) -> None:
-  """`main(sys.argv[1:])` of a script with one error line and exit code 2 for a user's mistake;
-  --help prints the script's docstring and flags."""
-  if any(a in ("-h", "--help", "-help") for a in sys.argv[1:]):
-    module = sys.modules[main.__module__]
-    print((module.__doc__ or "").strip() + "\n")
-    flag_values = getattr(module, "FLAGS", None)
-    if isinstance(flag_values, flags.FlagValues):
-      print(flag_values.main_module_help() or flag_values.get_help())
-    return
-  try:
-    from transformers_jax import hardware
-
-    hardware.start_backends()
-    sys.exit(main(sys.argv[1:]) or 0)
-  except (UserError, ValueError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  """The one start of every script: `main(sys.argv[1:])`, on the CPU alone where the host has no
+  accelerator, with a user's mistake (a bad flag value included) as one `error:` line and exit
+  code 2."""
+  quiet_cpu_host()
+  quiet_children()
+  _console_quiet()
+  sys.exit(_one_line_errors(lambda: main(sys.argv[1:])) or 0)

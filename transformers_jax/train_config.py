@@ -40,9 +40,9 @@ def training_fields() -> ml_collections.ConfigDict:
   c.warmup_steps = 100  # linear warmup from 0 to the peak
   c.weight_decay = 0.1  # AdamW decoupled weight decay
   c.decay_embeddings = False  # also decay embedding tables (biases and norms never are)
-  c.adam_b1 = 0.9
-  c.adam_b2 = 0.95
-  c.adam_eps = 1e-8
+  c.adam_b1 = 0.9  # Adam's decay rate of the gradient's running mean
+  c.adam_b2 = 0.95  # Adam's decay rate of the squared gradient's running mean
+  c.adam_eps = 1e-8  # added to Adam's denominator (the root of the squared-gradient mean)
   c.grad_clip = 1.0  # global-norm clipping; 0 = off
   c.grad_accum_steps = 1  # micro-batches per update (batch_size must divide evenly)
   c.label_smoothing = 0.0  # label smoothing of the cross-entropy (the 2017 paper used 0.1)
@@ -103,9 +103,9 @@ def training_fields() -> ml_collections.ConfigDict:
   c.profile = ml_collections.ConfigDict({"start_step": 0, "num_steps": 0})
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
-  c.sample.max_new_tokens = 120
+  c.sample.max_new_tokens = 120  # length of the end-of-run sample; 0 = no sample
   c.sample.temperature = 0.8  # 0 = greedy
-  c.sample.top_k = 40
+  c.sample.top_k = 40  # sample from the k most likely tokens; 0 = all
   return c
 
 
@@ -274,7 +274,10 @@ def experiment_config(
   config = training_fields()
   config.model = model_config_dict(**model)
   config.published = ml_collections.ConfigDict(
-      {"params": published_params, "source": published_source}
+      {
+          "params": published_params,  # the published parameter count a preset is checked against; 0 = none
+          "source": published_source,  # where the published count comes from
+      }
   )
   for key, value in (training or {}).items():
     if isinstance(value, Mapping):

@@ -332,7 +332,11 @@ def batch_stream(fn, start: int, end: int, workers: int = 0, prefetch: int = 4) 
 
   if not flags.FLAGS.is_parsed():  # grain reads its absl flags; a library caller parsed none
     flags.FLAGS.mark_as_parsed()
-  ds = grain.MapDataset.range(start, end).map(fn)
+  # With worker processes the dataset runs past `end`, by more than the workers hold: a worker
+  # that finishes its share ends before the stream is closed, and the batches it left behind
+  # would never leave shared memory. Only the batches up to `end` are handed out.
+  extra = workers * (max(prefetch, 1) + 2) if workers > 0 else 0
+  ds = grain.MapDataset.range(start, end + extra).map(fn)
   it = ds.to_iter_dataset(
       grain.ReadOptions(num_threads=max(1, min(prefetch, 8)), prefetch_buffer_size=max(prefetch, 1))
   )
@@ -340,4 +344,27 @@ def batch_stream(fn, start: int, end: int, workers: int = 0, prefetch: int = 4) 
     it = it.mp_prefetch(
         grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=max(prefetch, 1))
     )
+    return _OutOfSharedMemory(iter(it), end - start)
   return iter(it)
+
+
+class _OutOfSharedMemory:
+  """The batches of grain's worker processes copied into ordinary arrays as they arrive, so that
+  each shared-memory block is released while the run goes on, not left to the end of the
+  process (where Python reports it as "leaked shared_memory objects")."""
+
+  def __init__(self, batches, count: int):
+    self._batches, self._left = batches, count
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._left <= 0:
+      raise StopIteration
+    self._left -= 1
+    batch = next(self._batches)
+    return {k: np.array(v) for k, v in batch.items()} if isinstance(batch, dict) else batch
+
+  def close(self) -> None:
+    self._batches.close()

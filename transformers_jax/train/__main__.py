@@ -57,7 +57,10 @@ def main(argv):
     raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
   from transformers_jax import compile_cache, parallel
 
-  compile_cache.enable(FLAGS.compile_cache_dir)
+  # A step compiled for a TPU topology has no devices here to load into, so JAX cannot read it
+  # back from the cache (it warns on every rerun): such compiles leave the cache alone.
+  topology_only = FLAGS.compile_only and FLAGS.config.mesh.topology
+  compile_cache.enable(compile_cache.OFF if topology_only else FLAGS.compile_cache_dir)
   parallel.initialize_distributed(
       FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.join_timeout_s
   )
