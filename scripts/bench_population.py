@@ -9,7 +9,9 @@ one" is 8 ordinary `train()` runs, each with its own compile, data loading, eval
 checkpoint, as a researcher sweeping them in a loop would get; "population" is one `train()`
 of the population (one compile, vmapped step). Both write their run folders under a temporary
 directory that is deleted afterwards; the token cache is made once before timing. Prints (and
-with --json writes) wall and process CPU seconds of each side and the speedup.
+with --json writes) wall and process CPU seconds of each side and the speedup, and the time from
+start to the end of a 1-step run (setup, compile, the step, one evaluation, the save) of one solo
+model and of the population.
 """
 
 from __future__ import annotations
@@ -85,6 +87,14 @@ def main(argv=None) -> int:
       out = fn()
       return out, time.perf_counter() - wall, time.process_time() - cpu
 
+    def one_step(config, name):  # start to a finished first step (and its evaluation, save)
+      config = config.copy_and_resolve_references()
+      with config.unlocked():
+        config.steps, config.eval_batches = 1, 1
+      return timed(lambda: train(config, tmp / name))[1]
+
+    solo_first = one_step(solos[0], "first_solo")
+    pop_first = one_step(pop, "first_population")
     solo_results, solo_wall, solo_cpu = timed(
         lambda: [train(c, tmp / f"solo_{i}") for i, c in enumerate(solos)]
     )
@@ -101,6 +111,9 @@ def main(argv=None) -> int:
       "population_wall_s": round(pop_wall, 1),
       "population_cpu_s": round(pop_cpu, 1),
       "speedup_wall": round(solo_wall / pop_wall, 2),
+      "first_step_solo_s": round(solo_first, 1),
+      "first_step_population_s": round(pop_first, 1),
+      "first_step_ratio": round(pop_first / solo_first, 2),
       "speedup_cpu": round(solo_cpu / pop_cpu, 2),
       "max_final_eval_loss_difference": round(
           max(abs(a - b) for a, b in zip(solo_loss, pop_loss)), 6

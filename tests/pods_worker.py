@@ -73,7 +73,21 @@ def main():
     np.save(out / "global.npy", data.train_batch(0)["tokens"])
   lap("rows")
 
-  # 2. SIGTERM to process 1 alone during step 2; then resume to the end, with the sample
+  # 2. a population of two members over both processes' devices (each member split over
+  # fsdp like the solo model), member 0 being the LM run below. (It runs first: once JAX's
+  # preemption service has agreed on a step to stop at, a run passing that step stops there.)
+  rate = config_of("gpt2").learning_rate
+  pop = config_of(
+      "gpt2",
+      steps=8,
+      seq_len=32,
+      sample=dict(max_new_tokens=0),
+      population=dict(learning_rates=f"({rate!r}, {2 * rate!r})"),
+  )
+  result["population_step"] = loop.train(pop, out / "population")["step"]
+  lap("population")
+
+  # 3. SIGTERM to process 1 alone during step 2; then resume to the end, with the sample
   real_process_batch = loop.process_batch
 
   def process_batch(data, step, mesh, batch_size):
@@ -95,18 +109,6 @@ def main():
   resumed = loop.train(lm, out / "lm")
   result["lm_step"], result["sample"] = resumed["step"], resumed.get("sample")
   lap("lm_resumed_and_sampled")
-
-  # 3. a population of two members over both processes' devices (each member split over
-  # fsdp like the solo model), member 0 being the LM run above
-  pop = config_of(
-      "gpt2",
-      steps=8,
-      seq_len=32,
-      sample=dict(max_new_tokens=0),
-      population=dict(learning_rates=f"({lm.learning_rate!r}, {2 * lm.learning_rate!r})"),
-  )
-  result["population_step"] = loop.train(pop, out / "population")["step"]
-  lap("population")
 
   # 4. seq2seq: greedy translations scored by BLEU at the evaluation
   mt = config_of(

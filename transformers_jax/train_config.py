@@ -194,6 +194,10 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
     )
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
+  if config.get("init_member", -1) < -1:
+    fail("init_member", "a member index is >= 0 (-1: init_from is not a population)")
+  if config.get("init_member", -1) >= 0 and not config.init_from:
+    fail("init_member", "picks a member of --config.init_from's population: set init_from")
   if not config.adam_eps > 0:
     fail("adam_eps", "must be positive")
   if not 0 <= config.min_lr_ratio <= 1:

@@ -138,7 +138,7 @@ def stacked(sharding, axis: str | None):
   return NamedSharding(sharding.mesh, P(axis, *sharding.spec))
 
 
-def population_shardings(solo_abstract, solo_shardings, table, config, axis):
+def population_shardings(solo_abstract, solo_shardings, table, axis):
   """(abstract PopulationState, its shardings) from the solo state's, for the members of
   `table`."""
   count = len(table)

@@ -51,7 +51,7 @@ class Setup:
     self.solo_shardings = shardings  # one model's layout (a member's, for a population)
     if self.members:
       abstract, shardings = members_lib.population_shardings(
-          abstract, shardings, self.members, config, self.member_axis
+          abstract, shardings, self.members, self.member_axis
       )
     self.abstract, self.shardings = abstract, shardings
 
@@ -122,7 +122,7 @@ class Setup:
     )
     return state
 
-  def start(self, checkpoints, changes=None):
+  def start(self, checkpoints):
     """(state, first step, a note saying how it started): the newest intact checkpoint of the
     run, parameters of a parameters-only checkpoint (a converted model) with a fresh optimizer,
     parameters taken from `init_from`, or a fresh state."""
