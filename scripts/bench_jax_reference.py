@@ -19,7 +19,6 @@ the config's sizes.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import jax
@@ -30,10 +29,10 @@ from absl import flags
 from flax import linen as nn
 
 from transformers_jax import cli, parallel
-from transformers_jax.train import optim
 from transformers_jax.train.compile import build_step
-from transformers_jax.train.step import create_state
 
+FLAGS = cli.ScriptFlags(__doc__)
+cli.define_config_flag("experiments/gpt2.py:tiny", flag_values=FLAGS)
 for _name, _default, _help in [
     ("d_model", 256, "Model width."),
     ("layers", 4, "Blocks."),
@@ -43,9 +42,7 @@ for _name, _default, _help in [
     ("vocab", 256, "Vocabulary size."),
     ("rounds", 10, "Timed steps of each model (the median is reported)."),
 ]:
-  flags.DEFINE_integer(_name, _default, _help, lower_bound=1)
-cli.define_config_flag("experiments/gpt2.py:tiny")
-FLAGS = flags.FLAGS
+  flags.DEFINE_integer(_name, _default, _help, lower_bound=1, flag_values=FLAGS)
 
 
 class ReferenceBlock(nn.Module):
@@ -115,15 +112,16 @@ def project_step():
         max_len=FLAGS.seq_len,
     )
     config.update(seq_len=FLAGS.seq_len, batch_size=FLAGS.batch_size)
-  step, _, _, model_cfg, mesh, task = build_step(config)
-  tx = optim.make_optimizer(config)
-  state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)
-  batch = parallel.put_batch(task.synthetic_batch(model_cfg, config), mesh)
+  setup = build_step(config)
+  state = setup.init_state()
+  batch = parallel.put_batch(setup.task.synthetic_batch(setup.model_cfg, config), setup.mesh)
+  step = setup.train_step()
   return step, state, batch
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
   runs = {"reference": list(reference_step()), "project": list(project_step())}
   times = {name: [] for name in runs}
   for round_ in range(FLAGS.rounds + 2):  # two untimed rounds: compile, then warm up
@@ -147,7 +145,7 @@ def main(argv):
                   "batch_size": FLAGS.batch_size,
                   "vocab": FLAGS.vocab,
               },
-              "overrides": [a for a in sys.argv[1:] if a.startswith("--config.")],
+              "overrides": [a for a in argv or [] if a.startswith("--config.")],
               "reference_step_s": medians["reference"],
               "project_step_s": medians["project"],
               "project_over_reference": medians["project"] / medians["reference"],
@@ -157,4 +155,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run_script(main)

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import tempfile
 
 from absl import flags
 
+from transformers_jax import cli
+from transformers_jax.config import load_config_module
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
-
-from transformers_jax import cli  # noqa: E402
-from transformers_jax.config import load_config_module  # noqa: E402
-
-FLAGS = flags.FlagValues()
+FLAGS = cli.ScriptFlags(__doc__)
 _MEGABYTES = flags.DEFINE_float(
     "megabytes", 5.0, "size of the one-document corpus", flag_values=FLAGS
 )
