@@ -235,13 +235,14 @@ def test_config_refuses_what_flash_and_splash_cannot_do(fields, words):
 
 def test_splash_lowers_for_a_tpu_topology_as_pallas_kernels_under_shard_map(experiment):
   """Compiled ahead of time for 4 v5e chips (data 2 x tensor 2) from this CPU host, `auto`
-  takes splash: the step holds the Pallas TPU kernels (forward, dq, dkv per layer), run on each
-  device's part of the batch and heads (shard_map), not interpret mode."""
+  takes splash: the step holds the three Pallas TPU kernels (forward, dq, dkv; the layers call
+  them as shared functions), run on each device's part of the batch and heads (shard_map), not
+  in interpret mode."""
   from transformers_jax.train.compile import devices_for, lower_train_step
 
   config = experiment("gpt2", "tiny")
   config.mesh.update(topology="v5e:2x2", data=-1, tensor=2)
   lowered, *_ = lower_train_step(config, devices_for(config))
   text = lowered.as_text()
-  assert text.count("tpu_custom_call") >= 3 * config.model.num_layers
+  assert text.count("tpu_custom_call") >= 3
   assert "manual" in text  # the shard_map's manual partitioning
