@@ -1,12 +1,15 @@
 """Meshes and logical-axis rules: how parameters and activations map onto devices.
 
 Parameters carry logical names (`embed`, `heads`, `mlp`, …; activations `act_*`); one rules table
-maps each name to a mesh axis (or None: replicated). The mesh has four named axes:
+maps each name to a mesh axis (or None: replicated). The mesh has five named axes:
   data    — pure data parallelism (parameters replicated)
   fsdp    — data parallelism with parameters and optimizer state sharded (ZeRO-3 style)
+  context — the tokens of each sequence (activations' `act_length`); attention gathers keys
+            and values over it (modules/context.py)
   tensor  — Megatron-style split of attention heads and the feed-forward hidden dimension
   expert  — mixture-of-experts experts
-The batch is split over data × fsdp.
+The batch is split over data × fsdp. Axes are laid out in this order, the last ones on the
+nearest chips: context and tensor, whose collectives run in every layer, get the fastest links.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp")
 
 # logical name -> mesh axis (None = replicated)
@@ -40,7 +43,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("type_vocab", None),
     ("patch", None),
     ("act_batch", BATCH_AXES),
-    ("act_length", None),
+    ("act_length", "context"),  # the sequence: split only when mesh.context > 1
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),
@@ -49,9 +52,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 MESH_PRESETS = {
-    "data": {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1},  # pure data parallel
-    "fsdp": {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1},  # ZeRO-3 style
-    "fsdp_tensor": {"data": 1, "fsdp": -1, "tensor": 2, "expert": 1},  # + Megatron split
+    "data": {"data": -1, "fsdp": 1, "context": 1, "tensor": 1, "expert": 1},  # pure data parallel
+    "fsdp": {"data": 1, "fsdp": -1, "context": 1, "tensor": 1, "expert": 1},  # ZeRO-3 style
+    "fsdp_tensor": {"data": 1, "fsdp": -1, "context": 1, "tensor": 2, "expert": 1},  # + Megatron
 }
 
 
