@@ -1,4 +1,6 @@
-"""What the four families share besides the Block: input checks, default positions, masks, heads."""
+"""What the four families share besides the Block: input checks, default positions, heads.
+
+Masks are built per token by transformers_jax.modules.masks.token_mask."""
 
 from __future__ import annotations
 
@@ -19,39 +21,6 @@ def check_length(cfg, length: int, what: str = "sequence") -> None:
 
 def default_positions(batch: int, length: int):
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-
-
-def padding_mask(query_mask, key_mask=None):
-  """[B, T] and [B, S] 0/1 masks -> boolean [B, 1, T or 1, S] (None if no mask is given).
-
-  Only keys are masked when just one mask is given: rows of padded queries stay finite and are
-  ignored by the loss.
-  """
-  if key_mask is None and query_mask is None:
-    return None
-  keys = query_mask if key_mask is None else key_mask
-  return keys.astype(bool)[:, None, None, :]
-
-
-def segment_mask(query_segments, key_segments=None):
-  """Packed rows: [B, T] and [B, S] integer segment ids -> boolean [B, 1, T, S], True where a
-  query and a key belong to the same segment (None if no ids are given). Padding shares id 0,
-  so its rows attend only padding and stay finite; the loss gives them no weight."""
-  if query_segments is None:
-    return None
-  keys = query_segments if key_segments is None else key_segments
-  return query_segments[:, None, :, None] == keys[:, None, None, :]
-
-
-def and_masks(*masks):
-  """The conjunction of boolean masks that broadcast together; None ones are skipped."""
-  present = [m for m in masks if m is not None]
-  if not present:
-    return None
-  out = present[0]
-  for m in present[1:]:
-    out = out & m
-  return out
 
 
 def lm_logits(cfg, embedder, x, name="lm_head", bias=None):

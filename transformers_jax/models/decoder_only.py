@@ -5,16 +5,14 @@ from __future__ import annotations
 from flax import linen as nn
 
 from transformers_jax.models.common import (
-    and_masks,
     check_length,
     default_positions,
     lm_logits,
-    padding_mask,
-    segment_mask,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import context_size, from_zigzag, to_zigzag
 from transformers_jax.modules.embed import Embedder
+from transformers_jax.modules.masks import token_mask
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import DecodeCounter
 
@@ -62,7 +60,7 @@ class DecoderOnly(nn.Module):
         deterministic=self.deterministic,
         decode=self.decode,
         name="decoder",
-    )(x, and_masks(padding_mask(attention_mask), segment_mask(segment_ids)), positions)
+    )(x, token_mask(attention_mask, segment_ids), positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     x = from_zigzag(x, shards)

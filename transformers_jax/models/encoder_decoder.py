@@ -12,11 +12,8 @@ from flax import linen as nn
 
 from transformers_jax.models.common import (
     check_length,
-    and_masks,
     default_positions,
     output_logits,
-    padding_mask,
-    segment_mask,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import (
@@ -27,6 +24,7 @@ from transformers_jax.modules.context import (
 )
 from transformers_jax.modules.common import dense
 from transformers_jax.modules.embed import Embedder
+from transformers_jax.modules.masks import token_mask
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import DecodeCounter
 
@@ -69,7 +67,7 @@ class EncoderDecoder(nn.Module):
     check_context(S, context_size(), "source")  # bidirectional: natural order over `context`
     positions = default_positions(B, S) if src_positions is None else src_positions
     embedder = self.embed if c.share_embeddings else self.src_embed
-    mask = and_masks(padding_mask(src_mask), segment_mask(src_segments))
+    mask = token_mask(src_mask, src_segments)
     x = self.encoder(embedder(src, positions), mask, positions)
     return self.encoder_norm(x) if c.has_final_norm else x
 
@@ -106,8 +104,8 @@ class EncoderDecoder(nn.Module):
     x = self.embed(tgt, positions)
     self_mask = None  # the cache masks itself
     if not self.decode:
-      self_mask = and_masks(padding_mask(tgt_mask), segment_mask(tgt_segments))
-    cross_mask = and_masks(padding_mask(src_mask), segment_mask(tgt_segments, src_segments))
+      self_mask = token_mask(tgt_mask, tgt_segments)
+    cross_mask = token_mask(src_mask, tgt_segments, src_segments)
     x = self.decoder(x, self_mask, positions, encoded, cross_mask)
     if c.has_final_norm:
       x = self.decoder_norm(x)

@@ -11,17 +11,15 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.models.common import (
-    and_masks,
     check_length,
     default_positions,
     lm_logits,
-    padding_mask,
-    segment_mask,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import check_context, context_size
 from transformers_jax.modules.common import activation, dense, dtype_of, zeros
 from transformers_jax.modules.embed import Embedder
+from transformers_jax.modules.masks import token_mask
 from transformers_jax.modules.norms import Norm
 
 
@@ -56,7 +54,7 @@ class EncoderOnly(nn.Module):
     embedder = Embedder(c, self.deterministic, name="embed")
     x = embedder(tokens, positions, token_types)
     x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(
-        x, and_masks(padding_mask(attention_mask), segment_mask(segment_ids)), positions
+        x, token_mask(attention_mask, segment_ids), positions
     )
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)

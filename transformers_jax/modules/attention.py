@@ -1,7 +1,9 @@
 """Multi-head attention with grouped key/value heads (MHA, GQA, MQA), self or cross.
 
 Shapes: x [B, T, D], context [B, S, D]; q [B, T, H, K], k and v [B, S, G, K]; H % G == 0.
-`mask` is boolean and broadcastable to [B, H, T, S] (True = may attend).
+`mask` is an `AttentionMask` (modules/masks.py: segment ids, key padding and positions per
+token, what the blockwise kernels read) or a dense boolean mask broadcastable to [B, H, T, S]
+(True = may attend), or None.
 """
 
 from __future__ import annotations
@@ -11,11 +13,23 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.modules.common import DenseWeights, fused_dense
+from transformers_jax.modules.masks import AttentionMask, as_dense
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import apply_rope
 
 
-def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto", query_blocks: int = 4):
+def attend(
+    q,
+    k,
+    v,
+    mask,
+    causal: bool,
+    dropout_fn=None,
+    impl: str = "auto",
+    query_blocks: int = 4,
+    block_q: int = 512,
+    block_kv: int = 512,
+):
   """softmax(q k^T / sqrt(K) + masks) v, softmax in float32; q [B, T, H, K], k v [B, S, G, K].
 
   `impl`: "fused" is `jax.nn.dot_product_attention` with JAX's default implementation (XLA's,
@@ -23,12 +37,17 @@ def attend(q, k, v, mask, causal: bool, dropout_fn=None, impl: str = "auto", que
   (an error where cuDNN cannot run it); "einsum" writes the products out heads-major and, when
   `causal`, splits the queries into `query_blocks` blocks (of at least 64 queries), each
   attending only the keys up to its own end, so most masked scores are never computed (5/8 of
-  the work for 4 blocks). "auto" is "cudnn" on a GPU computing in bfloat16 or float16 (falling
-  back to "einsum" where cuDNN refuses the shapes or mask) and "einsum" otherwise. Attention
-  dropout (`dropout_fn` on the weights) always takes "einsum". `causal` masks key j > query i
-  (queries and keys aligned at the start).
+  the work for 4 blocks). These three build the dense [B, 1, T, S] mask of an AttentionMask.
+  "auto" is "cudnn" on a GPU computing in bfloat16 or float16 (falling back to "einsum" where
+  cuDNN refuses the shapes or mask) and "einsum" otherwise. Attention dropout (`dropout_fn` on
+  the weights) always takes "einsum". `causal` masks key j > query i (queries and keys aligned
+  at the start), or by the mask's positions when it carries them.
   """
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
+    if isinstance(mask, AttentionMask) and mask.has_positions and causal:
+      mask, causal = mask.dense(causal=True), False  # causal by position, in the dense mask
+    else:
+      mask = as_dense(mask)
     if impl == "auto":
       impl = "einsum"
       if (
@@ -94,6 +113,9 @@ def max_attention_logit(q, k, mask, causal: bool):
   """The largest pre-softmax attention score q.k / sqrt(K) over the positions a query may
   attend (float32 scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
   is the attention-logit instability that query/key normalisation removes."""
+  if isinstance(mask, AttentionMask) and mask.has_positions and causal:
+    mask, causal = mask.dense(causal=True), False
+  mask = as_dense(mask)
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   qg = q.reshape(B, T, G, H // G, K)
@@ -181,6 +203,8 @@ class Attention(nn.Module):
       width = source.shape[-1]
       return tuple(fused_dense(c, source, [key(width), value(width)]))
 
+    if self.decode:  # the cache paths take dense masks (over cache slots)
+      mask = as_dense(mask)
     if self.decode and is_cross:  # keys/values of the context, projected once
       out = attend_cache(q, *self._cross_cached(project, context), mask)
     else:

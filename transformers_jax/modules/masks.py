@@ -1,0 +1,91 @@
+"""Attention masks described per token, not per (query, key) pair.
+
+`AttentionMask` holds what decides which keys a query may attend, as [B, T] / [B, S] arrays:
+segment ids (packed rows), key validity (padding) and, optionally, the true positions of
+queries and keys (what a causal mask compares when a sequence is permuted or split over
+devices). Blockwise kernels (flash, splash) read these per block and never build a T x S mask;
+the reference paths build the dense [B, 1, T, S] boolean mask with `dense`.
+
+A query i may attend key j when all of these hold (each only where its fields are set):
+  q_segments[b, i] == kv_segments[b, j]     (kv_segments default to q_segments: self-attention)
+  kv_valid[b, j]
+  and, when the attention is causal: kv_positions[b, j] <= q_positions[b, i] if positions are
+  set, else j <= i (queries and keys aligned at the start).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """Per-token mask fields (all optional, batch-major); a pytree, so it passes through jit,
+  nn.scan and remat like any array."""
+
+  q_segments: jax.Array | None = None  # [B, T] int: segment id of each query
+  kv_segments: jax.Array | None = None  # [B, S] int: of each key; None = q_segments
+  kv_valid: jax.Array | None = None  # [B, S] bool: False = a padding key nobody attends
+  q_positions: jax.Array | None = None  # [B, T] int: a query's position (causal order)
+  kv_positions: jax.Array | None = None  # [B, S] int: a key's position (causal order)
+
+  @property
+  def key_segments(self):
+    return self.q_segments if self.kv_segments is None else self.kv_segments
+
+  @property
+  def has_positions(self) -> bool:
+    return self.q_positions is not None
+
+  def __post_init__(self):
+    if (self.q_positions is None) != (self.kv_positions is None):
+      raise ValueError("AttentionMask: give both q_positions and kv_positions, or neither")
+    if self.kv_segments is not None and self.q_segments is None:
+      raise ValueError("AttentionMask: kv_segments need q_segments (the queries' segment ids)")
+
+  def dense(self, causal: bool = False, length: int | None = None):
+    """The boolean mask [B, 1, T or 1, S] (True = may attend), or None when nothing masks.
+
+    `causal` adds the positions' causal mask (only when positions are set: index causality is
+    the caller's, as `attend`'s reference path applies it itself). `length` (T) is needed only
+    when no field has a query axis."""
+    out = None
+    if self.kv_valid is not None:
+      out = self.kv_valid.astype(bool)[:, None, None, :]
+    if self.q_segments is not None:
+      same = self.q_segments[:, None, :, None] == self.key_segments[:, None, None, :]
+      out = same if out is None else out & same
+    if causal and self.has_positions:
+      order = self.kv_positions[:, None, None, :] <= self.q_positions[:, None, :, None]
+      out = order if out is None else out & order
+    if out is not None and length is not None and out.shape[2] == 1:
+      out = jnp.broadcast_to(out, out.shape[:2] + (length, out.shape[3]))
+    return out
+
+
+def as_dense(mask, causal: bool = False):
+  """A dense boolean mask (or None) from an AttentionMask, a dense mask or None."""
+  if isinstance(mask, AttentionMask):
+    return mask.dense(causal)
+  return mask
+
+
+def token_mask(
+    key_valid=None, segments=None, key_segments=None, positions=None, key_positions=None
+):
+  """The AttentionMask of a family's inputs, or None when none is given: `key_valid` [B, S]
+  0/1 (1 = a real token; only keys are masked, so rows of padded queries stay finite and the
+  loss ignores them), `segments` [B, T] and `key_segments` [B, S] packed segment ids (padding
+  shares id 0, so its rows attend only padding), `positions` / `key_positions` for a causal
+  mask by true position."""
+  if all(x is None for x in (key_valid, segments, positions)):
+    return None
+  return AttentionMask(
+      q_segments=segments,
+      kv_segments=None if segments is None else key_segments,
+      kv_valid=None if key_valid is None else key_valid.astype(bool),
+      q_positions=positions,
+      kv_positions=positions if key_positions is None else key_positions,
+  )
