@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.modules.common import DenseWeights, fused_dense
+from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import apply_rope
@@ -224,9 +225,12 @@ class Attention(nn.Module):
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
+        core, logit_max = attend, max_attention_logit
+        if context_size() > 1:  # the tokens split over mesh.context: modules/context.py
+          core, logit_max = split_attention(attend, max_attention_logit, positions)
         if self.is_mutable_collection("intermediates"):  # evaluation: logit growth
-          self.sow("intermediates", "attention_logit_max", max_attention_logit(q, k, mask, causal))
-        out = attend(
+          self.sow("intermediates", "attention_logit_max", logit_max(q, k, mask, causal))
+        out = core(
             q,
             k,
             v,

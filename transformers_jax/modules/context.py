@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 CONTEXT_AXIS = "context"
@@ -69,15 +70,15 @@ def from_zigzag(x, shards: int, axis: int = 1):
   return jnp.take(x, np.argsort(zigzag_order(x.shape[axis], shards)), axis=axis)
 
 
-def attend_over_context(attend_fn, q, k, v, mask, positions, causal: bool, logit_max_fn=None):
-  """attend_fn(q, k, v, mask, causal) with the tokens split over `context`: q [B, T, H, K] stays
-  split, k and v [B, S, G, K] and the mask's key fields are all-gathered over `context`.
+def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: bool = False):
+  """fn(q, *kvs, mask, causal) with the tokens split over `context`: q [B, T, H, K] stays
+  split, the key-side arrays `kvs` ([B, S, ...]: keys, values) and the mask's key fields are
+  all-gathered over `context` (their gradients reduce-scattered back).
 
   `mask` is an AttentionMask (modules/masks.py) or None; `positions` [B, T] are the queries'
-  true positions (self-attention: the keys' too), which a causal mask compares, so a
-  zig-zag-permuted sequence is masked by where its tokens really are. `logit_max_fn(q, k, mask,
-  causal)`, when given, is also computed over the gathered keys and maxed over `context`:
-  returns (out, logit max) then."""
+  true positions (self-attention: the keys' too), which a causal mask then compares, so that a
+  zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
+  like q, or with `reduce_max` a scalar maxed over `context`."""
   from transformers_jax.modules.masks import AttentionMask
 
   mask = mask if mask is not None else AttentionMask()
@@ -85,31 +86,71 @@ def attend_over_context(attend_fn, q, k, v, mask, positions, causal: bool, logit
     if positions is None:
       raise ValueError("causal attention over mesh.context needs the tokens' positions")
     mask = mask.replace(q_positions=positions, kv_positions=positions)
-  self_segments = mask.q_segments is not None and mask.kv_segments is None
-  if self_segments:  # self-attention: the keys' segments are the queries'
+  if mask.q_segments is not None and mask.kv_segments is None:  # self-attention's segments
     mask = mask.replace(kv_segments=mask.q_segments)
-  split = P(None, CONTEXT_AXIS)
-  mask_specs = jax.tree_util.tree_map(lambda _: split, mask)
+  # Every mesh axis is manual inside: the blocks each device computes are its own batch rows,
+  # heads and queries (a partitioner left with the batch and head axes gathers them instead).
+  q_spec = _spec(("act_batch", "act_length", "act_heads", None), q.shape)
+  kv_specs = tuple(_spec(("act_batch", "act_length", "act_heads", None), x.shape) for x in kvs)
+  if any(s[2] != q_spec[2] for s in kv_specs):
+    raise ValueError(
+        f"mesh.context: {kvs[0].shape[2]} key/value heads do not split over the axes of the "
+        f"{q.shape[2]} query heads ({q_spec[2]}): use kv_heads that divide by them, or "
+        "--config.mesh.tensor=1"
+    )
+  token_spec = P(q_spec[0], CONTEXT_AXIS)
 
-  def local(q, k, v, mask):
+  def local(q, kvs, mask):
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
-    k, v = gather(k), gather(v)
+    kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
         kv_segments=None if mask.kv_segments is None else gather(mask.kv_segments),
         kv_valid=None if mask.kv_valid is None else gather(mask.kv_valid),
         kv_positions=None if mask.kv_positions is None else gather(mask.kv_positions),
     )
-    if not any(x is not None for x in jax.tree_util.tree_leaves(mask)):
+    if not jax.tree_util.tree_leaves(mask):
       mask = None
-    out = attend_fn(q, k, v, mask, causal)
-    if logit_max_fn is None:
-      return out
-    return out, jax.lax.pmax(logit_max_fn(q, k, mask, causal), CONTEXT_AXIS)
+    out = fn(q, *kvs, mask, causal)
+    if reduce_max:
+      return jax.lax.pmax(out, tuple(jax.sharding.get_abstract_mesh().axis_names))
+    return out
 
-  out_specs = split if logit_max_fn is None else (split, P())
   return jax.shard_map(
       local,
-      in_specs=(split, split, split, mask_specs),
-      out_specs=out_specs,
-      axis_names={CONTEXT_AXIS},
-  )(q, k, v, mask)
+      in_specs=(q_spec, kv_specs, jax.tree_util.tree_map(lambda _: token_spec, mask)),
+      out_specs=P() if reduce_max else q_spec,
+  )(q, tuple(kvs), mask)
+
+
+def _spec(names, shape) -> P:
+  """The PartitionSpec the active rules give logical `names`, with `context` on the tokens and
+  dimensions the mapped axes do not divide (e.g. fewer kv heads than `tensor`) left whole."""
+  mesh = jax.sharding.get_abstract_mesh()
+  spec = nn.logical_to_mesh_axes(names)
+  dims = []
+  for i, (size, axes) in enumerate(zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)))):
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = tuple(a for a in axes if a != CONTEXT_AXIS)
+    if i == 1:
+      axes = (CONTEXT_AXIS,)
+    whole = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    dims.append((axes[0] if len(axes) == 1 else axes) if axes and size % whole == 0 else None)
+  return P(*dims)
+
+
+def split_attention(attend_fn, logit_max_fn, positions):
+  """(attend, max_attention_logit) of modules/attention.py, run with the tokens split over
+  `context` (`attend_over_context`); same signatures as the two functions."""
+
+  def attend(q, k, v, mask, causal, dropout_fn=None, *args):
+    if dropout_fn is not None:
+      raise ValueError(
+          "attention dropout is not applied over mesh.context: set model.attention_dropout=0"
+      )
+    core = lambda q, k, v, m, cz: attend_fn(q, k, v, m, cz, None, *args)  # noqa: E731
+    return attend_over_context(core, q, (k, v), mask, positions, causal)
+
+  def logit_max(q, k, mask, causal):
+    return attend_over_context(logit_max_fn, q, (k,), mask, positions, causal, reduce_max=True)
+
+  return attend, logit_max
