@@ -27,7 +27,7 @@ ACTIVATIONS = {
     "geglu": ("gelu", {"approximate": False}, True),
 }
 FEED_FORWARDS = ("dense", "moe")
-ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum")
+ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16", "float16")
 HEADS = {
@@ -78,8 +78,12 @@ class ModelConfig:
   residual: bool = True  # residual connections around each sublayer
   dropout: float = 0.0  # dropout on residual branches and embeddings
   attention_dropout: float = 0.0  # dropout on attention weights
-  attention_impl: str = "auto"  # auto | fused (jax.nn.dot_product_attention) | cudnn | einsum
+  # auto | fused (jax.nn.dot_product_attention) | cudnn | einsum | flash (blockwise, plain JAX)
+  # | splash (TPU Pallas); auto = splash on TPU, cuDNN on GPU, flash on CPU from 2,048 tokens
+  attention_impl: str = "auto"
   attention_query_blocks: int = 4  # einsum, causal: query blocks that skip their masked keys
+  attention_block_q: int = 512  # flash / splash: queries per block (splash: a multiple of 128)
+  attention_block_kv: int = 512  # flash / splash: keys per block (splash: a multiple of 128)
   feed_forward: str = "dense"  # dense | moe
   num_experts: int = 8  # moe: experts per layer (E)
   top_k: int = 2  # moe: experts each token is routed to
@@ -217,6 +221,19 @@ def validate(c: ModelConfig) -> None:
   ):
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
+  for field in ("attention_block_q", "attention_block_kv"):
+    value = getattr(c, field)
+    if not isinstance(value, int) or value < 8 or value % 8:
+      _fail(field, str(value), "must be a positive multiple of 8 (e.g. 512)")
+    if c.attention_impl == "splash" and value % 128:
+      _fail(field, str(value), "splash attention needs a multiple of 128 (the TPU lane width)")
+  if c.attention_impl in ("flash", "splash") and c.attention_dropout > 0:
+    _fail(
+        "attention_dropout",
+        str(c.attention_dropout),
+        f"{c.attention_impl} attention has no attention dropout: set it to 0 or use "
+        "model.attention_impl=einsum",
+    )
   for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):
     value = getattr(c, field)
     if value is not None and value < 1:

@@ -14,9 +14,30 @@ from flax import linen as nn
 
 from transformers_jax.modules.common import DenseWeights, fused_dense
 from transformers_jax.modules.context import context_size, split_attention
+from transformers_jax.modules.flash import blockwise_max_logit, flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import apply_rope
+from transformers_jax.modules.splash import splash_attention, target_platform
+
+# `auto` on a CPU (or a GPU computing in float32) takes flash from this many queries or keys on:
+# below it the written-out scores are small and einsum is as fast (see docs/long_context.md).
+AUTO_FLASH_MIN_LENGTH = 2048
+
+
+def choose_impl(impl: str, q, k, dropout: bool) -> str:
+  """The implementation `attend` runs for `impl` (see there): "auto" resolved by the platform
+  compiled for, the dtype and the lengths; dropout always takes "einsum"."""
+  if dropout:
+    return "einsum"
+  if impl != "auto":
+    return impl
+  platform = target_platform()
+  if platform == "tpu":
+    return "splash"
+  if platform == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+    return "cudnn"  # falls back to flash where cuDNN refuses
+  return "flash" if max(q.shape[1], k.shape[1]) >= AUTO_FLASH_MIN_LENGTH else "einsum"
 
 
 def attend(
@@ -33,34 +54,50 @@ def attend(
 ):
   """softmax(q k^T / sqrt(K) + masks) v, softmax in float32; q [B, T, H, K], k v [B, S, G, K].
 
-  `impl`: "fused" is `jax.nn.dot_product_attention` with JAX's default implementation (XLA's,
-  which computes every score and then masks); "cudnn" is the same call with cuDNN's fused kernel
-  (an error where cuDNN cannot run it); "einsum" writes the products out heads-major and, when
-  `causal`, splits the queries into `query_blocks` blocks (of at least 64 queries), each
-  attending only the keys up to its own end, so most masked scores are never computed (5/8 of
-  the work for 4 blocks). These three build the dense [B, 1, T, S] mask of an AttentionMask.
-  "auto" is "cudnn" on a GPU computing in bfloat16 or float16 (falling back to "einsum" where
-  cuDNN refuses the shapes or mask) and "einsum" otherwise. Attention dropout (`dropout_fn` on
-  the weights) always takes "einsum". `causal` masks key j > query i (queries and keys aligned
-  at the start), or by the mask's positions when it carries them.
+  `impl`:
+    "einsum" writes the products out heads-major (the readable reference) and, when `causal`,
+      splits the queries into `query_blocks` blocks (of at least 64 queries), each attending
+      only the keys up to its own end, so most masked scores are never computed (5/8 of the
+      work for 4 blocks);
+    "fused" is `jax.nn.dot_product_attention` with JAX's default implementation (XLA's, which
+      computes every score and then masks); "cudnn" is the same call with cuDNN's fused kernel
+      (an error where cuDNN cannot run it). These three build the dense [B, 1, T, S] mask.
+    "flash" is blockwise attention in plain JAX (modules/flash.py: memory linear in T, blocks of
+      `block_q` queries x `block_kv` keys, any backend);
+    "splash" is TPU Pallas splash attention (modules/splash.py; interpret mode off a TPU;
+      masks with positions go to flash);
+    "auto" is splash on a TPU; on a GPU computing in bfloat16 or float16 cuDNN (flash where
+      cuDNN refuses the shapes or mask); elsewhere flash when T or S >= AUTO_FLASH_MIN_LENGTH,
+      else einsum.
+  Attention dropout (`dropout_fn` on the weights) always takes "einsum". `causal` masks key
+  j > query i (queries and keys aligned at the start), or by the mask's positions when it
+  carries them.
   """
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
-    if isinstance(mask, AttentionMask) and mask.has_positions and causal:
-      mask, causal = mask.dense(causal=True), False  # causal by position, in the dense mask
-    else:
-      mask = as_dense(mask)
-    if impl == "auto":
+    impl = choose_impl(impl, q, k, dropout_fn is not None)
+    blockwise = isinstance(mask, AttentionMask) or mask is None
+    if impl == "splash" and blockwise:
+      if mask is None or not mask.has_positions:
+        return splash_attention(q, k, v, mask, causal, block_q, block_kv)
+      impl = "flash"
+    if impl == "cudnn" and dropout_fn is None:
+      try:
+        return _attend(q, k, v, *_dense(mask, causal), None, "cudnn", query_blocks)
+      except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
+        impl = "flash"
+    if impl == "flash" and blockwise:
+      return flash_attention(q, k, v, mask, causal, block_q, block_kv)
+    if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
       impl = "einsum"
-      if (
-          jax.default_backend() == "gpu"
-          and dropout_fn is None
-          and q.dtype in (jnp.bfloat16, jnp.float16)
-      ):
-        try:
-          return _attend(q, k, v, mask, causal, None, "cudnn", query_blocks)
-        except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
-          pass
-    return _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks)
+    return _attend(q, k, v, *_dense(mask, causal), dropout_fn, impl, query_blocks)
+
+
+def _dense(mask, causal):
+  """(dense mask or None, causal) for the reference paths: causal order by positions goes into
+  the mask, causal order by index stays with the path (which skips blocks by it)."""
+  if isinstance(mask, AttentionMask) and mask.has_positions and causal:
+    return mask.dense(causal=True), False
+  return as_dense(mask), causal
 
 
 def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
@@ -110,13 +147,15 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
-def max_attention_logit(q, k, mask, causal: bool):
+def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None = None):
   """The largest pre-softmax attention score q.k / sqrt(K) over the positions a query may
   attend (float32 scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
-  is the attention-logit instability that query/key normalisation removes."""
-  if isinstance(mask, AttentionMask) and mask.has_positions and causal:
-    mask, causal = mask.dense(causal=True), False
-  mask = as_dense(mask)
+  is the attention-logit instability that query/key normalisation removes. With `blocks`
+  (block_q, block_kv) and a mask that is an AttentionMask or None, it is computed block by
+  block (no T x S array), as flash and splash attention need at long T."""
+  if blocks is not None and (mask is None or isinstance(mask, AttentionMask)):
+    return blockwise_max_logit(q, k, mask, causal, *blocks)
+  mask, causal = _dense(mask, causal)
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   qg = q.reshape(B, T, G, H // G, K)
@@ -225,11 +264,18 @@ class Attention(nn.Module):
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
+        blocks = (c.attention_block_q, c.attention_block_kv)
         core, logit_max = attend, max_attention_logit
         if context_size() > 1:  # the tokens split over mesh.context: modules/context.py
           core, logit_max = split_attention(attend, max_attention_logit, positions)
         if self.is_mutable_collection("intermediates"):  # evaluation: logit growth
-          self.sow("intermediates", "attention_logit_max", logit_max(q, k, mask, causal))
+          chosen = choose_impl(c.attention_impl, q, k, dropout_fn is not None)
+          blockwise = blocks if chosen in ("flash", "splash") else None
+          self.sow(
+              "intermediates",
+              "attention_logit_max",
+              logit_max(q, k, mask, causal, blockwise),
+          )
         out = core(
             q,
             k,
@@ -239,6 +285,7 @@ class Attention(nn.Module):
             dropout_fn,
             c.attention_impl,
             c.attention_query_blocks,
+            *blocks,
         )
     kernel, bias = DenseWeights(c, (D,), ("heads", "head_dim", "embed"), ("embed",), name="out")(
         (H, K)

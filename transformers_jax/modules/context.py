@@ -23,6 +23,9 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
+from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.splash import target_platform
+
 CONTEXT_AXIS = "context"
 
 
@@ -79,8 +82,6 @@ def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: b
   true positions (self-attention: the keys' too), which a causal mask then compares, so that a
   zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
   like q, or with `reduce_max` a scalar maxed over `context`."""
-  from transformers_jax.modules.masks import AttentionMask
-
   mask = mask if mask is not None else AttentionMask()
   if causal:
     if positions is None:
@@ -140,17 +141,22 @@ def _spec(names, shape) -> P:
 
 def split_attention(attend_fn, logit_max_fn, positions):
   """(attend, max_attention_logit) of modules/attention.py, run with the tokens split over
-  `context` (`attend_over_context`); same signatures as the two functions."""
+  `context` (`attend_over_context`); same signatures as the two functions. Splash attention
+  (whose kernel runs under a shard_map of its own) is replaced by flash attention here, which
+  also masks by true position, as the zig-zag order needs."""
 
-  def attend(q, k, v, mask, causal, dropout_fn=None, *args):
+  def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args):
     if dropout_fn is not None:
       raise ValueError(
           "attention dropout is not applied over mesh.context: set model.attention_dropout=0"
       )
-    core = lambda q, k, v, m, cz: attend_fn(q, k, v, m, cz, None, *args)  # noqa: E731
+    if impl == "splash" or (impl == "auto" and target_platform() == "tpu"):
+      impl = "flash"
+    core = lambda q, k, v, m, cz: attend_fn(q, k, v, m, cz, None, impl, *args)  # noqa: E731
     return attend_over_context(core, q, (k, v), mask, positions, causal)
 
-  def logit_max(q, k, mask, causal):
-    return attend_over_context(logit_max_fn, q, (k,), mask, positions, causal, reduce_max=True)
+  def logit_max(q, k, mask, causal, *args):
+    core = lambda q, k, m, cz: logit_max_fn(q, k, m, cz, *args)  # noqa: E731
+    return attend_over_context(core, q, (k,), mask, positions, causal, reduce_max=True)
 
   return attend, logit_max

@@ -1,0 +1,323 @@
+"""Blockwise ("flash") attention in plain JAX: memory linear in the sequence length, any backend.
+
+The queries are cut into blocks of `block_q`, the keys into blocks of `block_kv`. For each query
+block a loop over key blocks keeps a running float32 maximum and sum and weighted sum of values
+(the online softmax: when a later block raises the maximum, what was accumulated is rescaled by
+exp(m_old - m_new)), so no T x S score matrix is ever stored. A custom VJP saves only the output
+and the log-sum-exp of each query's scores; the backward pass recomputes each block's scores
+from q and k (an outer loop over key blocks, an inner loop over query blocks) and accumulates
+dq, dk, dv in float32. Grouped key/value heads (GQA/MQA) are read in place: the R = H / G query
+heads of a group share one key block, never repeated in memory.
+
+Masks come as an AttentionMask (modules/masks.py) and are evaluated per block from its [B, T] /
+[B, S] fields. T and S that are not multiples of the block sizes are padded internally (padded
+keys are masked, padded queries dropped). Causal attention without positions (query i attends
+key j <= i) skips the key blocks entirely above the diagonal statically, by the loop bounds: the
+forward pass of query block i visits key blocks 0 .. (i + 1) * block_q / block_kv only, about
+half of the work at long T. With positions (a permuted or split sequence), which blocks are
+empty is known only from the data: each block pair is skipped with `lax.cond` when its smallest
+key position exceeds its largest query position (over the whole batch), and masked otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformers_jax.modules.masks import AttentionMask
+
+# The score of a masked pair: exp() of it minus any real maximum is exactly 0 in float32, and it
+# stays finite, so a row with no key to attend averages its (masked) keys instead of making NaN.
+MASKED = float(jnp.finfo(jnp.float32).min)
+
+
+class _Static(NamedTuple):
+  """What the kernel's shape depends on (hashable: a static argument of the custom VJP)."""
+
+  block_q: int
+  block_kv: int
+  causal: bool
+  by_position: bool  # causal order from the mask's positions rather than the indices
+  scale: float
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _pad(x, axis: int, length: int, value=0):
+  if x.shape[axis] == length:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
+  """The mask's per-token fields padded to the block multiples Tp, Sp: (query segments, key
+  segments, key validity, query positions, key positions), None where absent. Padded keys are
+  invalid, so key validity exists whenever S is padded."""
+  q_seg = kv_seg = valid = q_pos = kv_pos = None
+  if isinstance(mask, AttentionMask):
+    if mask.q_segments is not None:
+      q_seg = _pad(mask.q_segments.astype(jnp.int32), 1, Tp)
+      kv_seg = _pad(mask.key_segments.astype(jnp.int32), 1, Sp)
+    if mask.kv_valid is not None:
+      valid = _pad(mask.kv_valid.astype(bool), 1, Sp, False)
+    if mask.has_positions:
+      q_pos = _pad(mask.q_positions.astype(jnp.int32), 1, Tp)
+      kv_pos = _pad(mask.kv_positions.astype(jnp.int32), 1, Sp, jnp.iinfo(jnp.int32).max)
+  elif mask is not None:
+    raise TypeError("flash attention takes an AttentionMask (modules/masks.py), not a dense mask")
+  if valid is None and Sp > S:
+    valid = jnp.arange(Sp)[None, :] < S
+  return (q_seg, kv_seg, valid, q_pos, kv_pos)
+
+
+def _block_mask(st: _Static, fields, i0, j0):
+  """Boolean [B or 1, 1, 1, block_q, block_kv] for the block pair starting at query i0 and key
+  j0 (True = may attend), or None when nothing masks it."""
+  q_seg, kv_seg, valid, q_pos, kv_pos = fields
+  bq, bk = st.block_q, st.block_kv
+  out = None
+
+  def both(a, b):
+    return b if a is None else a & b
+
+  if q_seg is not None:
+    qs = lax.dynamic_slice_in_dim(q_seg, i0, bq, axis=1)
+    ks = lax.dynamic_slice_in_dim(kv_seg, j0, bk, axis=1)
+    out = both(out, qs[:, :, None] == ks[:, None, :])
+  if valid is not None:
+    out = both(out, lax.dynamic_slice_in_dim(valid, j0, bk, axis=1)[:, None, :])
+  if st.causal and st.by_position:
+    qp = lax.dynamic_slice_in_dim(q_pos, i0, bq, axis=1)
+    kp = lax.dynamic_slice_in_dim(kv_pos, j0, bk, axis=1)
+    out = both(out, kp[:, None, :] <= qp[:, :, None])
+  elif st.causal:
+    rows = i0 + jnp.arange(bq)[:, None]
+    cols = j0 + jnp.arange(bk)[None, :]
+    out = both(out, (cols <= rows)[None])
+  return None if out is None else out[:, None, None]
+
+
+def _empty_by_position(st: _Static, fields, i0, j0):
+  """Whether every pair of the block is causally masked by position (a traced bool)."""
+  _, _, _, q_pos, kv_pos = fields
+  qp = lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1)
+  kp = lax.dynamic_slice_in_dim(kv_pos, j0, st.block_kv, axis=1)
+  return jnp.min(kp) > jnp.max(qp)
+
+
+def _kv_range(st: _Static, i0, nk: int):
+  """Key blocks [0, hi) that query block i0 visits (all but those above the diagonal)."""
+  if st.causal and not st.by_position:
+    return jnp.minimum(nk, (i0 + st.block_q - 1) // st.block_kv + 1)
+  return nk
+
+
+def _q_start(st: _Static, j0):
+  """First query block that key block j0 reaches (causal, by index)."""
+  if st.causal and not st.by_position:
+    return j0 // st.block_q
+  return 0
+
+
+def _scores(st: _Static, fields, qb, kb, i0, j0):
+  s = jnp.einsum("bgrqk,bgsk->bgrqs", qb, kb, preferred_element_type=jnp.float32) * st.scale
+  m = _block_mask(st, fields, i0, j0)
+  return s if m is None else jnp.where(m, s, MASKED)
+
+
+def _skippable(st: _Static, fields, i0, j0, compute, carry):
+  """`compute(carry)`, or `carry` unchanged where a block is empty by position."""
+  if st.causal and st.by_position:
+    return lax.cond(_empty_by_position(st, fields, i0, j0), lambda c: c, compute, carry)
+  return compute(carry)
+
+
+def _forward(st: _Static, qh, kh, vh, fields):
+  """(out [B, G, R, Tp, K] in q's dtype, lse [B, G, R, Tp] float32)."""
+  B, G, R, Tp, K = qh.shape
+  Sp = kh.shape[2]
+  bq, bk = st.block_q, st.block_kv
+  nq, nk = Tp // bq, Sp // bk
+
+  def query_block(i, carry):
+    out, lse = carry
+    i0 = i * bq
+    qb = lax.dynamic_slice_in_dim(qh, i0, bq, axis=3)
+
+    def key_block(j, state):
+      j0 = j * bk
+
+      def compute(state):
+        m, total, acc = state
+        kb = lax.dynamic_slice_in_dim(kh, j0, bk, axis=2)
+        vb = lax.dynamic_slice_in_dim(vh, j0, bk, axis=2)
+        s = _scores(st, fields, qb, kb, i0, j0)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        rescale = jnp.exp(m - m_new)
+        total = rescale * total + jnp.sum(p, axis=-1)
+        pv = jnp.einsum(
+            "bgrqs,bgsk->bgrqk", p.astype(vh.dtype), vb, preferred_element_type=jnp.float32
+        )
+        return m_new, total, rescale[..., None] * acc + pv
+
+      return _skippable(st, fields, i0, j0, compute, state)
+
+    init = (
+        jnp.full((B, G, R, bq), MASKED, jnp.float32),
+        jnp.zeros((B, G, R, bq), jnp.float32),
+        jnp.zeros((B, G, R, bq, K), jnp.float32),
+    )
+    m, total, acc = lax.fori_loop(0, _kv_range(st, i0, nk), key_block, init)
+    total = jnp.maximum(total, jnp.finfo(jnp.float32).tiny)  # all blocks skipped: 0, not NaN
+    ob = (acc / total[..., None]).astype(out.dtype)
+    out = lax.dynamic_update_slice_in_dim(out, ob, i0, axis=3)
+    lse = lax.dynamic_update_slice_in_dim(lse, m + jnp.log(total), i0, axis=3)
+    return out, lse
+
+  init = (jnp.zeros(qh.shape, qh.dtype), jnp.zeros((B, G, R, Tp), jnp.float32))
+  return lax.fori_loop(0, nq, query_block, init)
+
+
+def _backward(st: _Static, qh, kh, vh, fields, out, lse, dout):
+  """(dq, dk, dv), recomputing each block's probabilities exp(s - lse)."""
+  Tp = qh.shape[3]
+  Sp = kh.shape[2]
+  bq, bk = st.block_q, st.block_kv
+  nq, nk = Tp // bq, Sp // bk
+  # the softmax's backward needs sum_k dout * out per query: D [B, G, R, Tp]
+  delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+
+  def key_block(j, carry):
+    dq, dk, dv = carry
+    j0 = j * bk
+    kb = lax.dynamic_slice_in_dim(kh, j0, bk, axis=2)
+    vb = lax.dynamic_slice_in_dim(vh, j0, bk, axis=2)
+
+    def query_block(i, state):
+      i0 = i * bq
+
+      def compute(state):
+        dq, dkb, dvb = state
+        qb = lax.dynamic_slice_in_dim(qh, i0, bq, axis=3)
+        dob = lax.dynamic_slice_in_dim(dout, i0, bq, axis=3)
+        s = _scores(st, fields, qb, kb, i0, j0)
+        p = jnp.exp(s - lax.dynamic_slice_in_dim(lse, i0, bq, axis=3)[..., None])
+        dvb = dvb + jnp.einsum(
+            "bgrqs,bgrqk->bgsk", p.astype(dob.dtype), dob, preferred_element_type=jnp.float32
+        )
+        dp = jnp.einsum("bgrqk,bgsk->bgrqs", dob, vb, preferred_element_type=jnp.float32)
+        ds = p * (dp - lax.dynamic_slice_in_dim(delta, i0, bq, axis=3)[..., None]) * st.scale
+        ds = ds.astype(qh.dtype)
+        dqb = jnp.einsum("bgrqs,bgsk->bgrqk", ds, kb, preferred_element_type=jnp.float32)
+        dq = lax.dynamic_update_slice_in_dim(
+            dq, lax.dynamic_slice_in_dim(dq, i0, bq, axis=3) + dqb, i0, axis=3
+        )
+        dkb = dkb + jnp.einsum("bgrqs,bgrqk->bgsk", ds, qb, preferred_element_type=jnp.float32)
+        return dq, dkb, dvb
+
+      return _skippable(st, fields, i0, j0, compute, state)
+
+    zeros = jnp.zeros(kb.shape, jnp.float32)
+    dq, dkb, dvb = lax.fori_loop(_q_start(st, j0), nq, query_block, (dq, zeros, zeros))
+    dk = lax.dynamic_update_slice_in_dim(dk, dkb.astype(dk.dtype), j0, axis=2)
+    dv = lax.dynamic_update_slice_in_dim(dv, dvb.astype(dv.dtype), j0, axis=2)
+    return dq, dk, dv
+
+  init = (
+      jnp.zeros(qh.shape, jnp.float32),
+      jnp.zeros(kh.shape, kh.dtype),
+      jnp.zeros(vh.shape, vh.dtype),
+  )
+  dq, dk, dv = lax.fori_loop(0, nk, key_block, init)
+  return dq.astype(qh.dtype), dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(st: _Static, qh, kh, vh, fields):
+  return _forward(st, qh, kh, vh, fields)[0]
+
+
+def _flash_fwd(st, qh, kh, vh, fields):
+  out, lse = _forward(st, qh, kh, vh, fields)
+  return out, (qh, kh, vh, fields, out, lse)
+
+
+def _flash_bwd(st, residuals, dout):
+  qh, kh, vh, fields, out, lse = residuals
+  dq, dk, dv = _backward(st, qh, kh, vh, fields, out, lse, dout)
+  return dq, dk, dv, jax.tree_util.tree_map(lambda _: None, fields)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _layout(q, k, block_q: int, block_kv: int):
+  """Block sizes clipped to the lengths (rounded to 8) and the padded lengths."""
+  T, S = q.shape[1], k.shape[1]
+  bq = min(block_q, _round_up(T, 8))
+  bk = min(block_kv, _round_up(S, 8))
+  return bq, bk, _round_up(T, bq), _round_up(S, bk)
+
+
+def flash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512):
+  """softmax(q k^T / sqrt(K) + mask) v blockwise; q [B, T, H, K], k v [B, S, G, K] -> [B, T, H, K].
+
+  `mask`: an AttentionMask or None; `causal`: key j > query i masked (or, when the mask carries
+  positions, key position > query position)."""
+  B, T, H, K = q.shape
+  S, G = k.shape[1], k.shape[2]
+  R = H // G
+  bq, bk, Tp, Sp = _layout(q, k, block_q, block_kv)
+  by_position = isinstance(mask, AttentionMask) and mask.has_positions
+  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5)
+  fields = _fields(mask, B, T, S, Tp, Sp)
+  qh = _pad(q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B, G, R, Tp, K]
+  kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)  # [B, G, Sp, K]
+  vh = _pad(v.transpose(0, 2, 1, 3), 2, Sp)
+  out = _flash(st, qh, kh, vh, fields)[:, :, :, :T]
+  return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+
+
+def blockwise_max_logit(q, k, mask=None, causal: bool = False, block_q=512, block_kv=512):
+  """The largest score q.k / sqrt(K) over the pairs the mask allows (float32 scalar), computed
+  block by block as `flash_attention` visits them: no T x S array."""
+  B, T, H, K = q.shape
+  S, G = k.shape[1], k.shape[2]
+  bq, bk, Tp, Sp = _layout(q, k, block_q, block_kv)
+  by_position = isinstance(mask, AttentionMask) and mask.has_positions
+  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5)
+  fields = _fields(mask, B, T, S, Tp, Sp)
+  if Tp > T:  # padded queries must not count: mark them with a segment no key has
+    q_seg = fields[0] if fields[0] is not None else jnp.zeros((1, Tp), jnp.int32)
+    kv_seg = fields[1] if fields[1] is not None else jnp.zeros((1, Sp), jnp.int32)
+    q_seg = jnp.where(jnp.arange(Tp) < T, q_seg, jnp.iinfo(jnp.int32).min)
+    kv_seg = jnp.where(kv_seg == jnp.iinfo(jnp.int32).min, 0, kv_seg)
+    fields = (q_seg, kv_seg) + tuple(fields[2:])
+  qh = _pad(q.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4), 3, Tp)
+  kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)
+
+  def query_block(i, best):
+    i0 = i * bq
+    qb = lax.dynamic_slice_in_dim(qh, i0, bq, axis=3)
+
+    def key_block(j, best):
+      j0 = j * bk
+
+      def compute(best):
+        s = _scores(st, fields, qb, lax.dynamic_slice_in_dim(kh, j0, bk, axis=2), i0, j0)
+        return jnp.maximum(best, jnp.max(jnp.where(s == MASKED, -jnp.inf, s)))
+
+      return _skippable(st, fields, i0, j0, compute, best)
+
+    return lax.fori_loop(0, _kv_range(st, i0, Sp // bk), key_block, best)
+
+  return lax.fori_loop(0, Tp // bq, query_block, jnp.float32(-jnp.inf))
