@@ -1,6 +1,7 @@
 """Run in a subprocess by tests/test_context.py, with 8 simulated CPU devices.
 
-    python tests/context_worker.py '{"families": ["gpt2", "bert"], "steps": 5}'
+    python tests/context_worker.py '{"families": ["gpt2", "bert"], "steps": 5,
+                                     "model": {"gpt2": {"attention_impl": "flash"}}}'
 
 Trains each family's tiny preset on the same batches with its sequences whole (data 8) and split
 over mesh.context=4 (fsdp 2 x context 4), and compiles a longer-sequence decoder step with
@@ -43,8 +44,10 @@ def tiny(family):
   return config
 
 
-def losses(family, steps, tmp):
+def losses(family, steps, tmp, model):
   config = tiny(family)
+  for key, value in model.items():
+    config.model[key] = value
   model_cfg = ModelConfig.from_dict(config.model)
   task = task_for(model_cfg)
   data = task_data(task, config, model_cfg, f"{tmp}/{family}")
@@ -84,7 +87,9 @@ def compiled(context, devices, seq_len=512):
 def main():
   spec = json.loads(sys.argv[1])
   with tempfile.TemporaryDirectory() as tmp:
-    results = {f: losses(f, spec["steps"], tmp) for f in spec["families"]}
+    results = {
+        f: losses(f, spec["steps"], tmp, spec.get("model", {}).get(f, {})) for f in spec["families"]
+    }
   results["compiled"] = {"context1": compiled(1, 2), "context4": compiled(4, 8)}
   print(json.dumps(results))
 

@@ -24,7 +24,10 @@ from test_parallel import env
 
 @pytest.fixture(scope="module")
 def runs():
-  spec = {"families": ["gpt2", "bert"], "steps": 5}
+  # the decoder through flash attention (blocks of 16: several per device), the encoder through
+  # the einsum reference
+  flash = {"attention_impl": "flash", "attention_block_q": 16, "attention_block_kv": 16}
+  spec = {"families": ["gpt2", "bert"], "steps": 5, "model": {"gpt2": flash}}
   out = subprocess.run(
       [sys.executable, str(ROOT / "tests/context_worker.py"), json.dumps(spec)],
       capture_output=True,
