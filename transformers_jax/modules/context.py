@@ -102,6 +102,10 @@ def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: b
   token_spec = P(q_spec[0], CONTEXT_AXIS)
 
   def local(q, kvs, mask):
+    # Tie the mask to this layer's queries: otherwise a scan over layers, seeing the positions
+    # the same in every layer, hoists the mask of every block pair out of the loop (jax's
+    # loop-invariant residuals), one [T/N x S] mask per head, which is more than the scores.
+    q, mask = jax.lax.optimization_barrier((q, mask))
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
