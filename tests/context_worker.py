@@ -68,12 +68,16 @@ def losses(family, steps, tmp, model):
   return out
 
 
-def compiled(context, devices, seq_len=512):
+def compiled(context, devices, seq_len=1024):
   """XLA's temporaries per device and the collectives (kind -> replica groups) of a decoder step
-  with 2 sequences of `seq_len` tokens over data 2 x context `context`."""
+  with 2 sequences of `seq_len` tokens over data 2 x context `context`: scanned layers, full
+  remat, flash attention in blocks of 64."""
   config = tiny("gpt2")
   config.batch_size, config.seq_len, config.model.max_len = 2, seq_len, seq_len
   config.mesh.data, config.mesh.context = 2, context
+  config.model.scan_layers, config.model.remat = True, "full"
+  config.model.attention_impl = "flash"
+  config.model.attention_block_q = config.model.attention_block_kv = 64
   lowered, *_ = compile_step.lower_train_step(config, jax.devices()[:devices])
   step = lowered.compile()
   collectives = {}

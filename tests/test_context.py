@@ -53,8 +53,8 @@ def test_keys_and_values_are_gathered_over_context_and_temporaries_shrink(runs):
   # values are gathered (and their gradients reduce-scattered) within each group only
   groups = ["{{0,1,2,3},{4,5,6,7}}"]
   assert four["collectives"] == {"all-gather": groups, "reduce-scatter": groups}
-  # each device attends a quarter of the queries (without the causal block skipping a whole
-  # sequence gets): well under half of the temporaries
+  # each device holds a quarter of the tokens: well under half of the temporaries (a scan over
+  # layers that hoisted every block's mask out of the loop would hold more than the whole)
   assert four["temp"] < 0.5 * one["temp"], (four["temp"], one["temp"])
 
 
