@@ -82,6 +82,11 @@ def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: b
   true positions (self-attention: the keys' too), which a causal mask then compares, so that a
   zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
   like q, or with `reduce_max` a scalar maxed over `context`."""
+  if mask is not None and not isinstance(mask, AttentionMask):
+    raise ValueError(
+        "attention over mesh.context takes per-token masks (modules/masks.AttentionMask), not a "
+        "dense [B, 1, T, S] one: build it with masks.token_mask"
+    )
   mask = mask if mask is not None else AttentionMask()
   if causal:
     if positions is None:
