@@ -73,7 +73,8 @@ def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
 
 
 def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
-  """Resolve `-1` ("the rest") and check the product equals the device count."""
+  """Resolve `-1` ("the rest") and check the product equals the device count. `context` is
+  listed only when it splits sequences (> 1); make_mesh gives the mesh every axis either way."""
   axes = resolve_preset(axes)
   sizes = {a: int(axes.get(a, 1)) for a in MESH_AXES}
   unknown = sorted(set(axes) - set(MESH_AXES))
@@ -98,6 +99,8 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
         f"mesh {sizes} needs {math.prod(sizes.values())} devices but there are "
         f"{num_devices}: make the axis sizes multiply to {num_devices} (or use -1)"
     )
+  if sizes["context"] == 1:
+    del sizes["context"]
   return sizes
 
 
@@ -107,7 +110,7 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   links), splitting a physical axis only where the sizes require it."""
   devices = jax.devices() if devices is None else list(devices)
   sizes = mesh_shape(axes, len(devices))
-  shape = tuple(sizes[a] for a in MESH_AXES)
+  shape = tuple(sizes.get(a, 1) for a in MESH_AXES)
   from jax.experimental import mesh_utils
 
   try:
