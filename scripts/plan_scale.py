@@ -36,7 +36,17 @@ COMMON = [
 
 
 def row(
-    name, config, topology, batch, seq_len, fsdp, tensor=1, data=1, remat="full", context=1, extra=()
+    name,
+    config,
+    topology,
+    batch,
+    seq_len,
+    fsdp,
+    tensor=1,
+    data=1,
+    remat="full",
+    context=1,
+    extra=(),
 ):
   """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step, each split
   over `context` chips."""
@@ -148,6 +158,17 @@ ROWS = [
         64,
         131072,
         64,
+        context=8,
+        extra=["--config.model.max_len=131072"],
+    ),
+    # the same sequences on 64 chips: 8 at a time, parameters and Adam state over fsdp 8
+    row(
+        "gpt3-6.7b 128k context 8 v5p-64",
+        "experiments/gpt3.py:6.7b",
+        "v5p:4x4x4",
+        8,
+        131072,
+        8,
         context=8,
         extra=["--config.model.max_len=131072"],
     ),
