@@ -67,10 +67,31 @@ def to_zigzag(x, shards: int, axis: int = 1):
 
 
 def from_zigzag(x, shards: int, axis: int = 1):
-  """Inverse of `to_zigzag`."""
+  """Inverse of `to_zigzag`. Under a mesh whose `context` axis has `shards` devices, with x
+  [B, T, ...] split over it, each device sends its two chunks to where they belong in natural
+  order (two collective permutes of one chunk each; a gather would all-gather x)."""
   if x is None or shards == 1:
     return x
-  return jnp.take(x, np.argsort(zigzag_order(x.shape[axis], shards)), axis=axis)
+  if axis != 1 or context_size() != shards:
+    return jnp.take(x, np.argsort(zigzag_order(x.shape[axis], shards)), axis=axis)
+  check_context(x.shape[1], shards, zigzag=True)
+  n = shards
+  # Device k holds chunks k (first half) and 2n-1-k (second half); in natural order device j
+  # holds chunks 2j and 2j+1. Every device sends one even chunk and one odd chunk:
+  to_even = [(k, k // 2 if k % 2 == 0 else (2 * n - 1 - k) // 2) for k in range(n)]
+  to_odd = [(k, (k - 1) // 2 if k % 2 else (2 * n - 2 - k) // 2) for k in range(n)]
+  spec = _spec(("act_batch", "act_length") + (None,) * (x.ndim - 2), x.shape)
+
+  def local(x):
+    first, second = jnp.split(x, 2, axis=1)
+    even_device = jax.lax.axis_index(CONTEXT_AXIS) % 2 == 0
+    even = jnp.where(even_device, first, second)  # the chunk with an even index
+    odd = jnp.where(even_device, second, first)
+    even = jax.lax.ppermute(even, CONTEXT_AXIS, to_even)
+    odd = jax.lax.ppermute(odd, CONTEXT_AXIS, to_odd)
+    return jnp.concatenate([even, odd], axis=1)
+
+  return jax.shard_map(local, in_specs=spec, out_specs=spec, check_vma=False)(x)
 
 
 def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: bool = False):
