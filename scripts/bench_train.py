@@ -50,7 +50,8 @@ def main(argv):
           "--free_attention_core: decoder family only (its attention is "
           "self-attention, where v has the output's shape)"
       )
-    attention._attend = lambda q, k, v, *rest: jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+    # every implementation goes through attend(): replace it, whichever `auto` would choose
+    attention.attend = lambda q, k, v, *rest: jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
   step, _, shardings, model_cfg, mesh, task = build_step(config)
   tx = optim.make_optimizer(config)
   state, _ = create_state(model_cfg, tx, mesh, parallel.rules(config.rules.to_dict()), config.seed)

@@ -1,17 +1,20 @@
 """The lesson's "weakness is cost": time and memory of one attention layer as the sequence doubles.
 
     python scripts/lesson_attention_cost.py [--max_len 4096] [--d_model 256] [--heads 4]
-        [--out experiments/results/lesson]
+        [--impl einsum] [--out experiments/results/lesson]
 
 One causal self-attention layer of this project (`modules.attention.Attention`: q, k, v and output
-projections around `jax.nn.dot_product_attention`), batch 1, jit-compiled, forward pass. Time
+projections around the attention core `--impl`, by default `einsum`, which writes the scores
+out), batch 1, jit-compiled, forward pass. Time
 is the best of repeated calls (at least 3, about 0.5 s); memory is XLA's scratch allocation for
 the compiled call (`memory_analysis().temp_size_in_bytes`), next to the size of the H x T x T
 float32 score matrix. Writes attention_cost.png and attention_cost.json to --out.
 
 On a CPU, XLA materialises the score matrix (about twice over: scores and softmax weights), so
 memory grows 4x per doubling; fused kernels (FlashAttention, cuDNN on a GPU) never store it and
-grow linearly in memory, but their time is still quadratic.
+grow linearly in memory, but their time is still quadratic: `--impl flash` shows this project's
+blockwise attention doing so (scripts/bench_attention.py puts the implementations side by side,
+forward and backward, and the whole train step).
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("d_model", 256, "Model width.", flag_values=FLAGS)
 flags.DEFINE_integer("heads", 4, "Attention heads.", flag_values=FLAGS)
 flags.DEFINE_string(
+    "impl",
+    "einsum",
+    "Attention core (model.attention_impl), e.g. einsum or flash.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
     "out",
     str(ROOT / "experiments" / "results" / "lesson"),
     "Folder for attention_cost.png and .json.",
@@ -43,7 +52,9 @@ flags.DEFINE_string(
 )
 
 
-def measure(length: int, d_model: int, heads: int, min_time: float = 0.5) -> dict:
+def measure(
+    length: int, d_model: int, heads: int, min_time: float = 0.5, impl: str = "einsum"
+) -> dict:
   import jax
   import jax.numpy as jnp
   from transformers_jax.config import ModelConfig
@@ -56,6 +67,7 @@ def measure(length: int, d_model: int, heads: int, min_time: float = 0.5) -> dic
       max_len=length,
       positions="none",
       vocab_size=256,
+      attention_impl=impl,
   )
   layer = Attention(cfg, causal=True)
   x = jax.random.normal(jax.random.PRNGKey(0), (1, length, d_model), jnp.float32)
@@ -119,14 +131,18 @@ def main(argv=None) -> None:
   import jax
 
   device = jax.devices()[0]
+  from transformers_jax.config import ATTENTION_IMPLS
+
+  if FLAGS.impl not in ATTENTION_IMPLS:
+    raise cli.UserError(f"--impl={FLAGS.impl}: choose one of {', '.join(ATTENTION_IMPLS)}")
   print(
-      f"one causal attention layer, d_model {FLAGS.d_model}, {FLAGS.heads} heads, batch 1, "
-      f"{device.platform} ({device.device_kind})"
+      f"one causal attention layer ({FLAGS.impl}), d_model {FLAGS.d_model}, {FLAGS.heads} heads, "
+      f"batch 1, {device.platform} ({device.device_kind})"
   )
   print(f"{'T':>6} {'time':>10} {'x':>5} {'memory':>10} {'x':>5} {'H*T*T scores':>13}")
   rows, length = [], FLAGS.min_len
   while length <= FLAGS.max_len:
-    r = measure(length, FLAGS.d_model, FLAGS.heads)
+    r = measure(length, FLAGS.d_model, FLAGS.heads, impl=FLAGS.impl)
     prev = rows[-1] if rows else None
     tx = f"{r['time_s'] / prev['time_s']:5.1f}" if prev else "    -"
     mx = f"{r['temp_bytes'] / max(prev['temp_bytes'], 1):5.1f}" if prev else "    -"
@@ -137,12 +153,16 @@ def main(argv=None) -> None:
     )
     rows.append(r)
     length *= 2
-  print("each doubling of T: the score matrix and, once it dominates, time and memory grow 4x")
+  if FLAGS.impl in ("flash", "splash", "cudnn"):
+    print("each doubling of T: time still grows up to 4x, memory only with the T-long activations")
+  else:
+    print("each doubling of T: the score matrix and, once it dominates, time and memory grow 4x")
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   meta = {
       "d_model": FLAGS.d_model,
       "heads": FLAGS.heads,
+      "impl": FLAGS.impl,
       "batch": 1,
       "device": f"{device.platform} ({device.device_kind})",
       "rows": rows,
@@ -151,7 +171,8 @@ def main(argv=None) -> None:
   plot(
       rows,
       out / "attention_cost.png",
-      f"one attention layer (d_model {FLAGS.d_model}, {FLAGS.heads} heads), {meta['device']}",
+      f"one attention layer ({FLAGS.impl}, d_model {FLAGS.d_model}, {FLAGS.heads} heads), "
+      f"{meta['device']}",
   )
   print(f"wrote {out / 'attention_cost.png'} and attention_cost.json")
 

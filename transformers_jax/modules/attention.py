@@ -74,13 +74,13 @@ def attend(
   carries them.
   """
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
-    impl = choose_impl(impl, q, k, dropout_fn is not None)
+    requested, impl = impl, choose_impl(impl, q, k, dropout_fn is not None)
     blockwise = isinstance(mask, AttentionMask) or mask is None
     if impl == "splash" and blockwise:
       if mask is None or not mask.has_positions:
         return splash_attention(q, k, v, mask, causal, block_q, block_kv)
       impl = "flash"
-    if impl == "cudnn" and dropout_fn is None:
+    if impl == "cudnn" and requested == "auto":
       try:
         return _attend(q, k, v, *_dense(mask, causal), None, "cudnn", query_blocks)
       except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent

@@ -71,7 +71,8 @@ def _segment_ids(mask, B: int, T: int, S: int, Tp: int, Sp: int):
     q_ids, kv_ids = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)
   if valid is not None:
     kv_ids = jnp.where(valid, kv_ids, NO_SEGMENT)
-  q_ids = jnp.pad(q_ids, ((0, 0), (0, Tp - T)))
+  # padded queries share the first key's segment, so that no row (even a dropped one) is empty
+  q_ids = jnp.concatenate([q_ids, jnp.broadcast_to(kv_ids[:, :1], (B, Tp - T))], axis=1)
   kv_ids = jnp.pad(kv_ids, ((0, 0), (0, Sp - S)), constant_values=NO_SEGMENT)
   return q_ids, kv_ids
 
