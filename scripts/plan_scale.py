@@ -47,8 +47,21 @@ COMMON = [
 ]
 
 
-def row(name, config, topology, batch, seq_len, fsdp, tensor=1, data=1, remat="full", extra=()):
-  """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step."""
+def row(
+    name,
+    config,
+    topology,
+    batch,
+    seq_len,
+    fsdp,
+    tensor=1,
+    data=1,
+    remat="full",
+    context=1,
+    extra=(),
+):
+  """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step, each split
+  over `context` chips."""
   return {
       "name": name,
       "config": config,
@@ -62,6 +75,7 @@ def row(name, config, topology, batch, seq_len, fsdp, tensor=1, data=1, remat="f
           f"--config.mesh.data={data}",
           f"--config.mesh.fsdp={fsdp}",
           f"--config.mesh.tensor={tensor}",
+          *([f"--config.mesh.context={context}"] if context > 1 else []),
           f"--config.model.remat={remat}",
           *COMMON,
           *extra,
@@ -128,6 +142,48 @@ ROWS = [
     row("vit-h14 v5p-8", "experiments/vit.py:h14", "v5p:2x2x2", 512, 257, 8),
     row("transformer-big v5e-8", "experiments/transformer.py:big", "v5e:2x4", 128, 256, 8),
     row("transformer-big v5p-8", "experiments/transformer.py:big", "v5p:2x2x2", 128, 256, 8),
+    # Long context: GPT-3 6.7B with its position table stretched (model.max_len), one sequence
+    # per fsdp group. Attention is `auto` (TPU splash attention; flash over a context axis)
+    # unless the row says einsum, the reference that writes every score out.
+    *[
+        row(
+            f"gpt3-6.7b {n // 1024}k{' (einsum attention)' if impl else ''} v5p-64",
+            "experiments/gpt3.py:6.7b",
+            "v5p:4x4x4",
+            64,
+            n,
+            64,
+            extra=[f"--config.model.max_len={n}", *impl],
+        )
+        for n, impl in (
+            (8192, ["--config.model.attention_impl=einsum"]),
+            (8192, []),
+            (32768, ["--config.model.attention_impl=einsum"]),
+            (32768, []),
+        )
+    ],
+    # 131,072 tokens per sequence, split over a context axis of 8 chips (zig-zag balanced)
+    row(
+        "gpt3-6.7b 128k context 8 v5p-512",
+        "experiments/gpt3.py:6.7b",
+        "v5p:8x8x8",
+        64,
+        131072,
+        64,
+        context=8,
+        extra=["--config.model.max_len=131072"],
+    ),
+    # the same sequences on 64 chips: 8 at a time, parameters and Adam state over fsdp 8
+    row(
+        "gpt3-6.7b 128k context 8 v5p-64",
+        "experiments/gpt3.py:6.7b",
+        "v5p:4x4x4",
+        8,
+        131072,
+        8,
+        context=8,
+        extra=["--config.model.max_len=131072"],
+    ),
 ]
 
 
@@ -162,15 +218,17 @@ def gib(x) -> str:
 def markdown(results: list[dict]) -> str:
   lines = [
       "| preset | topology | chips | mesh (data×fsdp×tensor) | batch × tokens | per-chip peak "
-      "GiB | HBM GiB | fits | compile s | model TFLOP/step | step at 50% MFU |",
-      "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|",
+      "GiB | XLA peak GiB | HBM GiB | fits | compile s | model TFLOP/step | step at 50% MFU |",
+      "|---|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|",
   ]
   for r in results:
     if "error" in r and "chips" not in r:
-      lines.append(f"| {r['name']} | — | — | — | — | error: {r['error']} | | | | | |")
+      lines.append(f"| {r['name']} | — | — | — | — | error: {r['error']} | | | | | | |")
       continue
     mesh = r.get("mesh") or {}
     mesh_text = f"{mesh.get('data', '?')}×{mesh.get('fsdp', '?')}×{mesh.get('tensor', '?')}"
+    if mesh.get("context", 1) > 1:
+      mesh_text += f", context {mesh['context']}"
     per_seq = r["tokens_per_step"] // r["batch_size"]
     step = r.get("step_s_at_50pct_mfu")
     tflop = r.get("model_flops_per_step")
@@ -180,7 +238,7 @@ def markdown(results: list[dict]) -> str:
     lines.append(
         f"| {preset} | {r['topology']} | {r['chips']} | {mesh_text} | "
         f"{r['batch_size']:,} × {per_seq:,} | {gib(r.get('per_device_peak_estimate_gib'))} | "
-        f"{gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | "
+        f"{gib(r.get('per_device_peak_xla_gib'))} | {gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | "
         f"{r.get('compile_s', '—')} | {'—' if tflop is None else f'{tflop / 1e12:,.0f}'} | "
         f"{'—' if step is None else f'{step:.2f} s'} |"
     )

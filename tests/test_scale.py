@@ -104,6 +104,48 @@ def test_a_step_that_cannot_fit_is_refused_with_exit_3():
   assert len(error) == 1 and "fsdp" in error[0] and "remat" in error[0]
 
 
+# A compiled step (no refusal from the compiler) whose peak exceeds the chip's memory: the
+# data sheet's HBM is lowered to 1 MiB for this process, so the tiny model's real compile
+# reports fits: false.
+_SMALL_CHIP = """
+import dataclasses, runpy, sys
+from transformers_jax import hardware
+real = hardware.chip_for_topology
+hardware.chip_for_topology = lambda t: dataclasses.replace(real(t), hbm_gib=1 / 1024)
+sys.argv = ["train", "--config", "experiments/gpt2.py:tiny", "--compile_only",
+            "--config.mesh.topology=v5e:2x2"]
+runpy.run_module("transformers_jax.train", run_name="__main__")
+"""
+
+
+def test_a_compiled_step_over_the_chips_memory_exits_3():
+  out = subprocess.run(
+      [sys.executable, "-c", _SMALL_CHIP], capture_output=True, text=True, cwd=ROOT
+  )
+  assert out.returncode == 3, out.stderr[-2000:]
+  report = json.loads(out.stdout)
+  assert "compiler_message" not in report  # compiled, not refused
+  assert report["fits"] is False and report["per_device_temp_gib"] >= 0
+  assert report["per_device_peak_estimate_gib"] > 1 / 1024 and report["headroom_gib"] < 0
+  assert report["per_device_peak_xla_gib"] > 0  # XLA's own peak, beside the estimate
+  assert len([line for line in out.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_xla_flops_are_reported_only_where_xla_counts_the_whole_step(tpu_reports, experiment):
+  looped = tpu_reports["gpt2"]  # two layers in a Python loop: XLA sees every layer
+  config = experiment("gpt2", "tiny")
+  config.mesh.topology = "v5e:2x2"
+  config.model.scan_layers = True  # one while loop: XLA would count one layer of the two
+  scanned = compile_step.report(config, verbose=False)
+  model = looped["model_flops_per_device_per_step"]
+  assert model == scanned["model_flops_per_device_per_step"]
+  assert model == looped["model_flops_per_step"] / looped["devices"]
+  assert 0.8 < looped["xla_flops_per_device_per_step"] / model < 1.5
+  assert "xla_flops_omitted" not in looped
+  assert "xla_flops_per_device_per_step" not in scanned
+  assert "loop" in scanned["xla_flops_omitted"]
+
+
 def test_unknown_or_missing_topologies_are_one_line_errors():
   for topology, words in (
       ("v9:2x2", "unknown TPU generation"),

@@ -1,12 +1,15 @@
 """Meshes and logical-axis rules: how parameters and activations map onto devices.
 
 Parameters carry logical names (`embed`, `heads`, `mlp`, …; activations `act_*`); one rules table
-maps each name to a mesh axis (or None: replicated). The mesh has four named axes:
+maps each name to a mesh axis (or None: replicated). The mesh has five named axes:
   data    — pure data parallelism (parameters replicated)
   fsdp    — data parallelism with parameters and optimizer state sharded (ZeRO-3 style)
+  context — the tokens of each sequence (activations' `act_length`); attention gathers keys
+            and values over it (modules/context.py)
   tensor  — Megatron-style split of attention heads and the feed-forward hidden dimension
   expert  — mixture-of-experts experts
-The batch is split over data × fsdp.
+The batch is split over data × fsdp. Axes are laid out in this order, the last ones on the
+nearest chips: context and tensor, whose collectives run in every layer, get the fastest links.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp")
 
 # logical name -> mesh axis (None = replicated)
@@ -40,7 +43,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("type_vocab", None),
     ("patch", None),
     ("act_batch", BATCH_AXES),
-    ("act_length", None),
+    ("act_length", "context"),  # the sequence: split only when mesh.context > 1
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),
@@ -49,9 +52,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 MESH_PRESETS = {
-    "data": {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1},  # pure data parallel
-    "fsdp": {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1},  # ZeRO-3 style
-    "fsdp_tensor": {"data": 1, "fsdp": -1, "tensor": 2, "expert": 1},  # + Megatron split
+    "data": {"data": -1, "fsdp": 1, "context": 1, "tensor": 1, "expert": 1},  # pure data parallel
+    "fsdp": {"data": 1, "fsdp": -1, "context": 1, "tensor": 1, "expert": 1},  # ZeRO-3 style
+    "fsdp_tensor": {"data": 1, "fsdp": -1, "context": 1, "tensor": 2, "expert": 1},  # + Megatron
 }
 
 
@@ -70,7 +73,8 @@ def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
 
 
 def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
-  """Resolve `-1` ("the rest") and check the product equals the device count."""
+  """Resolve `-1` ("the rest") and check the product equals the device count. `context` is
+  listed only when it splits sequences (> 1); make_mesh gives the mesh every axis either way."""
   axes = resolve_preset(axes)
   sizes = {a: int(axes.get(a, 1)) for a in MESH_AXES}
   unknown = sorted(set(axes) - set(MESH_AXES))
@@ -95,6 +99,8 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
         f"mesh {sizes} needs {math.prod(sizes.values())} devices but there are "
         f"{num_devices}: make the axis sizes multiply to {num_devices} (or use -1)"
     )
+  if sizes["context"] == 1:
+    del sizes["context"]
   return sizes
 
 
@@ -104,7 +110,7 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   links), splitting a physical axis only where the sizes require it."""
   devices = jax.devices() if devices is None else list(devices)
   sizes = mesh_shape(axes, len(devices))
-  shape = tuple(sizes[a] for a in MESH_AXES)
+  shape = tuple(sizes.get(a, 1) for a in MESH_AXES)
   from jax.experimental import mesh_utils
 
   try:

@@ -89,7 +89,15 @@ def training_fields() -> ml_collections.ConfigDict:
   # topology: with --compile_only, a TPU topology to compile for instead of this host's devices
   # (e.g. v5p:4x4x4, v5e:16x16; needs the `tpu` extra), "" = this host's devices
   c.mesh = ml_collections.ConfigDict(
-      {"preset": "", "data": -1, "fsdp": 1, "tensor": 1, "expert": 1, "topology": ""}
+      {
+          "preset": "",
+          "data": -1,
+          "fsdp": 1,
+          "context": 1,  # devices each sequence's tokens are split over (long context)
+          "tensor": 1,
+          "expert": 1,
+          "topology": "",
+      }
   )
   # logical-axis rule overrides, one field per logical name (transformers_jax/parallel.py):
   # unset = the default rule, "" = replicated, "fsdp" or "data,fsdp" = the mesh axes to split over;
@@ -215,6 +223,7 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
         f"{model_cfg.max_len}: lower --config.seq_len or raise "
         "--config.model.max_len"
     )
+  validate_context(config, model_cfg)
   if config.batch_size % config.grad_accum_steps:
     raise ValueError(
         f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
@@ -252,6 +261,30 @@ def _check_population_lists(config) -> None:
       raise ValueError(f"population.{name}={text!r}: values must be >= 0")
     if field == "z_loss" and max(values) > MAX_Z_LOSS:
       raise ValueError(f"population.{name}={text!r}: z_loss weights are at most {MAX_Z_LOSS:g}")
+
+
+def validate_context(config, model_cfg) -> None:
+  """mesh.context > 1 splits each sequence's tokens over that many devices (zig-zag balanced
+  in 2 x context chunks where attention is causal): the lengths must divide."""
+  shards = int(config.mesh.get("context", 1))
+  if shards <= 1:
+    return
+  if model_cfg.attention_dropout > 0:
+    raise ValueError(
+        f"mesh.context={shards}: attention dropout is not applied over a split sequence; set "
+        "--config.model.attention_dropout=0 or --config.mesh.context=1"
+    )
+  if model_cfg.family == "vit":
+    length, parts, what = model_cfg.seq_len_max, shards, "the patch sequence (with class token)"
+  else:
+    causal = model_cfg.family in ("decoder", "encoder_decoder")
+    length, parts, what = config.seq_len, 2 * shards if causal else shards, "seq_len"
+  if length % parts:
+    raise ValueError(
+        f"mesh.context={shards}: {what} of {length} tokens does not split into {parts} equal "
+        + ("zig-zag chunks" if parts > shards else "parts")
+        + f": make it a multiple of {parts} or change --config.mesh.context"
+    )
 
 
 def config_value(config, dotted: str):

@@ -10,6 +10,7 @@ from transformers_jax.models.common import (
     lm_logits,
 )
 from transformers_jax.modules.block import Stack
+from transformers_jax.modules.context import context_size, from_zigzag, to_zigzag
 from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.masks import token_mask
 from transformers_jax.modules.norms import Norm
@@ -33,12 +34,23 @@ class DecoderOnly(nn.Module):
     `last_logits_only`: logits of the last position only ([B, 1, V]; a prefill needs no more).
     `segment_ids` [B, T] (packed rows, not with `decode`): a token attends only earlier tokens of
     its own segment; pass `positions` that restart at each segment.
+    Under a mesh with `context` > 1 the tokens run through the blocks in zig-zag order, split
+    over `context` (modules/context.py); outputs come back in the order of `tokens`.
     """
     c = self.cfg
     B, T = tokens.shape
     check_length(c, T)
     if positions is None:
       positions = DecodeCounter(name="position")(B, T) if self.decode else default_positions(B, T)
+    shards = context_size()
+    if shards > 1:
+      if self.decode:
+        raise ValueError(
+            "KV-cache decoding does not split over mesh.context: decode with mesh.context=1"
+        )
+      tokens, positions, attention_mask, segment_ids = (
+          to_zigzag(a, shards) for a in (tokens, positions, attention_mask, segment_ids)
+      )
     embedder = Embedder(c, self.deterministic, name="embed")
     x = embedder(tokens, positions)
     x = Stack(
@@ -51,4 +63,5 @@ class DecoderOnly(nn.Module):
     )(x, token_mask(attention_mask, segment_ids), positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
+    x = from_zigzag(x, shards)
     return {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}

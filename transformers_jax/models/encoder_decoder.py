@@ -16,6 +16,12 @@ from transformers_jax.models.common import (
     output_logits,
 )
 from transformers_jax.modules.block import Stack
+from transformers_jax.modules.context import (
+    check_context,
+    context_size,
+    from_zigzag,
+    to_zigzag,
+)
 from transformers_jax.modules.common import dense
 from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.masks import token_mask
@@ -58,6 +64,7 @@ class EncoderDecoder(nn.Module):
     c = self.cfg
     B, S = src.shape
     check_length(c, S, "source")
+    check_context(S, context_size(), "source")  # bidirectional: natural order over `context`
     positions = default_positions(B, S) if src_positions is None else src_positions
     embedder = self.embed if c.share_embeddings else self.src_embed
     mask = token_mask(src_mask, src_segments)
@@ -85,6 +92,15 @@ class EncoderDecoder(nn.Module):
       positions = self.position(B, T)
     else:
       positions = default_positions(B, T) if tgt_positions is None else tgt_positions
+    shards = context_size()
+    if shards > 1:  # causal: zig-zag order over `context` (modules/context.py)
+      if self.decode:
+        raise ValueError(
+            "KV-cache decoding does not split over mesh.context: decode with mesh.context=1"
+        )
+      tgt, positions, tgt_mask, tgt_segments = (
+          to_zigzag(a, shards) for a in (tgt, positions, tgt_mask, tgt_segments)
+      )
     x = self.embed(tgt, positions)
     self_mask = None  # the cache masks itself
     if not self.decode:
@@ -93,6 +109,7 @@ class EncoderDecoder(nn.Module):
     x = self.decoder(x, self_mask, positions, encoded, cross_mask)
     if c.has_final_norm:
       x = self.decoder_norm(x)
+    x = from_zigzag(x, shards)
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)
     return {"hidden": x, "logits": output_logits(c, logits)}
 

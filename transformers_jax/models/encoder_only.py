@@ -16,6 +16,7 @@ from transformers_jax.models.common import (
     lm_logits,
 )
 from transformers_jax.modules.block import Stack
+from transformers_jax.modules.context import check_context, context_size
 from transformers_jax.modules.common import activation, dense, dtype_of, zeros
 from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.masks import token_mask
@@ -47,6 +48,7 @@ class EncoderOnly(nn.Module):
     c = self.cfg
     B, S = tokens.shape
     check_length(c, S)
+    check_context(S, context_size())  # bidirectional: split in natural order over `context`
     if positions is None:
       positions = default_positions(B, S)
     embedder = Embedder(c, self.deterministic, name="embed")

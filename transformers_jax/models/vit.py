@@ -12,6 +12,7 @@ from flax import linen as nn
 
 from transformers_jax.models.common import default_positions
 from transformers_jax.modules.block import Stack
+from transformers_jax.modules.context import check_context, context_size
 from transformers_jax.modules.common import dense, dtype_of, zeros
 from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.norms import Norm
@@ -49,6 +50,7 @@ class ViT(nn.Module):
       )
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (B, 1, c.d_model)), x], axis=1)
     positions = default_positions(B, x.shape[1])
+    check_context(x.shape[1], context_size(), "patch sequence (with the class token)")
     x = Embedder(c, self.deterministic, name="embed")(positions=positions, embedded=x)
     x = Stack(c, c.num_layers, deterministic=self.deterministic, name="encoder")(x, None, positions)
     if c.has_final_norm:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.modules.common import DenseWeights, fused_dense
+from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import blockwise_max_logit, flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense
 from transformers_jax.modules.norms import Norm
@@ -264,15 +265,18 @@ class Attention(nn.Module):
         if c.attention_dropout > 0 and not self.deterministic:
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
         blocks = (c.attention_block_q, c.attention_block_kv)
+        core, logit_max = attend, max_attention_logit
+        if context_size() > 1:  # the tokens split over mesh.context: modules/context.py
+          core, logit_max = split_attention(attend, max_attention_logit, positions)
         if self.is_mutable_collection("intermediates"):  # evaluation: logit growth
           chosen = choose_impl(c.attention_impl, q, k, dropout_fn is not None)
           blockwise = blocks if chosen in ("flash", "splash") else None
           self.sow(
               "intermediates",
               "attention_logit_max",
-              max_attention_logit(q, k, mask, causal, blockwise),
+              logit_max(q, k, mask, causal, blockwise),
           )
-        out = attend(
+        out = core(
             q,
             k,
             v,

@@ -68,13 +68,16 @@ def main(argv):
     from transformers_jax.train import compile as compile_step
 
     try:
-      compile_step.report(FLAGS.config)
-    except compile_step.OutOfMemory:
+      result = compile_step.report(FLAGS.config)
+    except compile_step.OutOfMemory as refused:  # the compiler refused it
+      result = refused.report
+    if result.get("fits") is False:  # refused, or compiled with a peak over the chip's HBM
       print(
           "error: the step does not fit in device memory: shard more (a larger "
-          "--config.mesh.fsdp, or --config.mesh.tensor for heads and d_ff), recompute "
-          "activations (--config.model.remat=full), or lower the per-chip batch "
-          "(--config.batch_size, --config.grad_accum_steps)",
+          "--config.mesh.fsdp, --config.mesh.context for long sequences, or "
+          "--config.mesh.tensor for heads and d_ff), recompute activations "
+          "(--config.model.remat=full), or lower the per-chip batch (--config.batch_size, "
+          "--config.grad_accum_steps)",
           file=sys.stderr,
       )
       sys.exit(3)

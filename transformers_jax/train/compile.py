@@ -105,10 +105,38 @@ def _argument_bytes(args) -> float:
   return total
 
 
+def xla_flops(compiled) -> dict:
+  """XLA's FLOP count of the compiled step, where it is one: its cost analysis counts the body
+  of a loop once, whatever the trip count (a scanned stack of L layers reads as one layer, and
+  so do gradient-accumulation and blockwise-attention loops). For a step without loops that is
+  the whole step (`xla_flops_per_device_per_step`); for one with loops the figure is left out
+  and `xla_flops_omitted` says why: multiplying by trip counts would be this project's count,
+  not the compiler's."""
+  loops = len(_WHILE.findall(compiled.as_text()))
+  if loops:
+    return {
+        "xla_flops_omitted": (
+            f"the compiled step has {loops} loop(s) (scanned layers, gradient accumulation or "
+            "blockwise attention) whose bodies XLA's cost analysis counts once: see "
+            "model_flops_per_device_per_step"
+        )
+    }
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"xla_flops_per_device_per_step": float(cost.get("flops", 0.0))} if cost else {}
+
+
+# A while loop in XLA's HLO text: `name = (types) while(operands), condition=..., body=...`.
+_WHILE = re.compile(r"\bwhile\(")
+
+
 def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   """Compile the train step (for `mesh.topology` when set) and describe it as one dict: XLA's
-  per-device memory and FLOPs, the model's FLOPs, and for known chips whether it fits.
-  Raises OutOfMemory (carrying the same dict, `fits: false`) when the compiler refuses."""
+  per-device memory (the parts, this project's peak estimate from them and XLA's own peak),
+  XLA's FLOPs where its count covers the whole step (see `xla_flops`), the model's FLOPs, and
+  for known chips whether it fits (`fits`: the estimate within the chip's HBM).
+  Raises OutOfMemory (carrying the same dict, `fits: false`) when the compiler refuses; a
+  compiled step with `fits: false` is returned, and the command line exits 3 for both."""
   topology = config.mesh.get("topology", "")
   devices = devices_for(config) if devices is None else devices
   kind = devices[0].device_kind
@@ -149,8 +177,6 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
     raise OutOfMemory(out) from None
   out["compile_s"] = round(time.perf_counter() - start, 2)
   mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   if mem is not None:
     out.update(
         {
@@ -167,12 +193,20 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
         - mem.alias_size_in_bytes
         + mem.temp_size_in_bytes
     ) / GIB
+    # The compiler's own peak of live buffers (0 where a jaxlib or backend does not say). It
+    # can exceed the sum above: on TPU it counts a few MiB the buffer sizes do not, and a
+    # scanned step can report 0 temporaries while its loop body holds some. `fits` needs both
+    # within the chip's memory; `headroom_gib` is HBM minus the estimate.
+    xla_peak = getattr(mem, "peak_memory_in_bytes", 0)
+    if xla_peak:
+      out["per_device_peak_xla_gib"] = xla_peak / GIB
     if chip:
-      out["fits"] = out["per_device_peak_estimate_gib"] <= chip.hbm_gib
+      worst = max(out["per_device_peak_estimate_gib"], out.get("per_device_peak_xla_gib", 0.0))
+      out["fits"] = worst <= chip.hbm_gib
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
-  if cost:
-    out["xla_flops_per_device_per_step"] = float(cost.get("flops", 0.0))
+  out.update(xla_flops(compiled))
   out["model_flops_per_step"] = counting.flops_per_token(model_cfg, per_example) * tokens
+  out["model_flops_per_device_per_step"] = out["model_flops_per_step"] / len(devices)
   if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement
     out["step_s_at_50pct_mfu"] = out["model_flops_per_step"] / (
         0.5 * chip.bf16_flops * out["chips"]
