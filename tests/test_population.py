@@ -314,8 +314,8 @@ def _member_and_solo(config_of, tmp_path, member_fields):
 @pytest.mark.parametrize(
     "family, fields",
     [
-        ("bert", {}),  # masked LM
-        ("transformer", {"seq_len": 48, "model.max_len": 48}),  # seq2seq
+        ("bert", {"model.num_layers": 1}),  # masked LM
+        ("transformer", {"model.num_layers": 1, "seq_len": 32, "data.max_number": 999}),
     ],
 )
 def test_a_member_equals_its_solo_run_for_mlm_and_seq2seq(experiment, tmp_path, family, fields):

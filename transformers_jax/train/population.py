@@ -54,7 +54,7 @@ class MemberBatches:
         k: ((setup.member_count, *shape), dtype)
         for k, (shape, dtype) in setup.task.batch_shapes(setup.model_cfg, setup.config).items()
     }
-    one_process = jax.process_count() == 1
+    one_process = jax.process_count() == 1  # (several: each builds the rows it holds)
     self.streams = {
         seed: data.train_stream(start, end)
         for seed, data in datas.items()
@@ -62,12 +62,16 @@ class MemberBatches:
     }
 
   def __call__(self, step: int):
-    if self.streams:  # every seed's stream moves on one batch, whichever rows are needed
-      whole = {seed: next(stream) for seed, stream in self.streams.items()}
-      rows_of = lambda m, a, b: {k: v[a:b] for k, v in whole[self.seed_of[m]].items()}  # noqa: E731
-    else:
-      rows_of = lambda m, a, b: self.datas[self.seed_of[m]].rows(step, a, b)  # noqa: E731
-    return put_stacked(rows_of, self.shapes, self.setup.batch_sharding()), None
+    sharding = self.setup.batch_sharding()
+    if jax.process_count() == 1:  # the whole stacked batch, placed in one transfer
+      if self.streams:
+        whole = {seed: next(stream) for seed, stream in self.streams.items()}
+      else:
+        whole = {seed: data.train_batch(step) for seed, data in self.datas.items()}
+      stacked = {k: np.stack([whole[s][k] for s in self.seed_of]) for k in self.shapes}
+      return jax.device_put(stacked, sharding), None
+    rows_of = lambda m, a, b: self.datas[self.seed_of[m]].rows(step, a, b)  # noqa: E731
+    return put_stacked(rows_of, self.shapes, sharding), None
 
   def close(self):
     for stream in self.streams.values():
