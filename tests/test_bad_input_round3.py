@@ -443,3 +443,22 @@ def test_plan_scale_refuses_flags_that_select_nothing(tmp_path, flag, said):
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag}")
   assert said in lines[0] and not any(tmp_path.iterdir())
+
+
+def test_a_config_py_from_an_older_convert_names_the_line_to_change(tmp_path):
+  from absl import flags
+
+  from transformers_jax import cli
+
+  old = tmp_path / "config.py"
+  old.write_text(
+      "import pathlib\n\n"
+      f"{cli.OLD_CONVERTED_CONFIG}\n\n\n"
+      "def get_config(arg=None):\n"
+      "  return config_from_json(pathlib.Path(__file__).with_name('config.json'))\n"
+  )
+  flag_values = flags.FlagValues()
+  cli.define_config_flag(flag_values=flag_values)
+  _, message = cli._parse(flag_values, ["train", f"--config={old}"])
+  assert "older convert" in message
+  assert "from transformers_jax.train_config import config_from_json" in message

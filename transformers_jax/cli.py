@@ -180,6 +180,19 @@ def _gist(text: str) -> str:
   return re.sub(r"^\w+(Error|Exception): ", "", line)
 
 
+# The import line of the config.py that convert wrote into a converted model's folder before
+# experiment-config assembly moved to train_config.py.
+OLD_CONVERTED_CONFIG = "from transformers_jax.config import config_from_json"
+
+
+def _read_text(path: str) -> str:
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      return f.read(100_000)
+  except OSError:
+    return ""
+
+
 def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
   """Parse `argv` (program name first) into `flag_values`: (the program name and positional
   arguments, None), or ([], the one line that says what is wrong: a flag's bad value, or in
@@ -199,11 +212,17 @@ def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
     hint = re.search(r"Did you mean .*\?", said)
     message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
     return [], message + "; --config_help lists the fields (docs/config.md the defaults)"
-  except OSError:  # the config file cannot be read
+  except (OSError, ImportError):  # the config file cannot be read, or its imports fail
     given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
     if given is None and "--config" in argv[:-1]:
       given = argv[argv.index("--config") + 1]
     path = (given or "").split(":")[0]
+    if OLD_CONVERTED_CONFIG in _read_text(path):
+      return [], (
+          f"--config: {path!r} was written by an older convert, whose config_from_json now "
+          f"lives in transformers_jax.train_config: change its line '{OLD_CONVERTED_CONFIG}' "
+          "to 'from transformers_jax.train_config import config_from_json'"
+      )
     return [], (
         f"--config: cannot load {path!r} (no such file, or it failed to import): give "
         "an experiment file, e.g. --config experiments/gpt2.py:cpu"
