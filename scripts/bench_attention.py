@@ -21,28 +21,24 @@ from __future__ import annotations
 import json
 import pathlib
 import statistics
-import sys
 import time
 
 from absl import flags
 
+from transformers_jax import cli
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file: the package beside it
-
-from transformers_jax import cli  # noqa: E402
-
-FLAGS = flags.FlagValues()
-flags.DEFINE_list(
-    "lengths",
-    ["256", "512", "1024", "2048", "4096", "8192"],
-    "Sequence lengths.",
-    flag_values=FLAGS,
-)
+FLAGS = cli.ScriptFlags(__doc__)
+cli.define_integer_list("lengths", "256,512,1024,2048,4096,8192", "Sequence lengths.", FLAGS)
 flags.DEFINE_list("impls", ["einsum", "flash"], "Attention implementations.", flag_values=FLAGS)
-flags.DEFINE_integer("block_q", 512, "flash / splash: queries per block.", flag_values=FLAGS)
-flags.DEFINE_integer("block_kv", 512, "flash / splash: keys per block.", flag_values=FLAGS)
 flags.DEFINE_integer(
-    "steps", 5, "Timed calls per measurement (after a warm-up).", flag_values=FLAGS
+    "block_q", 512, "flash / splash: queries per block.", lower_bound=8, flag_values=FLAGS
+)
+flags.DEFINE_integer(
+    "block_kv", 512, "flash / splash: keys per block.", lower_bound=8, flag_values=FLAGS
+)
+flags.DEFINE_integer(
+    "steps", 5, "Timed calls per measurement (after a warm-up).", lower_bound=1, flag_values=FLAGS
 )
 flags.DEFINE_bool("train_step", True, "Also time GPT-2 tiny's whole train step.", flag_values=FLAGS)
 flags.DEFINE_string(
@@ -199,19 +195,17 @@ def plot(rows: list[dict], impls: list[str], path: pathlib.Path, title: str) -> 
 
 
 def main(argv=None) -> None:
-  cli.parse_script_flags(FLAGS, sys.argv[1:] if argv is None else argv, "bench_attention.py")
+  if cli.parse_script_flags(FLAGS, argv):
+    raise cli.UserError("unexpected arguments: pass options as --flag=value")
   from transformers_jax.config import ATTENTION_IMPLS
 
   impls = [i.strip() for i in FLAGS.impls]
   for impl in impls:
     if impl not in ATTENTION_IMPLS:
       raise cli.UserError(f"--impls: {impl!r} is not one of {', '.join(ATTENTION_IMPLS)}")
-  try:
-    lengths = [int(n) for n in FLAGS.lengths]
-  except ValueError as e:
-    raise cli.UserError(f"--lengths={','.join(FLAGS.lengths)}: give integers, e.g. 256,1024") from e
-  if any(n < 8 for n in lengths) or FLAGS.steps < 1:
-    raise cli.UserError("--lengths must be >= 8 and --steps >= 1")
+  lengths = FLAGS.lengths
+  if any(n < 8 for n in lengths):
+    raise cli.UserError(f"--lengths={','.join(map(str, lengths))}: every length must be >= 8")
   import jax
 
   device = jax.devices()[0]

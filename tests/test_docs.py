@@ -17,8 +17,6 @@ QUICK_START = (
     "transformers_jax.train --config experiments/gpt2.py:cpu --workdir runs/quickstart",
     'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m pytest',
 )
-# pages that parallel work adds to docs/ in the same change as this map links them
-PAGES_ADDED_ALONGSIDE = {"populations.md", "long_context.md", "long_context_parallel.md"}
 
 
 def commands(text: str) -> list[str]:
@@ -43,8 +41,6 @@ def test_relative_links_resolve(page):
     if re.match(r"\w+://", target):
       continue
     path = (page.parent / target).resolve()
-    if path.name in PAGES_ADDED_ALONGSIDE and path.parent == ROOT / "docs":
-      continue
     assert path.exists(), f"{page.name}: link to {target} leads nowhere"
 
 
