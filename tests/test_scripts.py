@@ -18,6 +18,7 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "scripts").glob("*.py"))
 def load(name):
   spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # as an import does: dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 
