@@ -61,7 +61,11 @@ def row(
     extra=(),
 ):
   """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step, each split
-  over `context` chips."""
+  over `context` chips. Rows of up to 2,048 tokens take einsum attention unless `extra` says
+  otherwise: they were measured with it before `auto` took TPU splash attention, and their
+  figures reproduce so (splash only lowers their temporaries)."""
+  if seq_len <= 2048 and not any("attention_impl" in a for a in extra):
+    extra = [*extra, "--config.model.attention_impl=einsum"]
   return {
       "name": name,
       "config": config,
