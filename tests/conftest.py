@@ -42,6 +42,24 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def run_worker(script: str, spec=None, devices: int | None = None):
+  """Run tests/<script> in a subprocess (the spec as its JSON argument, `devices` simulated CPU
+  devices) and return the JSON object its last line prints; its stderr's end when it fails."""
+  import json
+  import subprocess
+
+  args = [] if spec is None else [json.dumps(spec)]
+  out = subprocess.run(
+      [sys.executable, str(ROOT / "tests" / script), *args],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=subprocess_env(devices),
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def experiment():
   """experiment('gpt2', 'tiny') -> the ConfigDict of that preset."""

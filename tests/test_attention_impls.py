@@ -258,20 +258,8 @@ def test_splash_lowers_for_a_tpu_topology_as_pallas_kernels_under_shard_map(expe
 def test_splash_sharded_over_batch_and_heads_equals_einsum():
   """On 4 simulated devices (data 2 x tensor 2) splash runs under shard_map on each device's
   part of the batch and heads, and still equals the reference, gradients included."""
-  import json
-  import subprocess
-  import sys
+  from conftest import run_worker
 
-  from conftest import ROOT, subprocess_env
-
-  out = subprocess.run(
-      [sys.executable, str(ROOT / "tests/attention_worker.py")],
-      capture_output=True,
-      text=True,
-      env=subprocess_env(),
-      cwd=ROOT,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = run_worker("attention_worker.py")
   assert result["manual"]
   assert max(result["errors"]) <= 1e-5, result

@@ -3,10 +3,6 @@ exactly as whole ones, the compiler gathers keys/values over that axis only, per
 temporaries shrink with it, zig-zag order balances causal work, and lengths that cannot split are
 refused with one clear error."""
 
-import json
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -18,8 +14,7 @@ from transformers_jax.modules.context import from_zigzag, to_zigzag, zigzag_orde
 from transformers_jax.train import compile as compile_step
 from transformers_jax.train_config import validate_context
 
-from conftest import ROOT
-from test_parallel import env
+from conftest import run_worker
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +23,7 @@ def runs():
   # the einsum reference
   flash = {"attention_impl": "flash", "attention_block_q": 16, "attention_block_kv": 16}
   spec = {"families": ["gpt2", "bert"], "steps": 5, "model": {"gpt2": flash}}
-  out = subprocess.run(
-      [sys.executable, str(ROOT / "tests/context_worker.py"), json.dumps(spec)],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=env(8),
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return run_worker("context_worker.py", spec, devices=8)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert"])

@@ -19,7 +19,7 @@ from transformers_jax import local_cluster, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, run_worker, subprocess_env
 
 MESHES = {
     "one": {"data": 1, "devices": 1},
@@ -37,15 +37,7 @@ def env(devices: int) -> dict:
 @pytest.fixture(scope="module")
 def sharded_runs():
   spec = {"families": FAMILIES, "steps": 2, "meshes": MESHES}
-  out = subprocess.run(
-      [sys.executable, str(ROOT / "tests/sharding_worker.py"), json.dumps(spec)],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=env(8),
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return run_worker("sharding_worker.py", spec, devices=8)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -18,8 +18,7 @@ from transformers_jax.models import build_model, example_inputs
 from transformers_jax.train import compile as compile_step
 from transformers_jax.tasks import cross_entropy
 
-from conftest import ROOT
-from test_parallel import env
+from conftest import ROOT, run_worker
 
 FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 
@@ -28,15 +27,7 @@ FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 @pytest.fixture(scope="module")
 def temp_bytes():
   spec = {"families": FAMILIES, "meshes": ["fsdp8", "one"], "batches": [8, 16]}
-  out = subprocess.run(
-      [sys.executable, str(ROOT / "tests/scale_worker.py"), json.dumps(spec)],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=env(8),
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return run_worker("scale_worker.py", spec, devices=8)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
