@@ -39,30 +39,22 @@ BERT = dict(
 )  # 30,592 stored rows: the vocabulary splits over `tensor`
 SOURCE = "Hugging Face BertModel (embeddings + encoder + pooler)"
 
+TINY = dict(
+    num_layers=2,
+    d_model=64,
+    num_heads=4,
+    vocab_size=260,
+    max_len=128,
+    dropout=0.0,
+    attention_dropout=0.0,
+    head="mlm",
+    vocab_multiple=1,
+)
+
 PRESETS = {
-    "tiny": dict(
-        num_layers=2,
-        d_model=64,
-        num_heads=4,
-        vocab_size=260,
-        max_len=128,
-        dropout=0.0,
-        attention_dropout=0.0,
-        head="mlm",
-        vocab_multiple=1,
-    ),
-    "classify": dict(
-        num_layers=2,
-        d_model=64,
-        num_heads=4,
-        vocab_size=260,
-        max_len=128,
-        dropout=0.0,
-        attention_dropout=0.0,
-        head="classifier",
-        num_classes=2,
-        vocab_multiple=1,
-    ),
+    "tiny": TINY,
+    # the tiny encoder with a 2-class head on its first token (text classification)
+    "classify": dict(TINY, head="classifier", num_classes=2),
     "base": dict(num_layers=12, d_model=768, num_heads=12, published_params=109_482_240),
     "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
 }
