@@ -10,7 +10,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformers_jax.errors import UserError  # noqa: F401  (raised by every command line)
+from transformers_jax.errors import (  # noqa: F401  (UserError: raised by every command line)
+    EXIT_SAVED_AND_STOPPED,
+    Interrupted,
+    UserError,
+)
 
 FLAGS = flags.FLAGS
 
@@ -102,10 +106,14 @@ def quiet_children() -> None:
 
 
 def _one_line_errors(call):
-  """call() with a user's mistake as one 'error: ...' line and exit code 2, Ctrl-C as one line
-  and exit code 130."""
+  """call() with a user's mistake as one 'error: ...' line and exit code 2, a run a signal
+  stopped after saving as one line and exit code 75, Ctrl-C as one line and exit code 130
+  (transformers_jax/errors.py lists the codes)."""
   try:
     return call()
+  except Interrupted as e:  # saved: run again to resume
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(EXIT_SAVED_AND_STOPPED)
   except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

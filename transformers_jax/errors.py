@@ -1,11 +1,30 @@
-"""The project's error types, below everything that raises them: command lines print a
-UserError as one `error:` line with exit code 2 (transformers_jax/cli.py)."""
+"""The project's error types, below everything that raises them, and the command lines' exit
+codes: a UserError is printed as one `error:` line with exit code 2 (transformers_jax/cli.py).
+
+Exit codes of every command line (`python -m transformers_jax.train` and the scripts):
+  0   done
+  2   a user's mistake, or a failure the one `error:` line explains (nothing lost)
+  3   --compile_only: the step does not fit in device memory
+  75  stopped by a signal (SIGTERM, Ctrl-C) after saving a checkpoint: run the same command
+      again to resume. A batch script requeues the job on it (scripts/cluster/train.sbatch).
+      75 is EX_TEMPFAIL of BSD's sysexits.h: a temporary failure, to be retried.
+  130 Ctrl-C where nothing could be saved (a second Ctrl-C)
+"""
 
 from __future__ import annotations
+
+EXIT_USER_ERROR = 2
+EXIT_SAVED_AND_STOPPED = 75
 
 
 class UserError(Exception):
   """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+class Interrupted(UserError):
+  """A signal stopped the run after it saved a checkpoint: printed as one line like any
+  UserError, but with exit code EXIT_SAVED_AND_STOPPED (75), so that whatever launched the run
+  can tell "saved, start me again" from a failure."""
 
 
 class RunError(ValueError):

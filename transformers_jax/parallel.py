@@ -22,6 +22,9 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+# joining a multi-process cluster lives in cluster_join.py; these names stay importable here
+from transformers_jax.cluster_join import JoinError, initialize_distributed  # noqa: F401
+
 MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp")
 
@@ -237,82 +240,3 @@ def check_divisible(abstract_boxed, mesh: Mesh, rule_table) -> None:
             f"axis {'×'.join(axes)} of size {size}: change the mesh or the model size, or map "
             f"'{logical}' elsewhere with --config.rules.{logical}=''"
         )
-
-
-def initialize_distributed(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-    timeout_s: int = 300,
-) -> None:
-  """Start JAX's multi-process runtime.
-
-  With an address, the given process count and id are used (e.g. several processes on one
-  machine, or a hand-rolled launcher); without one, JAX detects a cluster (Cloud TPU, SLURM,
-  Open MPI …) and does nothing when there is none. CPU processes talk through gloo. A cluster
-  that is there but cannot be joined within `timeout_s` (a wrong address, a process missing) is
-  a JoinError: running on as a lone process 0 would have every process write the same run.
-  """
-  if coordinator_address:
-    if num_processes is None or process_id is None:
-      raise ValueError("--coordinator_address needs --num_processes and --process_id")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    _join(coordinator_address, num_processes, process_id, timeout_s)
-  else:
-    try:
-      _join(None, None, None, timeout_s)
-    except _NoCluster:
-      pass  # no cluster detected: a single process
-  from transformers_jax import hardware
-
-  hardware.start_backends()
-
-
-class JoinError(ValueError):
-  """This process could not join the cluster of processes it belongs to."""
-
-
-class _NoCluster(Exception):
-  """JAX's cluster detection found no multi-process job around this process."""
-
-
-def _join(address, num_processes, process_id, timeout_s: int) -> None:
-  """jax.distributed.initialize, with a join that does not complete in `timeout_s` reported as
-  one error line and exit code 2. (JAX's own deadline ends the process from native code with a
-  page of log; a watchdog thread speaks first, and JAX's deadline is set after it.)"""
-  import os
-  import sys
-  import threading
-
-  who = f"process {process_id} of {num_processes}" if address else "this process"
-  where = f"the coordinator at {address}" if address else "the detected cluster"
-
-  def give_up():
-    print(
-        f"error: {who} could not join {where} within {timeout_s}s: check that every process "
-        "was started with the same --coordinator_address (reachable from every host, process "
-        "0's own host and a free port) and --num_processes, or raise --join_timeout_s",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(2)
-
-  watchdog = threading.Timer(timeout_s, give_up)
-  watchdog.daemon = True
-  watchdog.start()
-  try:
-    jax.distributed.initialize(
-        address, num_processes, process_id, initialization_timeout=int(timeout_s) + 60
-    )
-  except ValueError as e:  # raised before any connection: not enough to go on
-    if address is None:
-      raise _NoCluster() from None
-    raise JoinError(f"cannot join the coordinator at {address}: {e}") from None
-  except RuntimeError as e:  # the connection or the rendezvous failed
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    raise JoinError(
-        f"{who} could not join {where} ({lines[0][:200] if lines else e!r}): check that every "
-        "process was started with the same --coordinator_address and --num_processes"
-    ) from None
-  finally:
-    watchdog.cancel()

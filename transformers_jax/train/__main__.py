@@ -5,6 +5,11 @@
 
 Running the same command again resumes from the latest checkpoint in --workdir. With
 --compile_only it only compiles the step and reports per-device memory and FLOPs.
+
+Exit codes: 0 done; 2 an error, explained by one `error:` line; 3 --compile_only: the step does
+not fit in device memory; 75 stopped by SIGTERM or Ctrl-C after saving a checkpoint (run the
+same command again to resume; a batch script requeues on it: scripts/cluster/train.sbatch);
+130 a second Ctrl-C, nothing saved. Clusters (SLURM, TPU pods, GKE): docs/clusters.md.
 """
 
 import sys
@@ -14,7 +19,14 @@ from absl import flags
 from transformers_jax import cli
 
 cli.define_config_flag()
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the run's config.")
+flags.DEFINE_string(
+    "workdir",
+    None,
+    "Directory for checkpoints, metrics and the run's config; the same command again resumes "
+    "from it. SIGTERM (a cluster manager's notice) or Ctrl-C saves a checkpoint at the next "
+    "step and exits with code 75 (not 2, an error; not 0, done), on which a batch script "
+    "requeues the job.",
+)
 flags.DEFINE_bool(
     "compile_only",
     False,
@@ -26,6 +38,15 @@ flags.DEFINE_string(
     None,
     "host:port of process 0 for multi-process runs; "
     "without it JAX detects a cluster (TPU, SLURM …) or runs one process.",
+)
+flags.DEFINE_integer(
+    "coordinator_port",
+    None,
+    "TCP port of the coordinator (process 0), keeping the address's host: under a cluster "
+    "manager (SLURM, a TPU pod, Kubernetes), where JAX detects the host and picks a port "
+    "itself (SLURM: 61440 + job id % 4096), or with --coordinator_address. The environment "
+    "variable JAX_COORDINATOR_PORT does the same. A port another program holds stops every "
+    "process within seconds with one line naming it.",
 )
 flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
@@ -62,7 +83,11 @@ def main(argv):
   topology_only = FLAGS.compile_only and FLAGS.config.mesh.topology
   compile_cache.enable(compile_cache.OFF if topology_only else FLAGS.compile_cache_dir)
   parallel.initialize_distributed(
-      FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.join_timeout_s
+      FLAGS.coordinator_address,
+      FLAGS.num_processes,
+      FLAGS.process_id,
+      FLAGS.join_timeout_s,
+      coordinator_port=FLAGS.coordinator_port,
   )
   if FLAGS.compile_only:
     from transformers_jax.train import compile as compile_step

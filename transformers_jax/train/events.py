@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 
-from transformers_jax.errors import UserError
+from transformers_jax.errors import Interrupted, UserError
 
 
 class TrainingDiverged(UserError):
@@ -143,7 +143,7 @@ def run_steps(
       if stop_now:
         profiler.stop(state)
         checkpoints.close()
-        raise UserError(
+        raise Interrupted(
             f"interrupted ({stop_requests.signal_name or 'signal'}): saved step {done} in "
             f"{checkpoints.directory}; run the same command again to resume"
         )
