@@ -60,11 +60,11 @@ def initialize_distributed(
   if coordinator_address:
     if num_processes is None or process_id is None:
       raise ValueError("--coordinator_address needs --num_processes and --process_id")
-    address, detected = coordinator_address, False
+    address, detected, local_devices = coordinator_address, False, None
     if coordinator_port is not None:
       address = f"{_split(address)[0]}:{coordinator_port}"
   else:
-    address, num_processes, process_id = _detect(coordinator_port, timeout_s)
+    address, num_processes, process_id, local_devices = _detect(coordinator_port, timeout_s)
     detected = True
     if address is None and coordinator_port is not None:
       raise UserError(
@@ -76,29 +76,34 @@ def initialize_distributed(
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     join = Join(address, num_processes, process_id, detected, timeout_s)
     join.check_port()
-    join.initialize()
+    join.initialize(local_devices)
   from transformers_jax import hardware
 
   hardware.start_backends()
 
 
 def _detect(coordinator_port: int | None, timeout_s: int):
-  """(coordinator address, process count, process id) of the cluster manager JAX detects
-  around this process, or (None, None, None)."""
+  """(coordinator address, process count, process id, local device ids) of the cluster manager
+  JAX detects around this process, or four Nones. The local device ids are JAX's choice (one
+  GPU per task: the task's index on its node), except for a SLURM step of one task per node,
+  whose process takes every device of its node (None: all)."""
   from jax._src import clusters
 
   if coordinator_port is not None:  # JAX's own variable for the port of a detected address
     os.environ["JAX_COORDINATOR_PORT"] = str(coordinator_port)
   address = os.environ.get("JAX_COORDINATOR_ADDRESS")
   try:
-    address, count, index, _ = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+    address, count, index, local_ids = clusters.ClusterEnv.auto_detect_unset_distributed_params(
         address, None, None, None, None, timeout_s
     )
   except (RuntimeError, ValueError, OSError, KeyError) as e:
     raise JoinError(f"cannot read the cluster manager's settings for this process: {e}") from None
   if address is None or count is None or index is None:
-    return None, None, None
-  return address, int(count), int(index)
+    return None, None, None, None
+  one_task_per_node = "SLURM_STEP_NUM_TASKS" in os.environ and os.environ.get(
+      "SLURM_STEP_NUM_TASKS"
+  ) == os.environ.get("SLURM_STEP_NUM_NODES")
+  return address, int(count), int(index), None if one_task_per_node else local_ids
 
 
 def _split(address: str) -> tuple[str, int | None]:
@@ -228,10 +233,11 @@ class Join:
     )
     os._exit(2)
 
-  def initialize(self) -> None:
-    """jax.distributed.initialize, with a join that does not complete by the deadline reported
-    as one error line and exit code 2. (JAX's own deadline ends the process from native code
-    with a page of log; a watchdog thread speaks first, and JAX's deadline is set after it.)"""
+  def initialize(self, local_devices=None) -> None:
+    """jax.distributed.initialize (this process's devices: `local_devices`, None = all), with
+    a join that does not complete by the deadline reported as one error line and exit code 2.
+    (JAX's own deadline ends the process from native code with a page of log; a watchdog
+    thread speaks first, and JAX's deadline is set after it.)"""
     left = max(self.deadline - time.monotonic(), 1.0)
     watchdog = threading.Timer(left, self.give_up)
     watchdog.daemon = True
@@ -241,6 +247,8 @@ class Join:
           self.address,
           self.num_processes,
           self.process_id,
+          local_device_ids=local_devices,
+          cluster_detection_method="deactivate",  # detected already, by _detect
           initialization_timeout=int(left) + 60,
       )
     except ValueError as e:  # raised before any connection: not enough to go on
