@@ -3,7 +3,7 @@ by scripts/cluster/local_slurm_up.sh): `sbatch scripts/cluster/train.sbatch` tra
 with two tasks joined as one JAX cluster to the end; `scancel` makes both save the same step;
 the resubmitted job, signalled again, requeues itself and resumes; the run so stopped twice
 ends with the uninterrupted run's losses bit for bit; a taken coordinator port ends every
-process with one line.
+process with one line; population.sbatch trains two members, one on each process.
 
 The cluster needs root and apt-get (it installs slurm-wlm and munge when missing); where the
 setup script cannot run it says why and these tests are skipped with its line."""
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slurm
 UP = ROOT / "scripts" / "cluster" / "local_slurm_up.sh"
 DOWN = ROOT / "scripts" / "cluster" / "local_slurm_down.sh"
 BATCH = ROOT / "scripts" / "cluster" / "train.sbatch"
+POPULATION = ROOT / "scripts" / "cluster" / "population.sbatch"
 CANNOT = 77  # local_slurm_up.sh: this machine cannot host the cluster
 SAVED_AND_STOPPED = 75
 STEPS = 40
@@ -57,8 +58,8 @@ def cluster():
   subprocess.run([str(DOWN)], capture_output=True, env=env, timeout=60)
 
 
-def submit(env, out, workdir, *flags):
-  """Submit the batch script with two tasks on the one node; the job id."""
+def submit(env, out, workdir, *flags, script=BATCH):
+  """Submit a batch script (train.sbatch) with two tasks on the one node; the job id."""
   done = subprocess.run(
       [
           "sbatch",
@@ -67,7 +68,7 @@ def submit(env, out, workdir, *flags):
           "--ntasks=2",
           "--ntasks-per-node=2",
           f"--output={out}",
-          str(BATCH),
+          str(script),
           TRAIN[0],
           str(workdir),
           *TRAIN[1:],
@@ -221,3 +222,27 @@ def test_a_taken_coordinator_port_ends_every_process_with_one_line(cluster, tmp_
   assert "in use by another program" in text and "not as JAX's coordinator" in text
   assert not re.search(r"Segmentation fault|core dumped|Failed to add port|signal 11", text)
   assert "could not join" not in text  # nobody waited for the join to time out
+
+
+def test_the_population_script_trains_members_split_over_the_processes(cluster, tmp_path):
+  """Two members over the `data` axis of two processes' devices: each process holds one; the
+  logs and the evaluation gather them from both."""
+  out, workdir = tmp_path / "job.out", tmp_path / "sweep"
+  job_id = submit(
+      cluster,
+      out,
+      workdir,
+      "--config.steps=3",
+      "--config.population.seeds=2",
+      "--config.mesh.data=-1",
+      "--config.mesh.fsdp=1",
+      script=POPULATION,
+  )
+  fields = ended(cluster, job_id)
+  text = out.read_text()
+  assert fields["ExitCode"] == "0:0", text[-3000:]
+  assert "population of 2 decoder models" in text and "split over 2 device(s)" in text
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  last = {r["member"]: r for r in rows if r.get("step") == 3 and "loss" in r}
+  assert sorted(last) == [0, 1] and last[0]["loss"] != last[1]["loss"]  # two seeds
+  assert {r["member"] for r in rows if "eval_loss" in r} == {0, 1}

@@ -9,6 +9,7 @@ import math
 import jax
 import numpy as np
 
+from transformers_jax import parallel
 from transformers_jax.tasks import Task
 from transformers_jax.train.step import attention_logit_max, moe_dropped_fraction, residual_rms
 
@@ -53,10 +54,11 @@ def summarize(task, data, totals: dict, intermediates, params=None, model_cfg=No
 
 def evaluate_batches(eval_step, params, batches) -> tuple[dict, object]:
   """(summed sums, intermediates of the first batch) of `eval_step` over held-out `batches`,
-  fetched to the host."""
+  fetched to the host (on every process: all of them must call it; a population's members
+  split over the data axis may live on other processes' devices)."""
   totals, first = None, None
   for batch in batches:
     sums, inter = eval_step(params, batch)
-    totals = add_sums(totals, jax.device_get(sums))
-    first = jax.device_get(inter) if first is None else first
+    totals = add_sums(totals, jax.device_get(parallel.gather_to_host(sums)))
+    first = jax.device_get(parallel.gather_to_host(inter)) if first is None else first
   return totals, first

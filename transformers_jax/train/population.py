@@ -78,6 +78,12 @@ class MemberBatches:
       getattr(stream, "close", lambda: None)()
 
 
+def _on_host(tree):
+  """A tree of per-member arrays as numpy, on every process (all of them must call it): the
+  members of another process's devices too."""
+  return jax.device_get(parallel.gather_to_host(tree))
+
+
 def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
   """Train (or resume) the population of `setup` in `run`: train()'s run folder, checkpoints
   and metrics, one line per member. Returns {"members": [final metrics per member], "step",
@@ -108,7 +114,8 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
         flush=True,
     )
   results = [dict(m) for m in table]
-  reported = set(int(i) for i in np.flatnonzero(~np.asarray(jax.device_get(state.alive))))
+  # (members split over the data axis may live on other processes: gather them, every process)
+  reported = set(int(i) for i in np.flatnonzero(~np.asarray(_on_host(state.alive))))
   end = min(config.stop_after or config.steps, config.steps)
   feed = MemberBatches(setup, datas, start, end)
   eval_batches = [_shared(b, setup.eval_batch_sharding()) for b in data.eval_batches]
@@ -116,8 +123,8 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
 
   def on_step(done, state, metrics, rows, log_now, eval_now, save_now):
     if log_now:
-      values = jax.device_get(metrics)
-      alive, diverged_at = jax.device_get((state.alive, state.diverged_at))
+      values = _on_host(metrics)
+      alive, diverged_at = _on_host((state.alive, state.diverged_at))
       for i, m in enumerate(table):
         line = {**m, **{k: float(v[i]) for k, v in values.items()}}
         line["diverged"] = not bool(alive[i])
