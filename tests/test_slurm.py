@@ -47,7 +47,7 @@ def cluster():
   """The environment that reaches the local cluster (SLURM_CONF), for the job's processes too
   (sbatch hands the environment on)."""
   env = subprocess_env()
-  up = subprocess.run([str(UP)], capture_output=True, text=True, timeout=150, env=env)
+  up = subprocess.run(["bash", str(UP)], capture_output=True, text=True, timeout=150, env=env)
   if up.returncode == CANNOT:
     pytest.skip(up.stderr.strip().splitlines()[-1])
   assert up.returncode == 0, up.stderr[-3000:]
@@ -55,7 +55,7 @@ def cluster():
   env["PYTHON"] = sys.executable
   env["PYTHONPATH"] = ":".join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
   yield env
-  subprocess.run([str(DOWN)], capture_output=True, env=env, timeout=60)
+  subprocess.run(["bash", str(DOWN)], capture_output=True, env=env, timeout=60)
 
 
 def submit(env, out, workdir, *flags, script=BATCH):
@@ -132,7 +132,32 @@ def saved_steps(text: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cluster, tmp_path_factory):
+def side_jobs(cluster, tmp_path_factory):
+  """The jobs that need no other: a job whose coordinator port another program holds (a
+  socket that listens and never answers, open until the fixture ends), and a population sweep;
+  submitted first, so that they run beside the others (the node has 8 CPUs)."""
+  base = tmp_path_factory.mktemp("slurm_side")
+  with socket.socket() as holder:
+    holder.bind(("", 0))
+    holder.listen(8)
+    port = holder.getsockname()[1]
+    taken = submit(cluster, base / "taken.out", base / "taken", f"--coordinator_port={port}")
+    sweep = submit(
+        cluster,
+        base / "sweep.out",
+        base / "sweep",
+        "--config.steps=3",
+        "--config.population.seeds=2",
+        "--config.mesh.data=-1",
+        "--config.mesh.fsdp=1",
+        script=POPULATION,
+    )
+    yield {"port": port, "taken": (taken, base / "taken.out"), "sweep": (sweep, base)}
+    ended(cluster, taken)  # (the port stays held until its job is over)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, side_jobs, tmp_path_factory):
   base = tmp_path_factory.mktemp("slurm_whole")
   out, workdir = base / "job.out", base / "run"
   job_id = submit(cluster, out, workdir)
@@ -199,17 +224,12 @@ def test_the_twice_stopped_run_ends_with_the_uninterrupted_losses_bit_for_bit(
   assert stopped == whole
 
 
-def test_a_taken_coordinator_port_ends_every_process_with_one_line(cluster, tmp_path):
+def test_a_taken_coordinator_port_ends_every_process_with_one_line(cluster, side_jobs):
   """Another program listens on the coordinator's port: process 0 says so before JAX binds it
   (JAX would crash it), process 1 finds that the port does not answer as a coordinator; the
   job ends without anyone waiting out --join_timeout_s (300 s)."""
-  out = tmp_path / "job.out"
-  with socket.socket() as holder:
-    holder.bind(("", 0))
-    holder.listen(8)
-    port = holder.getsockname()[1]
-    job_id = submit(cluster, out, tmp_path / "run", f"--coordinator_port={port}")
-    fields = ended(cluster, job_id)
+  (job_id, out), port = side_jobs["taken"], side_jobs["port"]
+  fields = ended(cluster, job_id)
   text = out.read_text()
   assert fields["ExitCode"] == "2:0", text[-3000:]
   for task in ("0", "1"):
@@ -221,25 +241,15 @@ def test_a_taken_coordinator_port_ends_every_process_with_one_line(cluster, tmp_
   assert "could not join" not in text  # nobody waited for the join to time out
 
 
-def test_the_population_script_trains_members_split_over_the_processes(cluster, tmp_path):
+def test_the_population_script_trains_members_split_over_the_processes(cluster, side_jobs):
   """Two members over the `data` axis of two processes' devices: each process holds one; the
   logs and the evaluation gather them from both."""
-  out, workdir = tmp_path / "job.out", tmp_path / "sweep"
-  job_id = submit(
-      cluster,
-      out,
-      workdir,
-      "--config.steps=3",
-      "--config.population.seeds=2",
-      "--config.mesh.data=-1",
-      "--config.mesh.fsdp=1",
-      script=POPULATION,
-  )
+  job_id, base = side_jobs["sweep"]
   fields = ended(cluster, job_id)
-  text = out.read_text()
+  text = (base / "sweep.out").read_text()
   assert fields["ExitCode"] == "0:0", text[-3000:]
   assert "population of 2 decoder models" in text and "split over 2 device(s)" in text
-  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (base / "sweep" / "metrics.jsonl").read_text().splitlines()]
   last = {r["member"]: r for r in rows if r.get("step") == 3 and "loss" in r}
   assert sorted(last) == [0, 1] and last[0]["loss"] != last[1]["loss"]  # two seeds
   assert {r["member"] for r in rows if "eval_loss" in r} == {0, 1}

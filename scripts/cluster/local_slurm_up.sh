@@ -14,12 +14,12 @@
 # Everything it writes goes under $LOCAL_SLURM_DIR (default /var/tmp/transformers_jax_slurm):
 # slurm.conf, state, spool, logs and pid files; /etc/slurm is left alone. Commands find the
 # cluster through SLURM_CONF=$LOCAL_SLURM_DIR/slurm.conf. The cluster's one node, `localhost`,
-# offers $LOCAL_SLURM_CPUS CPUs (default 4, whatever the machine has: enough for several
+# offers $LOCAL_SLURM_CPUS CPUs (default 8, whatever the machine has: enough for several
 # one-CPU tasks side by side) in one partition, `local`.
 set -euo pipefail
 
 DIR="${LOCAL_SLURM_DIR:-/var/tmp/transformers_jax_slurm}"
-CPUS="${LOCAL_SLURM_CPUS:-4}"
+CPUS="${LOCAL_SLURM_CPUS:-8}"
 CONF="$DIR/slurm.conf"
 CANNOT=77  # the exit code for "this machine cannot host the cluster"
 
