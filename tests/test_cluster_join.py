@@ -49,7 +49,9 @@ def test_a_taken_port_ends_both_processes_with_one_line_each(holder, tmp_path):
               GPT2_TINY,
               "--workdir",
               str(tmp_path / "w"),
-              f"--coordinator_address=localhost:{holder}",
+              # the port given apart from the host: with the address, the flag sets its port
+              "--coordinator_address=localhost",
+              f"--coordinator_port={holder}",
               "--num_processes=2",
               f"--process_id={i}",
           ],

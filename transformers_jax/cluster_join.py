@@ -62,7 +62,8 @@ def initialize_distributed(
       raise ValueError("--coordinator_address needs --num_processes and --process_id")
     address, detected, local_devices = coordinator_address, False, None
     if coordinator_port is not None:
-      address = f"{_split(address)[0]}:{coordinator_port}"
+      host = _split(address)[0]
+      address = f"[{host}]:{coordinator_port}" if ":" in host else f"{host}:{coordinator_port}"
   else:
     address, num_processes, process_id, local_devices = _detect(coordinator_port, timeout_s)
     detected = True
