@@ -122,7 +122,11 @@ def cross_entropy(
   logits = logits.astype(jnp.float32)
   n = logits.shape[-1]
   lse = jax.nn.logsumexp(logits, axis=-1)
-  target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)
+  # mode="clip": a position weighted 0 may hold any id (padding, -1); clipped, its logit stays
+  # finite where the default out-of-range fill (NaN) would make the weighted sum NaN.
+  target_logit = jnp.take_along_axis(
+      logits, targets[..., None].astype(jnp.int32), axis=-1, mode="clip"
+  )
   nll = lse - target_logit[..., 0]
   loss = nll
   if label_smoothing:
