@@ -15,6 +15,7 @@ import pytest
 from transformers_jax import counting, hardware
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
+from transformers_jax.models.common import mask_padded_vocab
 from transformers_jax.train import compile as compile_step
 from transformers_jax.tasks import cross_entropy
 
@@ -226,3 +227,35 @@ def test_cross_entropy_matches_log_softmax_and_gather():
   sums = cross_entropy(logits, targets, weights, 0.1)
   np.testing.assert_allclose(sums["nll"], jnp.sum(nll * weights), rtol=1e-5)
   np.testing.assert_allclose(sums["loss"], jnp.sum(smoothed * weights), rtol=1e-5)
+
+
+def test_cross_entropy_ignores_any_id_at_a_weight_zero_position():
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(rng.normal(size=(2, 4, 7)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 7, (2, 4)))
+  weights = jnp.ones((2, 4)).at[:, -1].set(0.0)
+  stray = targets.at[0, -1].set(-1).at[1, -1].set(7)  # ids outside [0, 7) where weight is 0
+  a, b = cross_entropy(logits, targets, weights), cross_entropy(logits, stray, weights)
+  for key in a:
+    assert np.isfinite(b[key]), key
+    np.testing.assert_allclose(a[key], b[key], rtol=1e-6)
+
+
+def test_loss_over_a_padded_vocabulary_keeps_two_logit_sized_temporaries_on_cpu():
+  """XLA:CPU does not fuse an elementwise producer into a reduction, so each [B, T, V] select
+  or one-hot product before the loss's reductions is one more logits-sized temporary: the
+  unembedding + loss + gradient must need no more than the logits and their gradient."""
+  cfg = ModelConfig(vocab_size=4000, vocab_multiple=128, max_len=16)
+  batch, length, width = 4, 64, 32
+  hidden = jnp.ones((batch, length, width), jnp.float32)
+  table = jnp.ones((cfg.padded_vocab, width), jnp.float32)
+  targets = jnp.zeros((batch, length), jnp.int32)
+  weights = jnp.ones((batch, length), jnp.float32)
+
+  def loss(table, hidden):
+    logits = mask_padded_vocab(cfg, hidden @ table.T)
+    return cross_entropy(logits, targets, weights, num_classes=cfg.vocab_size)["loss"]
+
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(table, hidden).compile()
+  logits_bytes = batch * length * cfg.padded_vocab * 4
+  assert compiled.memory_analysis().temp_size_in_bytes < 2.5 * logits_bytes

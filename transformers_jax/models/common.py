@@ -51,8 +51,10 @@ PADDED_LOGIT = -1e9
 
 
 def mask_padded_vocab(cfg, logits):
-  """logits [..., V padded] with the rows past vocab_size set to PADDED_LOGIT."""
+  """logits [..., V padded] with PADDED_LOGIT added to the rows past vocab_size (real rows get
+  + 0, which leaves them bit for bit). An added constant row, not a select: XLA:CPU fuses the
+  add into the unembedding matmul, where a select costs a whole [..., V] temporary per step."""
   if cfg.padded_vocab == cfg.vocab_size:
     return logits
   real = jnp.arange(cfg.padded_vocab) < cfg.vocab_size
-  return jnp.where(real, logits, jnp.asarray(PADDED_LOGIT, logits.dtype))
+  return logits + jnp.where(real, 0.0, PADDED_LOGIT).astype(logits.dtype)

@@ -109,8 +109,10 @@ def cross_entropy(
 ) -> dict:
   """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight.
 
-  Written as reductions over the class axis (log-sum-exp, a one-hot product) rather than a
-  gather, so logits split over the vocabulary (`tensor`) are never gathered whole.
+  The target's logit is taken with take_along_axis: a [..., 1] gather, which the SPMD
+  partitioner runs shard-locally (masked, then summed over the shards) when the logits are split
+  over the vocabulary (`tensor`), so they are never gathered whole. A one-hot product in its
+  place costs a whole [..., V] temporary on XLA:CPU, which does not fuse it into the reduction.
   `num_classes`: the real classes when the last axis is padded (padded logits are masked by
   the model); label smoothing spreads over the real ones only. `z_loss` (a float, or a traced
   scalar) adds z_loss * log(Z)^2 per position, log(Z) being the log-partition function
@@ -120,8 +122,12 @@ def cross_entropy(
   logits = logits.astype(jnp.float32)
   n = logits.shape[-1]
   lse = jax.nn.logsumexp(logits, axis=-1)
-  one_hot = jax.nn.one_hot(targets, n, dtype=jnp.float32)
-  nll = lse - jnp.sum(logits * one_hot, axis=-1)
+  # mode="clip": a position weighted 0 may hold any id (padding, -1); clipped, its logit stays
+  # finite where the default out-of-range fill (NaN) would make the weighted sum NaN.
+  target_logit = jnp.take_along_axis(
+      logits, targets[..., None].astype(jnp.int32), axis=-1, mode="clip"
+  )
+  nll = lse - target_logit[..., 0]
   loss = nll
   if label_smoothing:
     real = num_classes or n
