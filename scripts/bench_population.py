@@ -12,7 +12,8 @@ directory that is deleted afterwards; the token cache is made once before timing
 with --json writes) wall and process CPU seconds of each side and the speedup, and the time from
 start to the end of a 1-step run (setup, compile, the step, one evaluation, the save) of one solo
 model and of the population, both after an untimed 1-step run has paid the process's one-time
-costs.
+costs; from those, the population's time after its first step and the wall speedup it would
+have if its start took no longer than a solo run's.
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ def main(argv=None) -> int:
       "first_step_population_s": round(pop_first, 1),
       "first_step_ratio": round(pop_first / solo_first, 2),
       "speedup_cpu": round(solo_cpu / pop_cpu, 2),
+      # the population's 999 further steps and its evaluations, and the wall speedup it would
+      # have if its start (setup, compiles, first step) took no longer than a solo run's: what
+      # removing every population-only start-up cost could give at most
+      "population_after_first_step_s": round(pop_wall - pop_first, 1),
+      "speedup_wall_if_started_as_fast_as_solo": round(
+          solo_wall / (solo_first + pop_wall - pop_first), 2
+      ),
       "max_final_eval_loss_difference": round(
           max(abs(a - b) for a, b in zip(solo_loss, pop_loss)), 6
       ),
