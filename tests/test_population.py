@@ -117,6 +117,21 @@ def test_a_member_trains_as_its_solo_run(experiment, population_run, tmp_path):
   assert member_losses(workdir, 0)[STEPS] != member[STEPS]
 
 
+def test_each_member_starts_from_its_solo_runs_initial_state(experiment):
+  """The population's init (members made one after the other on one device) gives every member
+  exactly the parameters and optimizer state its solo run starts from."""
+  from transformers_jax.train.setup import Setup
+
+  pop = jax.device_get(Setup(make_config(experiment, **POPULATION)).init_state())
+  for member, seed in ((0, 0), (3, 1)):  # members 0-1 have seed 0, 2-3 seed 1
+    solo = jax.device_get(Setup(make_config(experiment, seed=seed)).init_state())
+    for part in ("params", "opt_state", "rng"):
+      mine = population.member(getattr(pop, part), member)
+      assert jax.tree_util.tree_all(
+          jax.tree_util.tree_map(np.array_equal, mine, getattr(solo, part))
+      ), part
+
+
 def test_a_diverged_member_is_marked_and_the_others_carry_on(population_run):
   workdir, result = population_run
   final = {m["member"]: m for m in result["members"]}
