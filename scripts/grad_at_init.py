@@ -48,6 +48,13 @@ flags.DEFINE_integer("d_model", 0, "Width; 0 = the sweep's width per task.", fla
 flags.DEFINE_integer(
     "batch_size", 16, "Rows of the batch the gradient is taken on.", flag_values=FLAGS
 )
+flags.DEFINE_float(
+    "init_std",
+    0.0,
+    "model.init_std for every weight; 0 = the sweeps' (0.02). Xiong et al. analyse Xavier "
+    "initialisation, about 1/sqrt(d_model) for these square layers.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool("report_only", False, "Rewrite table and plot from the jsonl.", flag_values=FLAGS)
 
 PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green"}
@@ -60,7 +67,15 @@ SWEEPS = {  # the sweep each task's model comes from
 }
 
 
-def task_config(task: str, placement: str, depth: int, seed: int, d_model: int, batch_size: int):
+def task_config(
+    task: str,
+    placement: str,
+    depth: int,
+    seed: int,
+    d_model: int,
+    batch_size: int,
+    init_std: float = 0.0,
+):
   """The model `task`'s sweep trains (its BASE with its COMMON fields) at this placement and
   depth, layers scanned, on a batch of `batch_size` rows of seed `seed`'s stream."""
   sweep = sweeps.load_sweep(sweeps.ROOT / SWEEPS[task], ("BASE", "COMMON", "populations"))
@@ -76,6 +91,8 @@ def task_config(task: str, placement: str, depth: int, seed: int, d_model: int, 
   }
   if d_model:
     overrides["model.d_model"] = d_model
+  if init_std:
+    overrides["model.init_std"] = init_std
   config.update_from_flattened_dict(overrides)
   return config
 
@@ -110,7 +127,14 @@ def layer_norms(grads) -> dict:
 
 
 def probe(
-    task: str, placement: str, depth: int, seeds: int, d_model: int, batch_size: int, data_dir
+    task: str,
+    placement: str,
+    depth: int,
+    seeds: int,
+    d_model: int,
+    batch_size: int,
+    data_dir,
+    init_std: float = 0.0,
 ):
   """One record per seed: per-layer gradient norms at initialisation."""
   import jax
@@ -119,7 +143,7 @@ def probe(
   from transformers_jax.train import state as state_lib, step as step_lib
   from transformers_jax.train.setup import Setup
 
-  config = task_config(task, placement, depth, 0, d_model, batch_size)
+  config = task_config(task, placement, depth, 0, d_model, batch_size, init_std)
   config.data.cache_dir = str(data_dir)
   config.eval_batches = 1  # the held-out set is not used; the smallest one is built
   setup = Setup(config)
@@ -150,6 +174,7 @@ def probe(
             "depth": depth,
             "seed": seed,
             "d_model": setup.model_cfg.d_model,
+            "init_std": setup.model_cfg.init_std,
             "loss": round(float(loss), 5),
             "grad_norm": {
                 stack: {g: [float(f"{v:.5g}") for v in vals.tolist()] for g, vals in groups.items()}
@@ -204,6 +229,14 @@ def write_table(records, out: pathlib.Path) -> None:
       slope = f"{depth_exponent(*zip(*lasts)):+.2f}" if len(lasts) > 1 else "-"
       rows.append(f"| {task} | {stack} | {p} | " + " | ".join(cells) + f" | {slope} |")
   seeds = len({r["seed"] for r in records})
+  models = ", ".join(
+      sorted(
+          {
+              f"{r['task']}: d_model {r['d_model']}, init std {r.get('init_std', 0.02):g}"
+              for r in records
+          }
+      )
+  )
   text = (
       "# Gradient norm of the feed-forward weights at initialisation\n\n"
       + "\n".join(rows)
@@ -212,7 +245,8 @@ def write_table(records, out: pathlib.Path) -> None:
       f"{seeds} seeds); `last/first` = its ratio to the first block's, seed mean; exponent a = "
       "least-squares slope of log(last) against log(depth). Xiong et al. 2020 predict a = 0 "
       "for post-norm (the last block's gradient does not shrink with depth) and a = -1/2 for "
-      "pre-norm, and post-norm's gradient growing towards the output (last/first > 1).\n"
+      "pre-norm, and post-norm's gradient growing towards the output (last/first > 1). "
+      f"Models ({models}): the sweeps' own, layers scanned, dropout off.\n"
   )
   (out / "table.md").write_text(text)
 
@@ -269,6 +303,8 @@ def main(argv=None) -> int:
   bad = [t for t in FLAGS.tasks if t not in ("lm", "translation")]
   if bad:
     raise cli.UserError(f"--tasks: {bad[0]!r} is not one of lm, translation")
+  if FLAGS.init_std < 0:
+    raise cli.UserError(f"--init_std {FLAGS.init_std}: give 0 (the sweeps') or a positive std")
   if FLAGS.seeds < 1:
     raise cli.UserError(f"--seeds {FLAGS.seeds}: give at least 1")
   from absl import logging
