@@ -93,3 +93,16 @@ def test_sweep_files_cover_the_issue_grid():
       assert config.steps >= (2000 if name == "deep_postnorm" else 1000)
     scaled = sweep.populations(scale=True)
     assert max(e["overrides"]["model.num_layers"] for e in scaled) >= 12
+
+
+def test_report_trainable_range_and_per_seed_counts():
+  report = script("deep_postnorm_report")
+  by_lr = {1e-3: [3.0, 3.2], 1e-2: [2.5, 2.6], 1e-1: [2.6, 3.5], 1.0: [5.5, 5.5]}
+  # seed means 3.1, 2.55, 3.05, 5.5: only 1e-2 is within 0.1 of the best; within 0.6, three
+  assert report.trainable_rates(by_lr, 0.1) == [1e-2]
+  assert report.trainable_rates(by_lr, 0.6) == [1e-3, 1e-2, 1e-1]
+  # seed 0: best 2.5, within 0.1: 1e-2, 1e-1; seed 1: best 2.6, within 0.1: 1e-2 only
+  assert report.per_seed_trainable(by_lr, 0.1) == [2, 1]
+  diverged = {"eval_loss": float("nan"), "diverged": True}
+  assert report.final_loss(diverged, math.log(256)) == math.log(256)
+  assert report.final_loss({"eval_loss": 9.0}, math.log(256)) == math.log(256)
