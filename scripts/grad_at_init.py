@@ -319,9 +319,8 @@ def main(argv=None) -> int:
       for task in FLAGS.tasks:
         for p in FLAGS.placements:
           for d in depths:
-            for r in probe(
-                task, p, d, FLAGS.seeds, FLAGS.d_model, FLAGS.batch_size, out / "data" / task
-            ):
+            args = (FLAGS.seeds, FLAGS.d_model, FLAGS.batch_size, out / "data" / task)
+            for r in probe(task, p, d, *args, init_std=FLAGS.init_std):
               f.write(json.dumps(r) + "\n")
             f.flush()
             print(f"{task} {p} L={d}: {time.perf_counter() - t0:.0f} s so far", flush=True)
