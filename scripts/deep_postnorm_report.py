@@ -35,6 +35,20 @@ FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string(
     "out", None, "The study's folder (holding lm/ and translation/).", flag_values=FLAGS
 )
+flags.DEFINE_integer(
+    "at_step",
+    0,
+    "Also compare every LM run folder under --runs at this evaluation step (for populations "
+    "stopped before their last step): writes table_step<N>.md, loss_vs_lr_step<N>.png and "
+    "populations_step<N>.jsonl. 0 = off.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_list(
+    "runs",
+    [],
+    "Population run folders (holding config.json and metrics.jsonl) for --at_step.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_float(
     "margin", 0.1, "Nats above the best seed-mean loss a trainable rate may be.", flag_values=FLAGS
 )
@@ -98,7 +112,49 @@ def read(out: pathlib.Path) -> list[dict]:
   return records
 
 
-def write_table(records: list[dict], out: pathlib.Path, margin: float) -> None:
+def record_at_step(workdir: pathlib.Path, step: int) -> dict:
+  """A population's record (the populations.jsonl schema) from its run folder, every member's
+  held-out loss and divergence taken at evaluation step `step`."""
+  config = json.loads((workdir / "config.json").read_text())
+  members: dict[int, dict] = {}
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    x = json.loads(line)
+    if x["step"] > step:
+      continue
+    m = members.setdefault(
+        x["member"], {k: x[k] for k in ("member", "seed", "learning_rate", "warmup_steps")}
+    )
+    if "loss" in x:
+      m["diverged"] = x["diverged"]
+    if "eval_loss" in x:
+      m["eval_loss"], m["eval_step"] = x["eval_loss"], x["step"]
+  reached = {m.get("eval_step") for m in members.values()}
+  if reached != {step}:
+    raise cli.UserError(
+        f"--at_step {step}: {workdir} has evaluations at steps up to {max(reached - {None}, default=0)}"
+        " for some members; give a step every run folder reached"
+    )
+  model = config["model"]
+  return {
+      "name": workdir.name,
+      "task": "lm",
+      "placement": model["norm_placement"],
+      "depth": model["num_layers"],
+      "steps": step,
+      "schedule_steps": config["steps"],
+      "vocab_size": model["vocab_size"],
+      "wall_s": 0.0,
+      "members": [members[i] for i in sorted(members)],
+  }
+
+
+def write_table(
+    records: list[dict],
+    out: pathlib.Path,
+    margin: float,
+    name: str = "table.md",
+    title: str = "final loss against peak learning rate, by placement and warmup",
+) -> None:
   rows = [
       "| task | depth | placement | warmup | best LR | best loss (seed min-max) | trainable "
       f"rates (mean within {margin:g} of best) | count | per-seed counts | LR sensitivity | "
@@ -113,7 +169,8 @@ def write_table(records: list[dict], out: pathlib.Path, margin: float) -> None:
       rates = trainable_rates(by_lr, margin)
       diverged = sum(bool(m.get("diverged")) for m in r["members"] if m["warmup_steps"] == warmup)
       rows.append(
-          f"| {r['task']} | {r['depth']} | {r['placement']} | {warmup} of {r['steps']} | "
+          f"| {r['task']} | {r['depth']} | {r['placement']} | "
+          f"{warmup} of {r.get('schedule_steps', r['steps'])} | "
           f"{best_lr:g} | {mean(band):.3f} ({min(band):.3f}-{max(band):.3f}) | "
           f"{rates[0]:g}-{rates[-1]:g} | {len(rates)}/{len(by_lr)} | "
           f"{', '.join(str(c) for c in per_seed_trainable(by_lr, margin))} | "
@@ -121,7 +178,7 @@ def write_table(records: list[dict], out: pathlib.Path, margin: float) -> None:
       )
   wall = sum(r["wall_s"] for r in records)
   text = (
-      "# Deep post-norm: final loss against peak learning rate, by placement and warmup\n\n"
+      f"# Deep post-norm: {title}\n\n"
       + "\n".join(rows)
       + "\n\nFinal loss = last held-out loss (nats per token); a diverged member, or one "
       "ending above ln(vocab), counts as ln(vocab). Trainable rates = the grid's rates whose "
@@ -131,7 +188,7 @@ def write_table(records: list[dict], out: pathlib.Path, margin: float) -> None:
       f"{len(records)} populations, {sum(len(r['members']) for r in records)} members; "
       f"training wall time {wall / 60:.1f} min (sum over populations).\n"
   )
-  (out / "table.md").write_text(text)
+  (out / name).write_text(text)
 
 
 def write_bleu(records: list[dict], out: pathlib.Path) -> None:
@@ -201,7 +258,9 @@ def plot(records: list[dict], out: pathlib.Path, key: str, name: str, ylabel: st
       )
     ax.set_xscale("log")
     depth = f"{r['depth']}+{r['depth']}" if r["task"] == "translation" else str(r["depth"])
-    ax.set_title(f"{r['task']}, depth {depth}, {r['steps']} steps")
+    steps = r.get("schedule_steps", r["steps"])
+    at = f"step {r['steps']} of {steps}" if steps != r["steps"] else f"{steps} steps"
+    ax.set_title(f"{r['task']}, depth {depth}, {at}")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
@@ -225,6 +284,16 @@ def main(argv=None) -> int:
   write_bleu(records, out)
   plot(records, out, "loss", "loss_vs_lr.png", "final held-out loss")
   plot(records, out, "eval_bleu", "bleu_vs_lr.png", "BLEU (greedy)")
+  if FLAGS.at_step:
+    step = FLAGS.at_step
+    partial = [record_at_step(pathlib.Path(d), step) for d in FLAGS.runs]
+    title = f"held-out loss at step {step} (the 'final loss' below), by placement and warmup"
+    write_table(partial, out, FLAGS.margin, f"table_step{step}.md", title)
+    plot(partial, out, "loss", f"loss_vs_lr_step{step}.png", f"held-out loss at step {step}")
+    with open(out / f"populations_step{step}.jsonl", "w") as f:
+      for r in partial:
+        f.write(json.dumps(r) + "\n")
+    print(f"wrote {out}/table_step{step}.md, loss_vs_lr_step{step}.png", flush=True)
   print(f"wrote {out}/table.md, bleu.md, loss_vs_lr.png, bleu_vs_lr.png", flush=True)
   return 0
 
