@@ -11,11 +11,11 @@ experiments/deep_postnorm_translation.py) and writes
                    seed-mean loss is within MARGIN nats of the configuration's best, and how many
                    of the grid's rates that is), every seed's own count of such rates, the LR
                    sensitivity (Wortsman et al. 2023) and the diverged members
-  bleu.md          translation: greedy corpus BLEU and exact match per placement, depth, warmup
-                   and rate, seed mean (min-max)
+  bleu.md          translation: greedy exact match per placement, depth, warmup and rate, seed
+                   mean (min-max), and the best corpus BLEU
   loss_vs_lr.png   final held-out loss against peak rate per task and depth, one line per
                    placement and warmup, seed mean with a min-max band
-  bleu_vs_lr.png   translation BLEU against peak rate, the same layout
+  exact_match_vs_lr.png  translation exact match against peak rate, the same layout
 
 A member's final loss is its last held-out evaluation loss; one that diverged or ends above the
 initial loss ln(vocab) counts as the initial loss (as scripts/lr_sensitivity.py does).
@@ -197,26 +197,29 @@ def write_bleu(records: list[dict], out: pathlib.Path) -> None:
     return
   rates = sorted({m["learning_rate"] for r in runs for m in r["members"]})
   rows = [
-      "| depth | placement | warmup | " + " | ".join(f"LR {lr:g}" for lr in rates) + " | best |",
+      "| depth | placement | warmup | "
+      + " | ".join(f"LR {lr:g}" for lr in rates)
+      + " | best BLEU |",
       "|---|---|---|" + "---|" * (len(rates) + 1),
   ]
   for r in sorted(runs, key=lambda r: (r["depth"], r["placement"])):
-    exact = by_warmup(r, "eval_exact_match")
-    for warmup, by_lr in sorted(by_warmup(r, "eval_bleu").items()):
-      cells = [f"{mean(by_lr[lr]):.1f} ({min(by_lr[lr]):.1f}-{max(by_lr[lr]):.1f})" for lr in rates]
-      best_lr = max(by_lr, key=lambda lr: mean(by_lr[lr]))
+    bleu = by_warmup(r, "eval_bleu")
+    for warmup, by_lr in sorted(by_warmup(r, "eval_exact_match").items()):
+      cells = [f"{mean(by_lr[lr]):.2f} ({min(by_lr[lr]):.2f}-{max(by_lr[lr]):.2f})" for lr in rates]
+      top = max(bleu[warmup].values(), key=mean)
       rows.append(
           f"| {r['depth']}+{r['depth']} | {r['placement']} | {warmup} of {r['steps']} | "
           + " | ".join(cells)
-          + f" | {mean(by_lr[best_lr]):.1f} at {best_lr:g}, exact match "
-          f"{mean(exact[warmup][best_lr]):.2f} |"
+          + f" | {mean(top):.1f} |"
       )
   text = (
-      "# Deep post-norm: translation BLEU against peak learning rate\n\n"
+      "# Deep post-norm: translation exact match (and BLEU) against peak learning rate\n\n"
       + "\n".join(rows)
-      + "\n\nGreedy corpus BLEU (sacrebleu, 0-100) of each member's translations of the first "
-      "held-out batches at the last step, seed mean (min-max over seeds); exact match = the "
-      "fraction of translations equal to the reference.\n"
+      + "\n\nExact match = the fraction of each member's greedy translations of the first "
+      "held-out batches, at the last step, equal to the reference; seed mean (min-max over "
+      "seeds). BLEU = the best seed-mean corpus BLEU-4 (sacrebleu) over the rates: it is 0 "
+      "whenever no translation has four words, which is the case for numbers up to 999 (at "
+      "most three words, e.g. 'nine hundred ninety-nine'), so exact match is the measure here.\n"
   )
   (out / "bleu.md").write_text(text)
 
@@ -283,7 +286,7 @@ def main(argv=None) -> int:
   write_table(records, out, FLAGS.margin)
   write_bleu(records, out)
   plot(records, out, "loss", "loss_vs_lr.png", "final held-out loss")
-  plot(records, out, "eval_bleu", "bleu_vs_lr.png", "BLEU (greedy)")
+  plot(records, out, "eval_exact_match", "exact_match_vs_lr.png", "exact match (greedy)")
   if FLAGS.at_step:
     step = FLAGS.at_step
     partial = [record_at_step(pathlib.Path(d), step) for d in FLAGS.runs]
@@ -294,7 +297,7 @@ def main(argv=None) -> int:
       for r in partial:
         f.write(json.dumps(r) + "\n")
     print(f"wrote {out}/table_step{step}.md, loss_vs_lr_step{step}.png", flush=True)
-  print(f"wrote {out}/table.md, bleu.md, loss_vs_lr.png, bleu_vs_lr.png", flush=True)
+  print(f"wrote {out}/table.md, bleu.md, loss_vs_lr.png, exact_match_vs_lr.png", flush=True)
   return 0
 
 
