@@ -217,9 +217,11 @@ def write_bleu(records: list[dict], out: pathlib.Path) -> None:
       + "\n".join(rows)
       + "\n\nExact match = the fraction of each member's greedy translations of the first "
       "held-out batches, at the last step, equal to the reference; seed mean (min-max over "
-      "seeds). BLEU = the best seed-mean corpus BLEU-4 (sacrebleu) over the rates: it is 0 "
-      "whenever no translation has four words, which is the case for numbers up to 999 (at "
-      "most three words, e.g. 'nine hundred ninety-nine'), so exact match is the measure here.\n"
+      "seeds). BLEU = the best seed-mean corpus BLEU-4 (sacrebleu) over the rates. On numbers "
+      "up to 999 it is degenerate: most translations have one to three words, so only the one "
+      "or two held-out numbers with four or more tokens (e.g. 'seven hundred twenty-one') can "
+      "match a 4-gram, and BLEU reads 0 even for members with most translations exact. Exact "
+      "match is the measure here.\n"
   )
   (out / "bleu.md").write_text(text)
 
