@@ -12,12 +12,13 @@ without a learning-rate warmup it fails to train, while pre-norm trains without 
 depth-4 study (experiments/lr_sensitivity.py) found warmup did not widen post-norm's range of
 trainable rates; this sweep asks again at depth 12, with a longer warmup too.
 
-Language modelling: placement {post, pre, sandwich} at depth 12, each one population of
-7 peak learning rates (1e-4 ... 1e-1) x warmup {0, 10%, 25% of steps} x 3 seeds = 63 members,
-2,000 steps: 189 models. The models are the depth-4 study's tiny byte-level decoders (d_model
-32, 2 heads, batches of 4 x 16 bytes of the bundled corpus) so the study fits a 2-core CPU;
-`--scale` is the same grid at d_model 256, batches of 32 x 128, 5,000 steps and depths 12 and
-24, for an accelerator. Translation is experiments/deep_postnorm_translation.py.
+Language modelling: placement {post, pre} at depth 12, each one population of 7 peak learning
+rates (3e-4 ... 3e-1) x warmup {0, 10%, 25% of steps} x 3 seeds = 63 members, 2,000 steps:
+126 models. They are tiny byte-level decoders (d_model 16, 2 heads, batches of 4 x 16 bytes of
+the bundled corpus), so that the study fits a shared 2-core CPU: about 7 CPU-minutes per
+population. `--scale` is the same grid at d_model 256, batches of 32 x 128 and 5,000 steps, with
+sandwich too and depths 12 and 24, for an accelerator. Translation is
+experiments/deep_postnorm_translation.py; results and reading: experiments/results/deep_postnorm.
 """
 
 BASE = "gpt2.py:tiny"

@@ -3,12 +3,14 @@
     python scripts/lr_sensitivity.py --sweep experiments/deep_postnorm_translation.py \
         --out experiments/results/deep_postnorm/translation
 
-The translation half of experiments/deep_postnorm.py (read its docstring): the bundled numbers
-task (digits -> English words, up to 999), the 2017 model (experiments/transformer.py: learned
-nothing positional, sinusoids, ReLU, tied embeddings) narrowed to d_model 16, at depth 6+6 and
-12+12, placement {post, pre}; each one population of 7 peak rates x warmup {0, 10% of steps} x
-3 seeds = 42 members, 2,000 steps of batches of 4 pairs, scored at the end by held-out loss and
-greedy corpus BLEU (sacrebleu) on 32 held-out numbers.
+The translation half of experiments/deep_postnorm.py (read its docstring). The task is the
+bundled numbers task (digits -> English words, up to 999). The model is the 2017 one
+(experiments/transformer.py: sinusoids, ReLU, tied embeddings), narrowed to d_model 16, with
+placement {post, pre}, at depth 6+6 (`--scale`: 6+6 and 12+12 at d_model 256). Each placement
+is one population of 7 peak rates x warmup {0, 10% of steps} x 3 seeds = 42 members, trained for
+1,000 steps on batches of 4 pairs. At the end each member is scored by its held-out loss, and by
+greedy exact match and corpus BLEU (sacrebleu) on the first 8 held-out numbers. BLEU-4 is
+degenerate on numbers this short: see experiments/results/deep_postnorm.
 """
 
 BASE = "transformer.py:tiny"
