@@ -83,6 +83,9 @@ def summarize(workdir: pathlib.Path, config) -> list[dict]:
         m["diverged_at"] = x["diverged_at"]
     if "eval_loss" in x:
       m["eval_loss"] = x["eval_loss"]
+      for key in ("eval_bleu", "eval_exact_match"):  # translation's own metrics
+        if key in x:
+          m[key] = x[key]
       m.setdefault("eval_steps", []).append(x["step"])
       logits = x.get("attention_logit_max", {}).get("decoder", [])
       m.setdefault("attention_logit_max", []).append(max(logits) if logits else None)
