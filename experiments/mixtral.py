@@ -3,8 +3,8 @@ feed-forward is 8 SwiGLU experts, 2 routed per token.
 
 | preset | layers | d_model | heads / kv | d_ff  | experts, top-k | parameters (active) |
 |--------|--------|---------|------------|-------|----------------|---------------------|
-| tiny   | 2      | 64      | 4 / 2      | 128   | 4, 2           | 0.2M                |
-| cpu    | 4      | 128     | 4 / 2      | 256   | 8, 2           | 1.7M (0.6M)         |
+| tiny   | 2      | 64      | 4 / 2      | 128   | 4, 2           | 0.25M               |
+| cpu    | 4      | 128     | 4 / 2      | 256   | 8, 2           | 3.4M (1.1M)         |
 | 8x7b   | 32     | 4,096   | 32 / 8     | 14,336| 8, 2           | 46.7B (12.9B)       |
 
 8x7b: RMSNorm, RoPE (theta 1e6), grouped-query attention with 128-wide heads, untied 32,000-row

@@ -22,10 +22,11 @@ from transformers_jax.train.state import (  # noqa: F401  (the state the steps u
 )
 
 
-def sown_mean(tree, name: str):
-  """The mean over layers of the values sown as `name` (a scalar or [E] per layer)."""
+def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
+  """The mean over layers of the values of `shape` sown as `name` (a scanned stack sows them
+  with a leading layer axis)."""
   values = [
-      jnp.reshape(leaf, (-1,) + jnp.shape(leaf)[-1:] if jnp.ndim(leaf) > 1 else (-1,))
+      jnp.reshape(leaf, (-1, *shape))
       for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
       if name in jax.tree_util.keystr(path)
   ]
@@ -80,7 +81,9 @@ def make_loss_fn(
         objective = objective + weight * sums[key]
       stats = state["moe_stats"]
       sums["moe_dropped"] = sown_mean(stats, "dropped_fraction") * sums["weight"]
-      sums["moe_expert_fraction"] = sown_mean(stats, "expert_fraction") * sums["weight"]
+      sums["moe_expert_fraction"] = (
+          sown_mean(stats, "expert_fraction", (model_cfg.num_experts,)) * sums["weight"]
+      )
     return objective, sums
 
   return loss_fn
