@@ -2,7 +2,7 @@
 
     python tests/moe_worker.py '{"steps": 5, "meshes": {"one": {"data": 1}, ...}}'
 
-Trains experiments/mixtral.py:tiny (ragged, dropless) on the same batches under each mesh of the
+Trains experiments/mixtral.py:tiny (ragged, dropless; one layer) on the same batches under each mesh of the
 spec (a mesh of {"data": 1} runs on one device), and reports each run's losses and the
 collectives of its compiled step. Prints one JSON object.
 """
@@ -57,7 +57,7 @@ def main():
   spec = json.loads(sys.argv[1])
   config = load_config_module(str(ROOT / "experiments" / "mixtral.py")).get_config("tiny")
   config.unlock()
-  config.batch_size, config.seq_len = 8, 32
+  config.batch_size, config.seq_len, config.model.num_layers = 8, 32, 1
   config.moe_router_z_weight = 1e-3
   for key, value in spec.get("model", {}).items():
     config.model[key] = value

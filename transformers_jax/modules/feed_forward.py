@@ -73,8 +73,8 @@ class MoE(nn.Module):
   Both hold the same parameters. Sows, for the trainer:
     losses/moe_aux_loss — the Switch Transformer load-balancing loss E * sum_e f_e * P_e (f_e:
       fraction of routing choices sent to e; P_e: mean router probability), 1 when uniform;
-    losses/moe_router_z_loss — ST-MoE's router z-loss, the mean squared log-sum-exp of the
-      router logits;
+    moe_stats/router_z_loss — ST-MoE's router z-loss, the mean squared log-sum-exp of the
+      router logits (weighted by the trainer's moe_router_z_weight);
     moe_stats/expert_fraction — f_e, [E]; moe_stats/dropped_fraction — choices not computed;
   and intermediates/moe_dropped_fraction for evaluation.
   """
@@ -126,7 +126,7 @@ class MoE(nn.Module):
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
     self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    self.sow("losses", "moe_router_z_loss", jnp.mean(jnp.square(log_z)))
+    self.sow("moe_stats", "router_z_loss", jnp.mean(jnp.square(log_z)))
     self.sow("moe_stats", "expert_fraction", fraction)
     self.sow("moe_stats", "dropped_fraction", 1.0 - kept_fraction)
     self.sow("intermediates", "moe_dropped_fraction", 1.0 - kept_fraction)

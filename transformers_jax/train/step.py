@@ -67,19 +67,18 @@ def make_loss_fn(
     )
     objective = sums["loss"]
     if moe:
-      losses = state["losses"]
-      for key, name, weight in (
-          ("aux", "moe_aux_loss", moe_aux_weight),
-          ("router_z", "moe_router_z_loss", moe_router_z_weight),
+      stats = state["moe_stats"]
+      for key, tree, name, weight in (
+          ("aux", state["losses"], "moe_aux_loss", moe_aux_weight),
+          ("router_z", stats, "router_z_loss", moe_router_z_weight),
       ):
         total = sum(
             jnp.sum(leaf)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(losses)[0]
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
             if name in jax.tree_util.keystr(path)
         )
         sums[key] = total * sums["weight"]
         objective = objective + weight * sums[key]
-      stats = state["moe_stats"]
       sums["moe_dropped"] = sown_mean(stats, "dropped_fraction") * sums["weight"]
       sums["moe_expert_fraction"] = (
           sown_mean(stats, "expert_fraction", (model_cfg.num_experts,)) * sums["weight"]
