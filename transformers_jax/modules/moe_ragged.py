@@ -3,8 +3,9 @@
 Every device routes its own tokens. The k choices of its N tokens become N*k rows, sorted by
 expert (first choices before second ones, so that a capacity, when set, drops the later
 choices first); each expert's rows are then one contiguous group, and the expert matmuls are
-grouped matmuls over those groups: `jax.lax.ragged_dot` where XLA has a grouped kernel (TPU,
-GPU). On the CPU, whose `ragged_dot` multiplies every row by every expert, the groups are padded
+grouped matmuls over those groups: on TPU the megablox Pallas kernel (`gmm`; XLA's own
+`ragged_dot` there multiplies the weight gradient by every group), on GPU `jax.lax.ragged_dot`.
+On the CPU, whose `ragged_dot` multiplies every row by every expert, the groups are padded
 to blocks of rows instead and each block multiplied by its expert's weights: the same result at
 the cost of the rows actually routed. With `moe_dropless` no choice is dropped; otherwise each
 expert takes at most ceil(capacity_factor * N * k / E) rows of the device's N tokens.
@@ -106,17 +107,35 @@ def grouped_ffn_blocked(xs, group_sizes, weights, act, gated: bool, block: int |
   return jnp.where(valid[:, None], out[dest], 0)
 
 
-def grouped_ffn_ragged_dot(xs, group_sizes, weights, act, gated: bool):
-  """The expert FFN of sorted rows xs [M, D] with `jax.lax.ragged_dot` (rows past the groups are
-  given to the last group, then zeroed)."""
+def tpu_grouped_matmul(x, w, sizes):
+  """x [M, K] (M a multiple of 128) times w [G, K, N] per group of rows, with the megablox
+  Pallas kernel: tiles of rows meet only their own group's weights, forward and backward (XLA's
+  ragged_dot computes the weight gradient against every group)."""
+  from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
+
+  tiling = (128, min(128, x.shape[1]), min(128, w.shape[2]))
+  return megablox.gmm(x, w, sizes, preferred_element_type=x.dtype, tiling=tiling)
+
+
+def grouped_ffn_ragged_dot(xs, group_sizes, weights, act, gated: bool, tpu: bool = False):
+  """The expert FFN of sorted rows xs [M, D] with `jax.lax.ragged_dot` (`tpu`: the megablox
+  kernel, on rows padded to a multiple of 128); rows past the groups are given to the last
+  group, then zeroed."""
   m = xs.shape[0]
   e = group_sizes.shape[0]
+  if tpu and m % 128:
+    pad = -m % 128
+    out = grouped_ffn_ragged_dot(
+        jnp.pad(xs, ((0, pad), (0, 0))), group_sizes, weights, act, gated, tpu
+    )
+    return out[:m]
   total = jnp.sum(group_sizes)
   sizes = group_sizes.at[-1].add(m - total)
   row_group = jnp.minimum(_group_of_rows(sizes, m), e - 1)
+  matmul = tpu_grouped_matmul if tpu else jax.lax.ragged_dot
 
   def mm(x, name):
-    out = jax.lax.ragged_dot(x, weights[name], sizes)
+    out = matmul(x, weights[name], sizes)
     bias = weights.get("b" + name[1:]) if name != "wo" else None
     return out if bias is None else out + bias[row_group]
 
@@ -135,10 +154,10 @@ def add_output_bias(out, group_sizes, bias):
 
 def grouped_ffn(xs, group_sizes, weights, act, gated: bool, platform: str):
   """The expert FFN of rows sorted by expert, without the output bias (`bo`, which the caller
-  adds once the partial sums of a split hidden dimension are summed): ragged_dot on TPU and
-  GPU, blocks elsewhere."""
+  adds once the partial sums of a split hidden dimension are summed): the megablox kernel on
+  TPU, ragged_dot on GPU, blocks elsewhere."""
   if platform in ("tpu", "gpu", "cuda", "rocm"):
-    return grouped_ffn_ragged_dot(xs, group_sizes, weights, act, gated)
+    return grouped_ffn_ragged_dot(xs, group_sizes, weights, act, gated, tpu=platform == "tpu")
   return grouped_ffn_blocked(xs, group_sizes, weights, act, gated)
 
 
