@@ -64,7 +64,9 @@ def sort_choices(top_i, num_experts: int, capacity: int | None):
 
 def _group_of_rows(group_sizes, rows: int):
   """The group of each of `rows` sorted rows ([rows]; len(group_sizes) past the last group)."""
-  return jnp.searchsorted(jnp.cumsum(group_sizes), jnp.arange(rows), side="right")
+  return jnp.searchsorted(
+      jnp.cumsum(group_sizes), jnp.arange(rows), side="right", method="compare_all"
+  )
 
 
 def block_rows(rows: int, groups: int) -> int:
@@ -85,7 +87,9 @@ def grouped_ffn_blocked(xs, group_sizes, weights, act, gated: bool, block: int |
   padded_start = jnp.cumsum(padded) - padded
   start = jnp.cumsum(group_sizes) - group_sizes
   slots = jnp.arange(blocks * b)
-  slot_group = jnp.minimum(jnp.searchsorted(jnp.cumsum(padded), slots, side="right"), e - 1)
+  slot_group = jnp.minimum(
+      jnp.searchsorted(jnp.cumsum(padded), slots, side="right", method="compare_all"), e - 1
+  )
   offset = slots - padded_start[slot_group]
   slot_valid = offset < group_sizes[slot_group]
   source = jnp.clip(start[slot_group] + offset, 0, m - 1)
