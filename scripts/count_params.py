@@ -17,7 +17,7 @@ from transformers_jax import cli
 FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_bool("json", False, "Print JSON instead of the markdown table.", flag_values=FLAGS)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FILES = ("gpt2", "gpt3", "bert", "transformer", "vit")
+FILES = ("gpt2", "gpt3", "bert", "transformer", "vit", "mixtral")
 
 
 def rows():

@@ -29,6 +29,7 @@ ACTIVATIONS = {
     "geglu": ("gelu", {"approximate": False}, True),
 }
 FEED_FORWARDS = ("dense", "moe")
+MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -91,6 +92,10 @@ class ModelConfig:
   top_k: int = 2  # moe: experts each token is routed to
   capacity_factor: float = 1.25  # moe: expert capacity = ceil(cf * tokens * top_k / E)
   moe_every: int = 1  # moe: every n-th block uses MoE (1 = all); others stay dense
+  # moe: dense ([B, T, E, C] one-hot einsums with a capacity, the reference) | ragged (tokens
+  # sorted by expert, grouped matmuls; with mesh.expert > 1 tokens travel to their experts)
+  moe_impl: str = "dense"
+  moe_dropless: bool = True  # ragged: compute every routing choice; False = capacity_factor drops
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
   head: str = (
@@ -236,6 +241,7 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "norm", NORMS)
   _choice(c, "activation", tuple(ACTIVATIONS))
   _choice(c, "feed_forward", FEED_FORWARDS)
+  _choice(c, "moe_impl", MOE_IMPLS)
   _choice(c, "remat", REMAT_POLICIES)
   _choice(c, "attention_impl", ATTENTION_IMPLS)
   _choice(c, "dtype", DTYPES)

@@ -7,8 +7,9 @@ maps each name to a mesh axis (or None: replicated). The mesh has five named axe
   context — the tokens of each sequence (activations' `act_length`); attention gathers keys
             and values over it (modules/context.py)
   tensor  — Megatron-style split of attention heads and the feed-forward hidden dimension
-  expert  — mixture-of-experts experts
-The batch is split over data × fsdp. Axes are laid out in this order, the last ones on the
+  expert  — mixture-of-experts experts; the batch is split over it too, and the MoE layers
+            send each token to the devices of its experts and back (modules/moe_ragged.py)
+The batch is split over data × fsdp × expert. Axes are laid out in this order, the last ones on the
 nearest chips: context and tensor, whose collectives run in every layer, get the fastest links.
 """
 
@@ -26,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from transformers_jax.cluster_join import JoinError, initialize_distributed  # noqa: F401
 
 MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
-BATCH_AXES = ("data", "fsdp")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical name -> mesh axis (None = replicated)
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -168,7 +169,7 @@ def logical_shardings(abstract_boxed, mesh: Mesh, rule_table):
 
 
 def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh):
-  """This process's slice of a global batch -> global jax Arrays split over data × fsdp.
+  """This process's slice of a global batch -> global jax Arrays split over the batch axes.
 
   With one process the slice is the whole batch; with many, each process passes its own rows.
   """

@@ -46,7 +46,8 @@ def training_fields() -> ml_collections.ConfigDict:
   c.grad_clip = 1.0  # global-norm clipping; 0 = off
   c.grad_accum_steps = 1  # micro-batches per update (batch_size must divide evenly)
   c.label_smoothing = 0.0  # label smoothing of the cross-entropy (the 2017 paper used 0.1)
-  c.moe_aux_weight = 0.01  # weight of the MoE load-balancing loss
+  c.moe_aux_weight = 0.01  # weight of the MoE load-balancing loss (Switch Transformer)
+  c.moe_router_z_weight = 0.0  # weight of the MoE router z-loss (ST-MoE uses 1e-3); 0 = off
   c.z_loss = 0.0  # weight of log(Z)^2, the squared log-partition of the output logits; 0 = off
   c.seed = 0  # parameters, dropout and the batch stream all derive from it
   c.log_every = 50  # steps between metrics lines
@@ -143,6 +144,7 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
       "grad_clip",
       "weight_decay",
       "moe_aux_weight",
+      "moe_router_z_weight",
       "z_loss",
       "population.seeds",
       "sample.max_new_tokens",

@@ -106,7 +106,7 @@ class Stack(nn.Module):
     if c.scan_layers:
       body = nn.scan(
           block,
-          variable_axes={"params": 0, "intermediates": 0, "losses": 0, "cache": 0},
+          variable_axes={"params": 0, "intermediates": 0, "losses": 0, "moe_stats": 0, "cache": 0},
           split_rngs={"params": True, "dropout": True},
           in_axes=(nn.broadcast,) * len(args),
           length=self.num_layers,

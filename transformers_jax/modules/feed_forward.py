@@ -17,6 +17,8 @@ from transformers_jax.modules.common import (
     normal,
     zeros,
 )
+from transformers_jax.modules.moe_ragged import ragged_moe
+from transformers_jax.modules.splash import target_platform
 
 
 class FeedForward(nn.Module):
@@ -65,9 +67,16 @@ def route(router_probs, top_k: int, capacity: int):
 class MoE(nn.Module):
   """Mixture of experts replacing the FFN: a router picks top_k of num_experts per token.
 
-  Sows `losses/moe_aux_loss` — the Switch Transformer load-balancing loss
-  E * sum_e f_e * P_e (f_e: fraction of routing choices sent to e; P_e: mean router probability),
-  which is 1 when routing is uniform. The trainer adds it times its weight to the loss.
+  `moe_impl` says how tokens reach their experts: `dense`, one-hot [B, T, E, C] dispatch and
+  combine einsums with a per-sequence capacity (the reference); `ragged`, tokens sorted by
+  expert and grouped matmuls, dropless unless `moe_dropless=False` (modules/moe_ragged.py).
+  Both hold the same parameters. Sows, for the trainer:
+    losses/moe_aux_loss — the Switch Transformer load-balancing loss E * sum_e f_e * P_e (f_e:
+      fraction of routing choices sent to e; P_e: mean router probability), 1 when uniform;
+    moe_stats/router_z_loss — ST-MoE's router z-loss, the mean squared log-sum-exp of the
+      router logits (weighted by the trainer's moe_router_z_weight);
+    moe_stats/expert_fraction — f_e, [E]; moe_stats/dropped_fraction — choices not computed;
+  and intermediates/moe_dropped_fraction for evaluation.
   """
 
   cfg: "ModelConfig"  # noqa: F821
@@ -77,33 +86,64 @@ class MoE(nn.Module):
     c = self.cfg
     B, T, D = x.shape
     E, F = c.num_experts, c.ff_width
-    capacity = max(1, math.ceil(c.capacity_factor * T * c.top_k / E))
     logits = dense(c, E, -1, ("embed", "experts"), ("experts",), "router", use_bias=False)(x)
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    combine, dispatch, choice = route(probs, c.top_k, capacity)
-    fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
-    self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
-    self.sow("intermediates", "moe_dropped_fraction", 1.0 - jnp.sum(dispatch) / (B * T * c.top_k))
-
+    logits = logits.astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
     def weight(name, shape, names):
       return self.param(name, normal(c.init_std, names), shape, pdt).astype(dt)
 
     def bias(name, shape, names):  # [E, 1, width] broadcast over batch and capacity slots
-      if not c.use_bias:
-        return 0.0
-      return self.param(name, zeros(names), shape, pdt).astype(dt)[None]
+      return self.param(name, zeros(names), shape, pdt).astype(dt)
 
-    xe = jnp.einsum("btd,btec->becd", x.astype(dt), dispatch.astype(dt))  # [B, E, C, D]
-    act = activation(c.activation)
-    h = jnp.einsum("becd,edf->becf", xe, weight("wi", (E, D, F), ("experts", "embed", "mlp")))
-    h = h + bias("bi", (E, 1, F), ("experts", None, "mlp"))
+    weights = {
+        "wi": weight("wi", (E, D, F), ("experts", "embed", "mlp")),
+        **({"bi": bias("bi", (E, 1, F), ("experts", None, "mlp"))} if c.use_bias else {}),
+    }
     if c.gated:
-      h1 = jnp.einsum("becd,edf->becf", xe, weight("wi_1", (E, D, F), ("experts", "embed", "mlp")))
-      h = act(h) * (h1 + bias("bi_1", (E, 1, F), ("experts", None, "mlp")))
+      weights["wi_1"] = weight("wi_1", (E, D, F), ("experts", "embed", "mlp"))
+      if c.use_bias:
+        weights["bi_1"] = bias("bi_1", (E, 1, F), ("experts", None, "mlp"))
+    weights["wo"] = weight("wo", (E, F, D), ("experts", "mlp", "embed"))
+    if c.use_bias:
+      weights["bo"] = bias("bo", (E, 1, D), ("experts", None, "embed"))
+
+    if c.moe_impl == "ragged":
+      top_p, top_i = jax.lax.top_k(probs, c.top_k)
+      top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+      choice = jax.nn.one_hot(top_i, E, dtype=jnp.float32)
+      flat = {k: (v[:, 0] if k.startswith("b") else v) for k, v in weights.items()}
+      out, kept = ragged_moe(
+          c, x.astype(dt), top_p, top_i, flat, activation(c.activation), target_platform()
+      )
+      kept_fraction = jnp.sum(kept) / (B * T * c.top_k)
     else:
-      h = act(h)
-    out = jnp.einsum("becf,efd->becd", h, weight("wo", (E, F, D), ("experts", "mlp", "embed")))
-    out = out + bias("bo", (E, 1, D), ("experts", None, "embed"))
-    return jnp.einsum("becd,btec->btd", out, combine.astype(dt))
+      capacity = max(1, math.ceil(c.capacity_factor * T * c.top_k / E))
+      combine, dispatch, choice = route(probs, c.top_k, capacity)
+      out = dense_experts(c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights)
+      kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
+    fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
+    self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    self.sow("moe_stats", "router_z_loss", jnp.mean(jnp.square(log_z)))
+    self.sow("moe_stats", "expert_fraction", fraction)
+    self.sow("moe_stats", "dropped_fraction", 1.0 - kept_fraction)
+    self.sow("intermediates", "moe_dropped_fraction", 1.0 - kept_fraction)
+    return out
+
+
+def dense_experts(c, x, combine, dispatch, weights):
+  """The experts on capacity slots: x [B, T, D] dispatched to [B, E, C, D], each expert's FFN,
+  combined back to [B, T, D] with the routing weights."""
+  act = activation(c.activation)
+  zero = 0.0
+  xe = jnp.einsum("btd,btec->becd", x, dispatch)  # [B, E, C, D]
+  h = jnp.einsum("becd,edf->becf", xe, weights["wi"]) + weights.get("bi", zero)
+  if c.gated:
+    h1 = jnp.einsum("becd,edf->becf", xe, weights["wi_1"]) + weights.get("bi_1", zero)
+    h = act(h) * h1
+  else:
+    h = act(h)
+  out = jnp.einsum("becf,efd->becd", h, weights["wo"]) + weights.get("bo", zero)
+  return jnp.einsum("becd,btec->btd", out, combine)

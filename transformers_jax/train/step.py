@@ -22,15 +22,39 @@ from transformers_jax.train.state import (  # noqa: F401  (the state the steps u
 )
 
 
-def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float, z_loss=0.0):
+def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
+  """The mean over layers of the values of `shape` sown as `name` (a scanned stack sows them
+  with a leading layer axis)."""
+  values = [
+      jnp.reshape(leaf, (-1, *shape))
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+      if name in jax.tree_util.keystr(path)
+  ]
+  return jnp.mean(jnp.concatenate(values), axis=0)
+
+
+def make_loss_fn(
+    task,
+    model_cfg,
+    label_smoothing: float,
+    moe_aux_weight: float,
+    z_loss=0.0,
+    moe_router_z_weight: float = 0.0,
+):
   """loss(params, batch, rng) -> (objective, sums) for a Task (transformers_jax.tasks).
-  `z_loss` may be a float or, given as loss(params, batch, rng, z_loss), a traced scalar."""
+  `z_loss` may be a float or, given as loss(params, batch, rng, z_loss), a traced scalar.
+  A MoE model adds its load-balancing loss and router z-loss (summed over layers) times their
+  weights, and reports the per-expert share of routing choices and the dropped fraction."""
   train_model = build_model(model_cfg, deterministic=False)
   moe = model_cfg.feed_forward == "moe"
 
   def loss_fn(params, batch, rng, z_weight=z_loss):
     (logits, targets, weights), state = task.outputs(
-        train_model, {"params": params}, batch, {"dropout": rng}, ["losses"]
+        train_model,
+        {"params": params},
+        batch,
+        {"dropout": rng},
+        ["losses", "moe_stats"] if moe else ["losses"],
     )
     padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
     sums = cross_entropy(
@@ -43,9 +67,22 @@ def make_loss_fn(task, model_cfg, label_smoothing: float, moe_aux_weight: float,
     )
     objective = sums["loss"]
     if moe:
-      aux = sum(jnp.sum(a) for a in jax.tree_util.tree_leaves(state["losses"]))
-      sums["aux"] = aux * sums["weight"]
-      objective = objective + moe_aux_weight * sums["aux"]
+      stats = state["moe_stats"]
+      for key, tree, name, weight in (
+          ("aux", state["losses"], "moe_aux_loss", moe_aux_weight),
+          ("router_z", stats, "router_z_loss", moe_router_z_weight),
+      ):
+        total = sum(
+            jnp.sum(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if name in jax.tree_util.keystr(path)
+        )
+        sums[key] = total * sums["weight"]
+        objective = objective + weight * sums[key]
+      sums["moe_dropped"] = sown_mean(stats, "dropped_fraction") * sums["weight"]
+      sums["moe_expert_fraction"] = (
+          sown_mean(stats, "expert_fraction", (model_cfg.num_experts,)) * sums["weight"]
+      )
     return objective, sums
 
   return loss_fn
@@ -57,7 +94,13 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
   over its members (train/members.py). `optimizer(hparams)` is the optax transformation for
   those hyperparameters (optim.HPARAMS: Python numbers, or a member's traced scalars);
   `grad_shardings` pins the accumulated gradients of micro-batches to the parameters' layout."""
-  loss_fn = make_loss_fn(task, model_cfg, config.label_smoothing, config.moe_aux_weight)
+  loss_fn = make_loss_fn(
+      task,
+      model_cfg,
+      config.label_smoothing,
+      config.moe_aux_weight,
+      moe_router_z_weight=config.moe_router_z_weight,
+  )
   accum = config.grad_accum_steps
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -98,6 +141,11 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
       metrics["log_z_squared"] = sums["z_loss"] / weight
     if "aux" in sums:
       metrics["moe_aux_loss"] = sums["aux"] / weight
+      metrics["moe_router_z_loss"] = sums["router_z"] / weight
+      metrics["moe_dropped_fraction"] = sums["moe_dropped"] / weight
+      fractions = sums["moe_expert_fraction"] / weight
+      for e in range(model_cfg.num_experts):  # share of routing choices per expert
+        metrics[f"moe_expert_fraction_{e}"] = fractions[e]
     return params, opt_state, metrics
 
   return update

@@ -1,0 +1,74 @@
+"""Run in a subprocess by tests/test_moe.py, with 8 simulated CPU devices.
+
+    python tests/moe_worker.py '{"steps": 5, "meshes": {"one": {"data": 1}, ...}}'
+
+Trains experiments/mixtral.py:tiny (ragged, dropless; one layer) on the same batches under each mesh of the
+spec (a mesh of {"data": 1} runs on one device), and reports each run's losses and the
+collectives of its compiled step. Prints one JSON object.
+"""
+
+import json
+import math
+import os
+import pathlib
+import re
+import sys
+import tempfile
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from transformers_jax import parallel  # noqa: E402
+from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
+from transformers_jax.tasks import task_data, task_for  # noqa: E402
+from transformers_jax.train import optim  # noqa: E402
+from transformers_jax.train.step import create_state, make_train_step  # noqa: E402
+
+
+def run(config, model_cfg, task, batches, axes):
+  devices = jax.devices()[: math.prod(axes.values())]
+  mesh = parallel.make_mesh(axes, devices)
+  rules = parallel.rules()
+  tx = optim.make_optimizer(config)
+  state, shardings = create_state(model_cfg, tx, mesh, rules, config.seed)
+  step = make_train_step(
+      task, model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
+  )
+  text = step.lower(state, parallel.put_batch(batches[0], mesh)).compile().as_text()
+  losses, metrics = [], {}
+  for batch in batches:
+    state, metrics = step(state, parallel.put_batch(batch, mesh))
+    losses.append(float(metrics["loss"]))
+  return {
+      "losses": losses,
+      "collectives": sorted(set(re.findall(r"\b(all-to-all|all-gather|reduce-scatter)\(", text))),
+      "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("moe_")},
+  }
+
+
+def main():
+  spec = json.loads(sys.argv[1])
+  config = load_config_module(str(ROOT / "experiments" / "mixtral.py")).get_config("tiny")
+  config.unlock()
+  config.batch_size, config.seq_len, config.model.num_layers = 8, 32, 1
+  config.moe_router_z_weight = 1e-3
+  for key, value in spec.get("model", {}).items():
+    config.model[key] = value
+  model_cfg = ModelConfig.from_dict(config.model)
+  task = task_for(model_cfg)
+  with tempfile.TemporaryDirectory() as tmp:
+    data = task_data(task, config, model_cfg, tmp)
+    batches = [data.train_batch(s) for s in range(spec["steps"])]
+  out = {name: run(config, model_cfg, task, batches, axes) for name, axes in spec["meshes"].items()}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()
