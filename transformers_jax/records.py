@@ -1,10 +1,12 @@
 """The run folder's JSON records read with one-line errors naming the file: config.json (one
-object) and run_history.jsonl (one object per line)."""
+object) and run_history.jsonl (one object per line), and how every process writes a record."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import tempfile
 
 from transformers_jax.errors import RunError
 
@@ -42,3 +44,18 @@ def read_history(path: pathlib.Path) -> list[dict]:
       )
     entries.append(entry)
   return entries
+
+
+def write_text_atomically(path, text: str) -> None:
+  """Writes `path` so that a reader sees either the old file (or none) or all of `text`, never
+  a part: the processes of a multi-process run each write the same records into one run folder
+  and read them back, and a reader racing a plain write_text reads a truncated file."""
+  path = pathlib.Path(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise

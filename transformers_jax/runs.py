@@ -72,7 +72,9 @@ class Run:
 
   def write_config(self, config) -> None:
     self.path.mkdir(parents=True, exist_ok=True)
-    self.config_path.write_text(config.to_json_best_effort(indent=1, sort_keys=True))
+    records.write_text_atomically(
+        self.config_path, config.to_json_best_effort(indent=1, sort_keys=True)
+    )
 
   def tokenizer(self):
     """The run's tokenizer, or None (image runs, or converted models without one)."""
@@ -274,7 +276,7 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
   }
   info.update({"data_source": data_source} if data_source else {})  # see train/resume.py
   path = pathlib.Path(workdir) / "run.json"
-  path.write_text(json.dumps(info, indent=1) + "\n")
+  records.write_text_atomically(path, json.dumps(info, indent=1) + "\n")
   return info
 
 

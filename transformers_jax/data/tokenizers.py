@@ -10,6 +10,7 @@ import pathlib
 from collections.abc import Iterable, Sequence
 
 from transformers_jax.data.errors import DataError
+from transformers_jax.records import write_text_atomically
 
 BPE_SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]")
 
@@ -51,7 +52,7 @@ class Tokenizer:
     raise NotImplementedError
 
   def save(self, path: str | pathlib.Path) -> None:
-    pathlib.Path(path).write_text(self.to_json(), encoding="utf-8")
+    write_text_atomically(path, self.to_json())  # every process of a run saves the same file
 
 
 class ByteTokenizer(Tokenizer):
