@@ -17,7 +17,7 @@ with `num_classes` for `BertForSequenceClassification`.
         --workdir runs/bert-classify --config.init_from=runs/bert-mlm
 """
 
-from transformers_jax.train_config import preset_config
+from transformers_jax.train_config import TINY_RUN, preset_config
 
 BERT = dict(
     family="encoder",
@@ -61,26 +61,8 @@ PRESETS = {
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
-    "tiny": dict(
-        steps=200,
-        batch_size=16,
-        seq_len=64,
-        learning_rate=3e-3,
-        warmup_steps=20,
-        log_every=20,
-        eval_every=100,
-        checkpoint_every=100,
-    ),
-    "classify": dict(
-        steps=200,
-        batch_size=16,
-        seq_len=64,
-        learning_rate=1e-3,
-        warmup_steps=20,
-        log_every=20,
-        eval_every=100,
-        checkpoint_every=100,
-    ),
+    "tiny": TINY_RUN,
+    "classify": dict(TINY_RUN, learning_rate=1e-3),
 }
 
 

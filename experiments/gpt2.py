@@ -11,7 +11,7 @@ V*d + 1024*d + L*(12d^2 + 13d) + 2d.
     python -m transformers_jax.param_count --config experiments/gpt2.py:small
 """
 
-from transformers_jax.train_config import preset_config
+from transformers_jax.train_config import TINY_RUN, CPU_RUN, preset_config
 
 GPT2 = dict(
     family="decoder",
@@ -52,16 +52,7 @@ PRESETS = {
 
 # Training fields per preset (the rest default as in transformers_jax/train_config.py).
 TRAINING = {
-    "tiny": dict(
-        steps=200,
-        batch_size=16,
-        seq_len=64,
-        learning_rate=3e-3,
-        warmup_steps=20,
-        log_every=20,
-        eval_every=100,
-        checkpoint_every=100,
-    ),
+    "tiny": TINY_RUN,
     "tiny_8k": dict(
         steps=20,
         batch_size=1,
@@ -73,16 +64,7 @@ TRAINING = {
         checkpoint_every=20,
     ),
     # the README's quick start: a 4 x 128 byte-level GPT, a few minutes on a 2-core CPU
-    "cpu": dict(
-        steps=500,
-        batch_size=16,
-        seq_len=128,
-        learning_rate=2e-3,
-        warmup_steps=50,
-        log_every=25,
-        eval_every=250,
-        checkpoint_every=250,
-    ),
+    "cpu": CPU_RUN,
 }
 
 

@@ -14,7 +14,7 @@ checkpoint. Layers are scanned (one compiled body). The routing implementation i
 `tiny` is the test model; `cpu` trains on a laptop CPU in minutes.
 """
 
-from transformers_jax.train_config import preset_config
+from transformers_jax.train_config import TINY_RUN, CPU_RUN, preset_config
 
 MIXTRAL = dict(
     family="decoder",
@@ -70,26 +70,8 @@ PRESETS = {
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).
 TRAINING = {
-    "tiny": dict(
-        steps=200,
-        batch_size=16,
-        seq_len=64,
-        learning_rate=3e-3,
-        warmup_steps=20,
-        log_every=20,
-        eval_every=100,
-        checkpoint_every=100,
-    ),
-    "cpu": dict(
-        steps=500,
-        batch_size=16,
-        seq_len=128,
-        learning_rate=2e-3,
-        warmup_steps=50,
-        log_every=25,
-        eval_every=250,
-        checkpoint_every=250,
-    ),
+    "tiny": TINY_RUN,
+    "cpu": CPU_RUN,
     "8x7b": dict(batch_size=64, seq_len=4096),
 }
 

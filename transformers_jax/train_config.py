@@ -295,6 +295,31 @@ def config_value(config, dotted: str):
   return config
 
 
+# The training fields of the presets that run on a CPU: `TINY_RUN` for the few-minute "tiny"
+# presets the tests and examples train, `CPU_RUN` for the README's quick start (a few minutes
+# on a 2-core CPU). experiments/ files name these rather than restating them.
+TINY_RUN = dict(
+    steps=200,
+    batch_size=16,
+    seq_len=64,
+    learning_rate=3e-3,
+    warmup_steps=20,
+    log_every=20,
+    eval_every=100,
+    checkpoint_every=100,
+)
+CPU_RUN = dict(
+    steps=500,
+    batch_size=16,
+    seq_len=128,
+    learning_rate=2e-3,
+    warmup_steps=50,
+    log_every=25,
+    eval_every=250,
+    checkpoint_every=250,
+)
+
+
 def experiment_config(
     published_params: int = 0,
     published_source: str = "",
