@@ -21,11 +21,10 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import bench_report, cli
 
 FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string(
@@ -132,22 +131,11 @@ def loop_free_flops(r) -> dict:
 
 
 def compile_row(r) -> dict:
-  cmd = [sys.executable, "-m", "transformers_jax.train", "--compile_only", *r["args"]]
-  start = time.perf_counter()
-  try:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout)
-  except subprocess.TimeoutExpired:
-    return {"name": r["name"], "error": f"compile took over {FLAGS.timeout} s"}
-  out = {
-      "name": r["name"],
-      "moe_impl": r["impl"],
-      "command": "python -m transformers_jax.train --compile_only " + " ".join(r["args"]),
-      "exit_code": done.returncode,
-      "wall_s": round(time.perf_counter() - start, 1),
-  }
-  text = done.stdout.strip()
-  if text.startswith("{"):
-    out.update(json.loads(text))
+  result = bench_report.compile_only(r["args"], FLAGS.timeout)
+  if "exit_code" not in result:  # timed out
+    return {"name": r["name"], **result}
+  out = {"name": r["name"], "moe_impl": r["impl"], **result}
+  if "error" not in out:
     if "xla_flops_omitted" in out and r["name"].startswith("flops"):
       counted = subprocess.run(
           [sys.executable, __file__, f"--count_flops={r['name']}"],
@@ -160,9 +148,6 @@ def compile_row(r) -> dict:
     flops = out.get("xla_flops_per_device_per_step")
     if flops:
       out["xla_flops_per_model_flop"] = flops / out["model_flops_per_device_per_step"]
-  else:
-    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    out["error"] = last.removeprefix("error: ")[:400]
   return out
 
 

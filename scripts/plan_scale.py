@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
-import time
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import bench_report, cli
 
 FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string(
@@ -192,27 +189,10 @@ ROWS = [
 
 
 def compile_row(r) -> dict:
-  cmd = [sys.executable, "-m", "transformers_jax.train", "--compile_only", *r["args"]]
-  start = time.perf_counter()
-  try:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout)
-  except subprocess.TimeoutExpired:
-    return {"name": r["name"], "error": f"compile took over {FLAGS.timeout} s"}
-  out = {
-      "name": r["name"],
-      "config": r["config"],
-      "remat": r["remat"],
-      "command": "python -m transformers_jax.train --compile_only " + " ".join(r["args"]),
-      "exit_code": done.returncode,
-      "wall_s": round(time.perf_counter() - start, 1),
-  }
-  text = done.stdout.strip()
-  if text.startswith("{"):
-    out.update(json.loads(text))
-  else:
-    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    out["error"] = last.removeprefix("error: ")[:400]
-  return out
+  result = bench_report.compile_only(r["args"], FLAGS.timeout)
+  if "exit_code" not in result:  # timed out
+    return {"name": r["name"], **result}
+  return {"name": r["name"], "config": r["config"], "remat": r["remat"], **result}
 
 
 def gib(x) -> str:
