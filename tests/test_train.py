@@ -53,10 +53,13 @@ def unigram_entropy(tokens):
 
 
 @pytest.mark.parametrize(
-    "file,steps", [("gpt2", 150), ("bert", 60), ("transformer", 60), ("vit", 60)]
+    "file,steps,batch_size",
+    [("gpt2", 150, 16), ("bert", 60, 16), ("transformer", 60, 8), ("vit", 60, 32)],
 )
-def test_each_family_learns_its_bundled_data(experiment, tmp_path, file, steps):
-  config = configure(experiment, file, "tiny", steps=steps, log_every=1, eval_every=steps)
+def test_each_family_learns_its_bundled_data(experiment, tmp_path, file, steps, batch_size):
+  config = configure(
+      experiment, file, "tiny", steps=steps, log_every=1, eval_every=steps, batch_size=batch_size
+  )
   result = train(config, tmp_path)
   logged = losses(tmp_path)
   first, last = logged[1], np.mean([logged[s] for s in range(steps - 4, steps + 1)])

@@ -90,10 +90,13 @@ def main(argv):
       coordinator_port=FLAGS.coordinator_port,
   )
   if FLAGS.compile_only:
+    import jax
+
     from transformers_jax.train import compile as compile_step
 
     try:
-      result = compile_step.report(FLAGS.config)
+      # every process compiles (the program spans them all); process 0 alone prints it
+      result = compile_step.report(FLAGS.config, verbose=jax.process_index() == 0)
     except compile_step.OutOfMemory as refused:  # the compiler refused it
       result = refused.report
     if result.get("fits") is False:  # refused, or compiled with a peak over the chip's HBM
