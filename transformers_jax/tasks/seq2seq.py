@@ -8,6 +8,7 @@ import numpy as np
 
 from transformers_jax import data as D
 from transformers_jax.data.sampling import epoch_indices
+from transformers_jax.errors import UserError
 from transformers_jax.tasks.base import Task, TaskData
 from transformers_jax.tasks.text_data import run_tokenizer, split_rows
 
@@ -121,20 +122,37 @@ class Translation(Task):
       }
 
     evals = val.eval_batches(B)
+    count = config.data.get("eval_translations", 0)
+    if not 0 <= count <= len(val):
+      raise UserError(
+          f"data.eval_translations={count}: the held-out set has {len(val)} pairs "
+          f"(batch_size x eval_batches): give 0 to {len(val)}, or raise eval_batches"
+      )
+    decodes = val.eval_batches(count)[:1] if count else None  # the first `count`, one batch
     if config.data.packing:  # held-out pairs one per row, in the layout the step takes
       evals = [D.seq2seq_one_per_row(b) for b in evals]
-    return TaskData(lambda step: train_rows(step, 0, B), evals, tok, summary, train_rows=train_rows)
+      decodes = decodes and [D.seq2seq_one_per_row(b) for b in decodes]
+    return TaskData(
+        lambda step: train_rows(step, 0, B),
+        evals,
+        tok,
+        summary,
+        train_rows=train_rows,
+        decode_batches=decodes,
+    )
 
   def eval_metrics(self, data, model_cfg, params):
-    """Greedy translations of the first held-out batches (KV cache): exact match (fraction of
-    outputs equal to the reference) and corpus BLEU (sacrebleu)."""
+    """Greedy translations of the first held-out pairs (KV cache; data.eval_translations of
+    them, else the first two batches): exact match (fraction of outputs equal to the reference)
+    and corpus BLEU (sacrebleu)."""
     import sacrebleu
 
     from transformers_jax import decode
 
     tok = data.tokenizer
     hyps, refs = [], []
-    for batch in data.eval_batches[: self.eval_translation_batches]:
+    batches = data.decode_batches or data.eval_batches[: self.eval_translation_batches]
+    for batch in batches:
       src_len, tgt_len = batch["src"].shape[1], batch["tgt_out"].shape[1]
       # every row, padding rows too, so that each batch has the same shapes (one compilation)
       sources = [_unpadded(s, m) or [tok.eos_id] for s, m in zip(batch["src"], batch["src_mask"])]
