@@ -130,3 +130,21 @@ def test_eval_translations_decodes_the_first_held_out_pairs_in_one_batch(experim
   config.data.eval_translations = 17  # 16 held-out pairs
   with pytest.raises(UserError, match="data.eval_translations=17"):
     task_data(task, config, model_cfg, tmp_path)
+
+
+def test_source_len_sets_the_source_rows_alone(experiment, tmp_path):
+  """data.source_len: source rows of that length (the batch layout the task declares), target
+  rows of seq_len; a source that does not fit is an error naming the field, not a cut."""
+  config = experiment("transformer", "tiny")
+  config.batch_size, config.eval_batches, config.seq_len = 4, 1, 32
+  config.data.max_number, config.data.source_len = 999, 4
+  model_cfg = ModelConfig.from_dict(config.model)
+  task = task_for(model_cfg)
+  data = task_data(task, config, model_cfg, tmp_path)
+  declared = task.batch_shapes(model_cfg, config)
+  for batch in (data.train_batch(0), data.eval_batches[0]):
+    assert {k: v.shape for k, v in batch.items()} == {k: s for k, (s, _) in declared.items()}
+    assert batch["src"].shape == (4, 4) and batch["tgt_out"].shape == (4, 32)
+  config.data.source_len = 2  # numbers of three digits need 3
+  with pytest.raises(Exception, match="src_len=2.*data.source_len"):
+    task_data(task, config, model_cfg, tmp_path).train_batch(0)
