@@ -83,6 +83,7 @@ def test_sweep_files_cover_the_issue_grid():
   lr = script("lr_sensitivity")
   for name, placements, depths, warmups, rates in (
       ("deep_postnorm", {"post", "pre", "sandwich"}, {12}, 3, 7),
+      ("deep_postnorm_xavier", {"post", "pre", "sandwich"}, {12}, 3, 7),
       ("deep_postnorm_translation", {"post", "pre"}, {6, 12}, 2, 4),
   ):
     sweep = lr.load_sweep(ROOT / "experiments" / f"{name}.py")
