@@ -54,9 +54,9 @@ class Translation(Task):
     out = super().synthetic_batch(model_cfg, config, seed)
     if config.data.packing:  # one whole-row example per row
       out["src_segments"], out["tgt_segments"] = out["src_mask"], out["tgt_mask"]
-      for side in ("src", "tgt"):
-        positions = np.arange(out[side].shape[1], dtype=np.int32)
-        out[f"{side}_positions"] = np.broadcast_to(positions, out[side].shape).copy()
+      for side, rows in (("src", out["src"]), ("tgt", out["tgt_in"])):
+        positions = np.arange(rows.shape[1], dtype=np.int32)
+        out[f"{side}_positions"] = np.broadcast_to(positions, rows.shape).copy()
     return out
 
   def outputs(self, model, variables, batch, rngs, mutable):
