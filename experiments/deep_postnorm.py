@@ -25,7 +25,7 @@ BASE = "gpt2.py:tiny"
 
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 SEEDS = 3
-PLACEMENTS = ("post", "pre")
+PLACEMENTS = ("post", "pre", "sandwich")
 SCALE_PLACEMENTS = ("post", "pre", "sandwich")
 DEPTHS = (12,)
 

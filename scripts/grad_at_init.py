@@ -65,6 +65,18 @@ SWEEPS = {  # the sweep each task's model comes from
     "lm": "experiments/deep_postnorm.py",
     "translation": "experiments/deep_postnorm_translation.py",
 }
+# The probe's translation batches are numbers up to 999 in rows of 32 (the data of the first
+# translation sweep, on which the committed probe results were measured); the sweep itself moved
+# to numbers up to 9,999 (for BLEU-4) with shorter source rows and more held-out translations.
+PROBE_DATA = {
+    "translation": {
+        "data.max_number": 999,
+        "seq_len": 32,
+        "model.max_len": 32,
+        "data.source_len": 0,
+        "data.eval_translations": 0,
+    }
+}
 
 
 def task_config(
@@ -82,6 +94,7 @@ def task_config(
   config = sweeps.base_config(sweep)
   overrides = {
       **{k: v for k, v in sweep.COMMON.items() if k.startswith(("model.", "data.", "seq_len"))},
+      **PROBE_DATA.get(task, {}),
       "model.norm_placement": placement,
       "model.num_layers": depth,
       "model.scan_layers": True,

@@ -1,7 +1,8 @@
 """Run a learning-rate sensitivity sweep (one population per configuration) and report it.
 
     python scripts/lr_sensitivity.py --sweep experiments/lr_sensitivity.py \
-        --out experiments/results/lr_sensitivity [--scale] [--max_populations N] [--report_only]
+        --out experiments/results/lr_sensitivity [--scale] [--max_populations N] [--only NAMES]
+        [--report_only]
 
 The successor of scripts/ablate.py for stability questions: each configuration of the sweep
 file is one population (transformers_jax/train/population.py) whose members are the learning
@@ -47,6 +48,13 @@ flags.DEFINE_integer(
     "max_populations",
     0,
     "Run at most this many unfinished populations (0 = all).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_list(
+    "only",
+    [],
+    "Run only these populations (names, comma-separated); several processes with different "
+    "--only lists can share one --out.",
     flag_values=FLAGS,
 )
 flags.DEFINE_bool(
@@ -283,7 +291,15 @@ def main(argv=None) -> int:
   for e in entries:  # every configuration is checked before anything trains
     population_config(sweep, e, out)
   done = sweeps.read_records(out / "populations.jsonl")
+  unknown = sorted(set(FLAGS.only) - {e["name"] for e in entries})
+  if unknown:
+    raise cli.UserError(
+        f"--only {','.join(unknown)}: not a population of {FLAGS.sweep}; its populations are "
+        + ", ".join(e["name"] for e in entries)
+    )
   todo = [] if FLAGS.report_only else [e for e in entries if e["name"] not in done]
+  if FLAGS.only:
+    todo = [e for e in todo if e["name"] in FLAGS.only]
   if FLAGS.max_populations:
     todo = todo[: FLAGS.max_populations]
   print(f"{len(entries)} populations: {len(done)} finished, {len(todo)} to run now", flush=True)
@@ -297,7 +313,9 @@ def main(argv=None) -> int:
         f"CPU; {time.perf_counter() - t0:.0f} s so far",
         flush=True,
     )
-  shutil.rmtree(out / "data", ignore_errors=True)  # the token cache
+  if not FLAGS.only:  # (with --only, another process may still be reading the token cache)
+    shutil.rmtree(out / "data", ignore_errors=True)
+  done = sweeps.read_records(out / "populations.jsonl")  # with those other processes' too
   records = [done[e["name"]] for e in entries if e["name"] in done]
   if records:
     write_table(records, out)

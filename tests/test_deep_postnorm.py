@@ -6,9 +6,13 @@ import importlib.util
 import math
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
+from transformers_jax.config import ModelConfig
+from transformers_jax.errors import UserError
+from transformers_jax.tasks import task_data, task_for
 
 
 def script(name):
@@ -77,9 +81,10 @@ def test_depth_exponent_and_table(tmp_path, probe_records):
 
 def test_sweep_files_cover_the_issue_grid():
   lr = script("lr_sensitivity")
-  for name, placements, depths, warmups in (
-      ("deep_postnorm", {"post", "pre"}, {12}, 3),
-      ("deep_postnorm_translation", {"post", "pre"}, {6}, 2),
+  for name, placements, depths, warmups, rates in (
+      ("deep_postnorm", {"post", "pre", "sandwich"}, {12}, 3, 7),
+      ("deep_postnorm_xavier", {"post", "pre", "sandwich"}, {12}, 3, 7),
+      ("deep_postnorm_translation", {"post", "pre"}, {6, 12}, 2, 4),
   ):
     sweep = lr.load_sweep(ROOT / "experiments" / f"{name}.py")
     entries = sweep.populations()
@@ -87,10 +92,10 @@ def test_sweep_files_cover_the_issue_grid():
     assert {e["overrides"]["model.num_layers"] for e in entries} == depths
     for e in entries + sweep.populations(scale=True):
       config = lr.population_config(sweep, e, ROOT / "unused")  # every override applies
-      assert len(ast.literal_eval(config.population.learning_rates)) >= 7
+      assert len(ast.literal_eval(config.population.learning_rates)) >= rates
       assert config.population.seeds >= 3
       assert len(ast.literal_eval(config.population.warmup_steps)) == warmups
-      assert config.steps >= (2000 if name == "deep_postnorm" else 1000)
+      assert config.steps >= 2000
     scaled = sweep.populations(scale=True)
     assert max(e["overrides"]["model.num_layers"] for e in scaled) >= 12
 
@@ -106,3 +111,41 @@ def test_report_trainable_range_and_per_seed_counts():
   diverged = {"eval_loss": float("nan"), "diverged": True}
   assert report.final_loss(diverged, math.log(256)) == math.log(256)
   assert report.final_loss({"eval_loss": 9.0}, math.log(256)) == math.log(256)
+
+
+def test_eval_translations_decodes_the_first_held_out_pairs_in_one_batch(experiment, tmp_path):
+  """data.eval_translations=N: the task translates the first N held-out pairs (those of the
+  eval batches, in order) as one batch; 0 keeps the first two eval batches; more than the
+  held-out set is an error naming the field."""
+  config = experiment("transformer", "tiny")
+  config.batch_size, config.eval_batches, config.data.max_number = 4, 4, 9_999
+  model_cfg = ModelConfig.from_dict(config.model)
+  task = task_for(model_cfg)
+  assert task_data(task, config, model_cfg, tmp_path).decode_batches is None
+  config.data.eval_translations = 10
+  data = task_data(task, config, model_cfg, tmp_path)
+  (batch,) = data.decode_batches
+  held_out = np.concatenate([b["src"] for b in data.eval_batches])
+  np.testing.assert_array_equal(batch["src"], held_out[:10])
+  assert batch["weights"].tolist() == [1.0] * 10
+  config.data.eval_translations = 17  # 16 held-out pairs
+  with pytest.raises(UserError, match="data.eval_translations=17"):
+    task_data(task, config, model_cfg, tmp_path)
+
+
+def test_source_len_sets_the_source_rows_alone(experiment, tmp_path):
+  """data.source_len: source rows of that length (the batch layout the task declares), target
+  rows of seq_len; a source that does not fit is an error naming the field, not a cut."""
+  config = experiment("transformer", "tiny")
+  config.batch_size, config.eval_batches, config.seq_len = 4, 1, 32
+  config.data.max_number, config.data.source_len = 999, 4
+  model_cfg = ModelConfig.from_dict(config.model)
+  task = task_for(model_cfg)
+  data = task_data(task, config, model_cfg, tmp_path)
+  declared = task.batch_shapes(model_cfg, config)
+  for batch in (data.train_batch(0), data.eval_batches[0]):
+    assert {k: v.shape for k, v in batch.items()} == {k: s for k, (s, _) in declared.items()}
+    assert batch["src"].shape == (4, 4) and batch["tgt_out"].shape == (4, 32)
+  config.data.source_len = 2  # numbers of three digits need 3
+  with pytest.raises(Exception, match="src_len=2.*data.source_len"):
+    task_data(task, config, model_cfg, tmp_path).train_batch(0)

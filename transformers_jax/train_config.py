@@ -86,6 +86,10 @@ def training_fields() -> ml_collections.ConfigDict:
   c.data.tokenize_workers = 0  # processes tokenizing data.path into its cache; 0 = all cores
   c.data.max_number = 99_999  # numbers task: largest number translated
   c.data.direction = "digits_to_words"  # numbers task: digits_to_words | words_to_digits
+  c.data.source_len = 0  # seq2seq: source row length (tokens); 0 = seq_len, the target's
+  # seq2seq: held-out pairs translated (greedy, in one batch) for exact match and BLEU at each
+  # evaluation, the first of the eval batches' pairs; 0 = the first two eval batches
+  c.data.eval_translations = 0
   # device mesh: axis sizes (-1 = the rest) or a preset: data | fsdp | fsdp_tensor
   # topology: with --compile_only, a TPU topology to compile for instead of this host's devices
   # (e.g. v5p:4x4x4, v5e:16x16; needs the `tpu` extra), "" = this host's devices

@@ -81,7 +81,8 @@ def encode_pairs(
     if len(s) > src_len or len(t) + 1 > tgt_len:
       raise DataError(
           f"{name} needs {len(s)} source / {len(t) + 1} target tokens (with eos) but src_len={src_len}, "
-          f"tgt_len={tgt_len}: raise --config.seq_len (and model.max_len) or shorten the pair"
+          f"tgt_len={tgt_len}: raise --config.seq_len (and model.max_len; sources alone: "
+          "--config.data.source_len) or shorten the pair"
       )
     src[i, : len(s)] = s
     tgt_in[i, : len(t) + 1] = [tokenizer.bos_id, *t]

@@ -37,6 +37,8 @@ class TaskData:
   # what identifies the content of a user's data (the token cache's key: files' sizes, times,
   # sampled content); a resume compares it with the run's (train/resume.py)
   source: str | None = None
+  # held-out batches a task decodes at evaluation (seq2seq translations); None = its default
+  decode_batches: list | None = None
 
   def rows(self, step: int, start: int, stop: int) -> dict:
     """Rows [start, stop) of the global batch of `step`."""

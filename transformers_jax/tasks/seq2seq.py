@@ -8,6 +8,7 @@ import numpy as np
 
 from transformers_jax import data as D
 from transformers_jax.data.sampling import epoch_indices
+from transformers_jax.errors import UserError
 from transformers_jax.tasks.base import Task, TaskData
 from transformers_jax.tasks.text_data import run_tokenizer, split_rows
 
@@ -19,6 +20,14 @@ def _unpadded(row, mask) -> list[int]:
 def _until(ids, stop) -> list[int]:
   ids = [int(t) for t in ids]
   return ids[: ids.index(stop)] if stop in ids else ids
+
+
+def lengths(config) -> tuple[int, int]:
+  """(source, target) row lengths: data.source_len (0 = seq_len) and seq_len."""
+  source = config.data.get("source_len", 0) or config.seq_len
+  if source < 0:
+    raise UserError(f"data.source_len={source}: give a positive length, or 0 for seq_len")
+  return source, config.seq_len
 
 
 PACKING_KEYS = ("src_segments", "src_positions", "tgt_segments", "tgt_positions")
@@ -34,20 +43,20 @@ class Translation(Task):
   eval_translation_batches = 2  # held-out batches translated at each evaluation
 
   def batch_shapes(self, model_cfg, config):
-    B, T = config.batch_size, config.seq_len
+    B, (S, T) = config.batch_size, lengths(config)
     keys = ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask")
     if config.data.packing:  # whole pairs packed into rows (see data/packing.py)
       keys += PACKING_KEYS
-    shapes = {k: ((B, T), np.int32) for k in keys}
+    shapes = {k: ((B, S if k.startswith("src") else T), np.int32) for k in keys}
     return {**shapes, "weights": ((B,), np.float32)}  # 0 for the padding rows of a last batch
 
   def synthetic_batch(self, model_cfg, config, seed: int = 0):
     out = super().synthetic_batch(model_cfg, config, seed)
     if config.data.packing:  # one whole-row example per row
       out["src_segments"], out["tgt_segments"] = out["src_mask"], out["tgt_mask"]
-      positions = np.arange(config.seq_len, dtype=np.int32)
-      out["src_positions"] = np.broadcast_to(positions, out["src"].shape).copy()
-      out["tgt_positions"] = out["src_positions"].copy()
+      for side, rows in (("src", out["src"]), ("tgt", out["tgt_in"])):
+        positions = np.arange(rows.shape[1], dtype=np.int32)
+        out[f"{side}_positions"] = np.broadcast_to(positions, rows.shape).copy()
     return out
 
   def outputs(self, model, variables, batch, rngs, mutable):
@@ -66,7 +75,7 @@ class Translation(Task):
     return (out["logits"], batch["tgt_out"], weights), state
 
   def data(self, config, model_cfg, workdir):
-    B, T, seed = config.batch_size, config.seq_len, config.seed
+    B, (S, T), seed = config.batch_size, lengths(config), config.seed
     if config.data.path:
       numbered = D.read_tsv_rows(config.data.path)
       rows = [(s, t) for _, s, t in numbered]
@@ -74,8 +83,8 @@ class Translation(Task):
       tok = run_tokenizer(config, model_cfg, workdir, texts, specials=True)
       names = [f"'{config.data.path}' line {n}" for n, _, _ in numbered]
       train_idx, val_idx = split_rows(len(rows), config.data.path)
-      train = D.PairBatches([rows[i] for i in train_idx], tok, T, T, [names[i] for i in train_idx])
-      val = D.PairBatches([rows[i] for i in val_idx], tok, T, T, [names[i] for i in val_idx])
+      train = D.PairBatches([rows[i] for i in train_idx], tok, S, T, [names[i] for i in train_idx])
+      val = D.PairBatches([rows[i] for i in val_idx], tok, S, T, [names[i] for i in val_idx])
       summary = f"{len(rows)} pairs from {config.data.path}"
 
       def pair_rows(step, start, stop):
@@ -88,18 +97,18 @@ class Translation(Task):
     else:
       pairs = D.NumberPairs(config.data.direction, config.data.max_number)
       tok = run_tokenizer(config, model_cfg, workdir, None, specials=True)
-      val = pairs.validation(B * config.eval_batches, tok, T, T)
+      val = pairs.validation(B * config.eval_batches, tok, S, T)
       summary = (
           f"numbers {config.data.direction} up to {config.data.max_number:,}, "
           f"{len(val)} held-out pairs"
       )
 
       def pair_rows(step, start, stop):
-        return pairs.batch(step, B, T, T, seed, tok, slice(start, stop))
+        return pairs.batch(step, B, S, T, seed, tok, slice(start, stop))
 
       def candidates(step, r):  # K numbers from row r's own (seed, step, r) stream
         numbers = pairs.draw_training(np.random.default_rng([seed, step, r]), K)
-        batch = D.encode_pairs([pairs.pair(n) for n in numbers], tok, T, T)
+        batch = D.encode_pairs([pairs.pair(n) for n in numbers], tok, S, T)
         return D.pairs_of_batch(batch)
 
     K = config.data.examples_per_row
@@ -113,7 +122,7 @@ class Translation(Task):
         drawn = candidates(step, r)
         sizes = [(len(s), len(t)) for s, t, _ in drawn]
         rows.append(
-            D.pack_pairs([drawn[i] for i in D.fit_examples(sizes, (T, T), K)], T, T, tok.pad_id)
+            D.pack_pairs([drawn[i] for i in D.fit_examples(sizes, (S, T), K)], S, T, tok.pad_id)
         )
       return {
           **{k: np.stack([row[k] for row in rows]) for k in rows[0]},
@@ -121,20 +130,37 @@ class Translation(Task):
       }
 
     evals = val.eval_batches(B)
+    count = config.data.get("eval_translations", 0)
+    if not 0 <= count <= len(val):
+      raise UserError(
+          f"data.eval_translations={count}: the held-out set has {len(val)} pairs "
+          f"(batch_size x eval_batches): give 0 to {len(val)}, or raise eval_batches"
+      )
+    decodes = val.eval_batches(count)[:1] if count else None  # the first `count`, one batch
     if config.data.packing:  # held-out pairs one per row, in the layout the step takes
       evals = [D.seq2seq_one_per_row(b) for b in evals]
-    return TaskData(lambda step: train_rows(step, 0, B), evals, tok, summary, train_rows=train_rows)
+      decodes = decodes and [D.seq2seq_one_per_row(b) for b in decodes]
+    return TaskData(
+        lambda step: train_rows(step, 0, B),
+        evals,
+        tok,
+        summary,
+        train_rows=train_rows,
+        decode_batches=decodes,
+    )
 
   def eval_metrics(self, data, model_cfg, params):
-    """Greedy translations of the first held-out batches (KV cache): exact match (fraction of
-    outputs equal to the reference) and corpus BLEU (sacrebleu)."""
+    """Greedy translations of the first held-out pairs (KV cache; data.eval_translations of
+    them, else the first two batches): exact match (fraction of outputs equal to the reference)
+    and corpus BLEU (sacrebleu)."""
     import sacrebleu
 
     from transformers_jax import decode
 
     tok = data.tokenizer
     hyps, refs = [], []
-    for batch in data.eval_batches[: self.eval_translation_batches]:
+    batches = data.decode_batches or data.eval_batches[: self.eval_translation_batches]
+    for batch in batches:
       src_len, tgt_len = batch["src"].shape[1], batch["tgt_out"].shape[1]
       # every row, padding rows too, so that each batch has the same shapes (one compilation)
       sources = [_unpadded(s, m) or [tok.eos_id] for s, m in zip(batch["src"], batch["src_mask"])]
