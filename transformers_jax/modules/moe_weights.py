@@ -33,12 +33,15 @@ def gather_experts(weights, dtype, axes: tuple[str, ...]):
   return out
 
 
-def streamed_expert_ffn(xs, group_sizes, weights, act, gated: bool, dtype, axes: tuple[str, ...]):
+def streamed_expert_ffn(
+    xs, group_sizes, weights, act, gated: bool, dtype, axes: tuple[str, ...], interpret=False
+):
   """TPU: the expert FFN (without the output bias) of rows sorted by expert, xs [M, D] with M a
   multiple of 128 (rows past the groups: zero), the E experts' matrices split over `axes` along
   d_model and biases [E, width] whole: a scan over the experts, one expert gathered per step
   (see the module docstring). The megablox kernel with `group_offset` computes and writes only
-  the tiles of its expert's rows and zeroes the others, so each row is multiplied once."""
+  the tiles of its expert's rows and zeroes the others, so each row is multiplied once
+  (`interpret`: the kernel in Pallas interpret mode, to test it off a TPU)."""
   from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 
   m = xs.shape[0]
@@ -56,7 +59,13 @@ def streamed_expert_ffn(xs, group_sizes, weights, act, gated: bool, dtype, axes:
     def mm(x, name):
       tiling = (128, min(128, x.shape[1]), min(128, w[name].shape[2]))
       y = megablox.gmm(
-          x, w[name], group_sizes, preferred_element_type=dtype, tiling=tiling, group_offset=e
+          x,
+          w[name],
+          group_sizes,
+          preferred_element_type=dtype,
+          tiling=tiling,
+          group_offset=e,
+          interpret=interpret,
       )
       bias = biases.get("b" + name[1:]) if name != "wo" else None
       return y if bias is None else y + jnp.where(mine, bias[e], 0)
