@@ -13,11 +13,14 @@ expert takes at most ceil(capacity_factor * N * k / E) rows of the device's N to
 Expert parallelism: with the `experts` of the weights split over the `expert` mesh axis (which
 also splits the batch), each device holds E/n experts. Its sorted rows are cut into n buffers,
 one per device, holding the rows of that device's experts; an all-to-all over `expert` swaps
-them, each device runs its experts on what it received, and a second all-to-all brings the
-results home. A buffer holds every row a device may send (dropless: all N*k of them), or the
-rows a capacity lets through. The layer runs inside a `shard_map` over the whole mesh: the
-weights arrive gathered over fsdp (as FSDP gathers them anyway) and split over `expert` and
-`tensor`; the partial results of a split hidden dimension are summed over `tensor`.
+them, each device runs its experts on the received blocks one source at a time, and a second
+all-to-all brings the results home. A buffer holds every row a device may send to one device
+(dropless: N * min(k, E/n), as a token's k choices are k different experts), or the rows a
+capacity lets through. The layer runs inside a `shard_map` over the whole mesh: the expert
+matrices arrive split along d_model over the FSDP axes, as stored, and are cast to the compute
+dtype and gathered inside (modules/moe_weights.py: on TPU without expert parallelism, one
+expert at a time); they are split over `expert` and `tensor`, and the partial results of a
+split hidden dimension are summed over `tensor`.
 """
 
 from __future__ import annotations
