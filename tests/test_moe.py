@@ -98,9 +98,10 @@ def test_blocked_grouped_matmul_equals_ragged_dot():
   np.testing.assert_allclose(blocked[6], h @ weights["wo"][2], rtol=1e-5, atol=1e-5)
 
 
-def test_streamed_experts_equal_grouped_matmul_with_gradients():
-  # the TPU path that runs one expert per scan step (megablox kernel in interpret mode here):
-  # groups of 70, 0, 100 and 50 rows out of 256, so an empty group and 36 rows past the groups
+def test_tpu_grouped_matmuls_equal_ragged_dot_with_gradients():
+  # the TPU paths (megablox kernel in interpret mode here): one expert per scan step, and all
+  # experts in one call; groups of 70, 0, 100 and 50 rows out of 256, so an empty group and 36
+  # rows past the groups
   m, d = 256, 128
   xs = jax.random.normal(jax.random.PRNGKey(0), (m, d))
   sizes = jnp.array([70, 0, 100, 50], jnp.int32)
@@ -118,21 +119,27 @@ def test_streamed_experts_equal_grouped_matmul_with_gradients():
         xs, sizes, w, jax.nn.silu, True, jnp.float32, (), interpret=True
     )
 
+  def tpu_kernel(xs, w):  # all experts in one kernel call, the rows past the groups skipped
+    return moe_ragged.grouped_ffn_ragged_dot(
+        xs, sizes, w, jax.nn.silu, True, tpu=True, interpret=True
+    )
+
   def reference(xs, w):
     return moe_ragged.grouped_ffn_ragged_dot(xs, sizes, w, jax.nn.silu, True)
 
   results = []
-  for ffn in (streamed, reference):
+  for ffn in (streamed, tpu_kernel, reference):
     loss = lambda xs, w, ffn=ffn: jnp.sum(ffn(xs, w) * probe)  # noqa: E731
     results.append(
         (jax.jit(ffn)(xs, weights), jax.jit(jax.grad(loss, argnums=(0, 1)))(xs, weights))
     )
-  (out, grads), (ref_out, ref_grads) = results
-  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
-  assert not np.asarray(out[220:]).any()
-  for g, ref_g in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
-    np.testing.assert_allclose(g, ref_g, rtol=1e-5, atol=1e-4)
-  assert not np.asarray(grads[1]["wi"][1]).any()  # the empty group's expert gets no gradient
+  ref_out, ref_grads = results.pop()
+  for out, grads in results:
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    assert not np.asarray(out[220:]).any()
+    for g, ref_g in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+      np.testing.assert_allclose(g, ref_g, rtol=1e-5, atol=1e-4)
+    assert not np.asarray(grads[1]["wi"][1]).any()  # the empty group's expert: no gradient
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ split hidden dimension are summed over `tensor`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -116,32 +117,50 @@ def grouped_ffn_blocked(xs, group_sizes, weights, act, gated: bool, block: int |
   return jnp.where(valid[:, None], out[dest], 0)
 
 
-def tpu_grouped_matmul(x, w, sizes):
+def tpu_grouped_matmul(x, w, sizes, interpret: bool = False):
   """x [M, K] (M a multiple of 128) times w [G, K, N] per group of rows, with the megablox
   Pallas kernel: tiles of rows meet only their own group's weights, forward and backward (XLA's
-  ragged_dot computes the weight gradient against every group)."""
+  ragged_dot computes the weight gradient against every group). `sizes` may count more groups
+  than w has: the rows of those are neither multiplied nor written (zero). `interpret`: Pallas
+  interpret mode, to test the kernel off a TPU."""
   from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 
   tiling = (128, min(128, x.shape[1]), min(128, w.shape[2]))
-  return megablox.gmm(x, w, sizes, preferred_element_type=x.dtype, tiling=tiling)
+  offset = jnp.int32(0) if sizes.shape[0] > w.shape[0] else None
+  return megablox.gmm(
+      x,
+      w,
+      sizes,
+      preferred_element_type=x.dtype,
+      tiling=tiling,
+      group_offset=offset,
+      interpret=interpret,
+  )
 
 
-def grouped_ffn_ragged_dot(xs, group_sizes, weights, act, gated: bool, tpu: bool = False):
-  """The expert FFN of sorted rows xs [M, D] with `jax.lax.ragged_dot` (`tpu`: the megablox
-  kernel, on rows padded to a multiple of 128); rows past the groups are given to the last
-  group, then zeroed."""
+def grouped_ffn_ragged_dot(
+    xs, group_sizes, weights, act, gated: bool, tpu: bool = False, interpret: bool = False
+):
+  """The expert FFN of sorted rows xs [M, D] with `jax.lax.ragged_dot`, rows past the groups
+  given to the last group, then zeroed; `tpu`: with the megablox kernel, on rows padded to a
+  multiple of 128, the rows past the groups forming a group of their own that the kernel skips
+  (a dropless expert-parallel buffer is mostly such rows); `interpret`: its interpret mode."""
   m = xs.shape[0]
   e = group_sizes.shape[0]
   if tpu and m % 128:
     pad = -m % 128
     out = grouped_ffn_ragged_dot(
-        jnp.pad(xs, ((0, pad), (0, 0))), group_sizes, weights, act, gated, tpu
+        jnp.pad(xs, ((0, pad), (0, 0))), group_sizes, weights, act, gated, tpu, interpret
     )
     return out[:m]
   total = jnp.sum(group_sizes)
-  sizes = group_sizes.at[-1].add(m - total)
-  row_group = jnp.minimum(_group_of_rows(sizes, m), e - 1)
-  matmul = tpu_grouped_matmul if tpu else jax.lax.ragged_dot
+  if tpu:
+    sizes = jnp.concatenate([group_sizes, (m - total)[None]]).astype(jnp.int32)
+    matmul = functools.partial(tpu_grouped_matmul, interpret=interpret)
+  else:
+    sizes = group_sizes.at[-1].add(m - total)
+    matmul = jax.lax.ragged_dot
+  row_group = jnp.minimum(_group_of_rows(group_sizes, m), e - 1)
 
   def mm(x, name):
     out = matmul(x, weights[name], sizes)
