@@ -57,9 +57,11 @@ def streamed_expert_ffn(
   row_expert = jnp.searchsorted(
       jnp.cumsum(group_sizes), jnp.arange(m), side="right", method="compare_all"
   )
-  experts = jnp.arange(group_sizes.shape[0], dtype=jnp.int32)
   matrices = {k: v for k, v in weights.items() if k in EMBED_AXIS}
   biases = {k: weights[k].astype(dtype) for k in ("bi", "bi_1") if k in weights}
+
+  def experts():  # made where used: the backward pass is traced apart from the forward
+    return jnp.arange(group_sizes.shape[0], dtype=jnp.int32)
 
   def gathered(mats, e):  # expert e's matrices [1, ...], cast and gathered
     return gather_experts(
@@ -92,7 +94,7 @@ def streamed_expert_ffn(
 
     width = matrices["wi"].shape[2]
     zeros = jnp.zeros((m, width), dtype)
-    (h, h1, out), _ = jax.lax.scan(step, (zeros, zeros, jnp.zeros(xs.shape, dtype)), experts)
+    (h, h1, out), _ = jax.lax.scan(step, (zeros, zeros, jnp.zeros(xs.shape, dtype)), experts())
     return out, (xs, h, h1, mats, sizes, row_expert)
 
   def backward(res, g):
@@ -112,7 +114,7 @@ def streamed_expert_ffn(
       bias_grads = {"bi": jnp.sum(dh, axis=0), "bi_1": jnp.sum(dh1, axis=0)}
       return dxs, (grads, {k: bias_grads[k] for k in biases})
 
-    dxs, (dmats, dbiases) = jax.lax.scan(step, jnp.zeros_like(xs), experts)
+    dxs, (dmats, dbiases) = jax.lax.scan(step, jnp.zeros_like(xs), experts())
     return dxs, dmats, dbiases, None, None
 
   @jax.custom_vjp
