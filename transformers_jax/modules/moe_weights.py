@@ -99,11 +99,12 @@ def streamed_expert_ffn(
 
   def backward(res, g):
     xs, h, h1, mats, sizes, row_expert = res
-    a, hidden_vjp = jax.vjp(hidden, h, h1)
 
     def step(dxs, e):
       w, mine = gathered(mats, e), (row_expert == e)[:, None]
-      da = jnp.where(mine, mm(g, w["wo"], sizes, e, transpose=True), 0)
+      da = mm(g, w["wo"], sizes, e, transpose=True)  # zero outside expert e's rows
+      # the activation and its derivative within the step (fused: no [M, width] residuals)
+      a, hidden_vjp = jax.vjp(hidden, h, h1)
       dh, dh1 = hidden_vjp(da)
       grads = {"wo": tmm(jnp.where(mine, a, 0), g, sizes, e), "wi": tmm(xs, dh, sizes, e)}
       dxs = dxs + mm(dh, w["wi"], sizes, e, transpose=True)
