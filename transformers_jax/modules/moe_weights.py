@@ -5,10 +5,10 @@ Under FSDP every layer's weights are gathered before use. For an MoE layer that 
 experts at once (Mixtral 8x7B: 1.4B parameters, 2.6 GiB in bf16 per chip), and the backward pass
 holds them again next to their gradients. `streamed_expert_ffn` instead scans over the experts:
 each step casts one expert's matrices to the compute dtype, gathers them (the all-gather moves
-compute-dtype bytes) and multiplies that expert's rows with the megablox kernel. The step is
-rematerialised, so the backward pass gathers each expert again and reduce-scatters its gradient
-(in the compute dtype) before the next expert: one expert's weights and weight gradients are
-live at a time.
+compute-dtype bytes) and multiplies that expert's rows with the megablox kernel; the backward
+pass scans the experts again, gathers each one's matrices anew and reduce-scatters its weight
+gradients (in the compute dtype) within the step: one expert's weights and weight gradients
+are live at a time.
 """
 
 from __future__ import annotations
