@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.modules import moe_ragged
+from transformers_jax.modules import moe_ragged, moe_weights
 from transformers_jax.modules.feed_forward import MoE
 
 from conftest import run_worker
@@ -96,6 +96,50 @@ def test_blocked_grouped_matmul_equals_ragged_dot():
   # row 6 is the second row of expert 2: its own expert's FFN
   h = jax.nn.silu(xs[6] @ weights["wi"][2] + weights["bi"][2]) * (xs[6] @ weights["wi_1"][2])
   np.testing.assert_allclose(blocked[6], h @ weights["wo"][2], rtol=1e-5, atol=1e-5)
+
+
+def test_tpu_grouped_matmuls_equal_ragged_dot_with_gradients():
+  # the TPU paths (megablox kernel in interpret mode here): one expert per scan step, and all
+  # experts in one call; groups of 70, 0, 100 and 50 rows out of 256, so an empty group and 36
+  # rows past the groups
+  m, d = 256, 128
+  xs = jax.random.normal(jax.random.PRNGKey(0), (m, d))
+  sizes = jnp.array([70, 0, 100, 50], jnp.int32)
+  keys = jax.random.split(jax.random.PRNGKey(1), 4)
+  weights = {
+      "wi": jax.random.normal(keys[0], (4, d, d)) / 8,
+      "wi_1": jax.random.normal(keys[1], (4, d, d)) / 8,
+      "wo": jax.random.normal(keys[2], (4, d, d)) / 8,
+      "bi": jax.random.normal(keys[3], (4, d)),
+  }
+  probe = jnp.sin(jnp.arange(m * d, dtype=jnp.float32).reshape(m, d))
+
+  def streamed(xs, w):
+    return moe_weights.streamed_expert_ffn(
+        xs, sizes, w, jax.nn.silu, True, jnp.float32, (), interpret=True
+    )
+
+  def tpu_kernel(xs, w):  # all experts in one kernel call, the rows past the groups skipped
+    return moe_ragged.grouped_ffn_ragged_dot(
+        xs, sizes, w, jax.nn.silu, True, tpu=True, interpret=True
+    )
+
+  def reference(xs, w):
+    return moe_ragged.grouped_ffn_ragged_dot(xs, sizes, w, jax.nn.silu, True)
+
+  results = []
+  for ffn in (streamed, tpu_kernel, reference):
+    loss = lambda xs, w, ffn=ffn: jnp.sum(ffn(xs, w) * probe)  # noqa: E731
+    results.append(
+        (jax.jit(ffn)(xs, weights), jax.jit(jax.grad(loss, argnums=(0, 1)))(xs, weights))
+    )
+  ref_out, ref_grads = results.pop()
+  for out, grads in results:
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    assert not np.asarray(out[220:]).any()
+    for g, ref_g in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+      np.testing.assert_allclose(g, ref_g, rtol=1e-5, atol=1e-4)
+    assert not np.asarray(grads[1]["wi"][1]).any()  # the empty group's expert: no gradient
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,8 @@ class MoE(nn.Module):
     probs = jax.nn.softmax(logits, axis=-1)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
-    def weight(name, shape, names):
-      return self.param(name, normal(c.init_std, names), shape, pdt).astype(dt)
+    def weight(name, shape, names):  # in the parameter dtype: `ragged` casts before gathering
+      return self.param(name, normal(c.init_std, names), shape, pdt)
 
     def bias(name, shape, names):  # [E, 1, width] broadcast over batch and capacity slots
       return self.param(name, zeros(names), shape, pdt).astype(dt)
@@ -115,12 +115,13 @@ class MoE(nn.Module):
       choice = jax.nn.one_hot(top_i, E, dtype=jnp.float32)
       flat = {k: (v[:, 0] if k.startswith("b") else v) for k, v in weights.items()}
       out, kept = ragged_moe(
-          c, x.astype(dt), top_p, top_i, flat, activation(c.activation), target_platform()
+          c, x.astype(dt), top_p, top_i, flat, activation(c.activation), target_platform(), dt
       )
       kept_fraction = jnp.sum(kept) / (B * T * c.top_k)
     else:
       capacity = max(1, math.ceil(c.capacity_factor * T * c.top_k / E))
       combine, dispatch, choice = route(probs, c.top_k, capacity)
+      weights = {k: v.astype(dt) for k, v in weights.items()}
       out = dense_experts(c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights)
       kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]

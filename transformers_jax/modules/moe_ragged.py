@@ -13,21 +13,27 @@ expert takes at most ceil(capacity_factor * N * k / E) rows of the device's N to
 Expert parallelism: with the `experts` of the weights split over the `expert` mesh axis (which
 also splits the batch), each device holds E/n experts. Its sorted rows are cut into n buffers,
 one per device, holding the rows of that device's experts; an all-to-all over `expert` swaps
-them, each device runs its experts on what it received, and a second all-to-all brings the
-results home. A buffer holds every row a device may send (dropless: all N*k of them), or the
-rows a capacity lets through. The layer runs inside a `shard_map` over the whole mesh: the
-weights arrive gathered over fsdp (as FSDP gathers them anyway) and split over `expert` and
-`tensor`; the partial results of a split hidden dimension are summed over `tensor`.
+them, each device runs its experts on the received blocks one source at a time, and a second
+all-to-all brings the results home. A buffer holds every row a device may send to one device
+(dropless: N * min(k, E/n), as a token's k choices are k different experts), or the rows a
+capacity lets through. The layer runs inside a `shard_map` over the whole mesh: the expert
+matrices arrive split along d_model over the FSDP axes, as stored, and are cast to the compute
+dtype and gathered inside (modules/moe_weights.py: on TPU without expert parallelism, one
+expert at a time); they are split over `expert` and `tensor`, and the partial results of a
+split hidden dimension are summed over `tensor`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
+
+from transformers_jax.modules.moe_weights import gather_experts, streamed_expert_ffn
 
 # Largest block of rows the CPU grouped matmul pads each expert's group to.
 MAX_BLOCK_ROWS = 128
@@ -111,32 +117,50 @@ def grouped_ffn_blocked(xs, group_sizes, weights, act, gated: bool, block: int |
   return jnp.where(valid[:, None], out[dest], 0)
 
 
-def tpu_grouped_matmul(x, w, sizes):
+def tpu_grouped_matmul(x, w, sizes, interpret: bool = False):
   """x [M, K] (M a multiple of 128) times w [G, K, N] per group of rows, with the megablox
   Pallas kernel: tiles of rows meet only their own group's weights, forward and backward (XLA's
-  ragged_dot computes the weight gradient against every group)."""
+  ragged_dot computes the weight gradient against every group). `sizes` may count more groups
+  than w has: the rows of those are neither multiplied nor written (zero). `interpret`: Pallas
+  interpret mode, to test the kernel off a TPU."""
   from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 
   tiling = (128, min(128, x.shape[1]), min(128, w.shape[2]))
-  return megablox.gmm(x, w, sizes, preferred_element_type=x.dtype, tiling=tiling)
+  offset = jnp.int32(0) if sizes.shape[0] > w.shape[0] else None
+  return megablox.gmm(
+      x,
+      w,
+      sizes,
+      preferred_element_type=x.dtype,
+      tiling=tiling,
+      group_offset=offset,
+      interpret=interpret,
+  )
 
 
-def grouped_ffn_ragged_dot(xs, group_sizes, weights, act, gated: bool, tpu: bool = False):
-  """The expert FFN of sorted rows xs [M, D] with `jax.lax.ragged_dot` (`tpu`: the megablox
-  kernel, on rows padded to a multiple of 128); rows past the groups are given to the last
-  group, then zeroed."""
+def grouped_ffn_ragged_dot(
+    xs, group_sizes, weights, act, gated: bool, tpu: bool = False, interpret: bool = False
+):
+  """The expert FFN of sorted rows xs [M, D] with `jax.lax.ragged_dot`, rows past the groups
+  given to the last group, then zeroed; `tpu`: with the megablox kernel, on rows padded to a
+  multiple of 128, the rows past the groups forming a group of their own that the kernel skips
+  (a dropless expert-parallel buffer is mostly such rows); `interpret`: its interpret mode."""
   m = xs.shape[0]
   e = group_sizes.shape[0]
   if tpu and m % 128:
     pad = -m % 128
     out = grouped_ffn_ragged_dot(
-        jnp.pad(xs, ((0, pad), (0, 0))), group_sizes, weights, act, gated, tpu
+        jnp.pad(xs, ((0, pad), (0, 0))), group_sizes, weights, act, gated, tpu, interpret
     )
     return out[:m]
   total = jnp.sum(group_sizes)
-  sizes = group_sizes.at[-1].add(m - total)
-  row_group = jnp.minimum(_group_of_rows(sizes, m), e - 1)
-  matmul = tpu_grouped_matmul if tpu else jax.lax.ragged_dot
+  if tpu:
+    sizes = jnp.concatenate([group_sizes, (m - total)[None]]).astype(jnp.int32)
+    matmul = functools.partial(tpu_grouped_matmul, interpret=interpret)
+  else:
+    sizes = group_sizes.at[-1].add(m - total)
+    matmul = jax.lax.ragged_dot
+  row_group = jnp.minimum(_group_of_rows(group_sizes, m), e - 1)
 
   def mm(x, name):
     out = matmul(x, weights[name], sizes)
@@ -169,26 +193,32 @@ def _inverse(order):
   return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
 
 
-def exchange_ffn(xs, group_sizes, weights, ffn, axis: str, shards: int, capacity: int | None):
-  """Rows sorted by (global) expert xs [M, D] on each device of `axis` -> their expert FFN
-  outputs, the experts being split over `axis` in `shards` contiguous slices: rows travel to the
-  devices of their experts in one all-to-all and come back in another."""
+def exchange_ffn(xs, group_sizes, weights, ffn, axis: str, shards: int, capacity, tokens: int):
+  """Rows sorted by (global) expert xs [M, D] on each device of `axis` (the k choices of
+  `tokens` tokens) -> their expert FFN outputs, the experts being split over `axis` in `shards`
+  contiguous slices: rows travel to the devices of their experts in one all-to-all, each source's
+  block is run in turn (a rematerialised scan: one block's hidden states live at a time), and
+  the results come back in another all-to-all. A token's k choices are k different experts, so
+  at most min(k, experts per device) of them go to one device: without a capacity a buffer
+  holds tokens * min(k, E / shards) rows."""
   m, _ = xs.shape
   per_shard = group_sizes.shape[0] // shards
   sizes = group_sizes.reshape(shards, per_shard)
   send_sizes = jnp.sum(sizes, axis=1)
   send_start = jnp.cumsum(send_sizes) - send_sizes
-  rows = m if capacity is None else min(m, capacity * per_shard)
+  rows = min(m, tokens * min(m // tokens, per_shard))
+  rows = rows if capacity is None else min(rows, capacity * per_shard)
   index = send_start[:, None] + jnp.arange(rows)
   filled = jnp.arange(rows) < send_sizes[:, None]
   send = jnp.where(filled[..., None], xs[jnp.clip(index, 0, m - 1)], 0)  # [shards, rows, D]
   recv = jax.lax.all_to_all(send, axis, 0, 0, tiled=True)
   recv_sizes = jax.lax.all_to_all(sizes, axis, 0, 0, tiled=True)  # [source, local expert]
-  local_expert = jax.vmap(lambda s: _group_of_rows(s, rows))(recv_sizes).reshape(-1)
-  order = jnp.argsort(local_expert, stable=True)
-  local_sizes = jnp.sum(recv_sizes, axis=0).astype(jnp.int32)
-  out = ffn(recv.reshape(shards * rows, -1)[order], local_sizes, weights)
-  out = out[_inverse(order)].reshape(shards, rows, -1)
+
+  # each source's block is sorted by local expert (its slice of the sender's sorted rows)
+  def run_block(carry, block):
+    return carry, ffn(block[0], block[1].astype(jnp.int32), weights)
+
+  _, out = jax.lax.scan(jax.checkpoint(run_block), None, (recv, recv_sizes))
   back = jax.lax.all_to_all(out, axis, 0, 0, tiled=True)  # [destination, rows, D]
   row_group = _group_of_rows(group_sizes, m)
   valid = row_group < group_sizes.shape[0]
@@ -206,29 +236,41 @@ def local_moe(
     c,
     act,
     platform,
+    dtype,
     capacity_of,
     expert_axis,
     shards,
     tensor_axes,
     token_axes,
+    gather_axes,
 ):
   """One device's MoE: x [b, t, D], its routing (top_p, top_i [b, t, k]) and its share of the
-  expert weights -> (output [b, t, D], rows kept per expert [E] summed over the token axes)."""
+  expert weights (matrices split over `gather_axes` along d_model) -> (output [b, t, D], rows
+  kept per expert [E] summed over the token axes)."""
   b, t, d = x.shape
   n, k = b * t, top_i.shape[-1]
   capacity = capacity_of(n)
   order, group_sizes, kept = sort_choices(top_i.reshape(n, k), c.num_experts, capacity)
   xs = x.reshape(n, d)[order % n]
+  # without expert parallelism, on TPU, an FSDP-split layer's experts are gathered one by one
+  stream = platform == "tpu" and shards == 1 and bool(gather_axes)
 
   def ffn(rows, sizes, w):
-    out = grouped_ffn(rows, sizes, w, act, c.gated, platform)
+    if stream:
+      pad = -rows.shape[0] % 128
+      out = streamed_expert_ffn(
+          jnp.pad(rows, ((0, pad), (0, 0))), sizes, w, act, c.gated, dtype, gather_axes
+      )[: rows.shape[0]]
+    else:
+      out = grouped_ffn(rows, sizes, w, act, c.gated, platform)
     out = jax.lax.psum(out, tensor_axes) if tensor_axes else out
-    return add_output_bias(out, sizes, w["bo"]) if "bo" in w else out
+    return add_output_bias(out, sizes, w["bo"].astype(dtype)) if "bo" in w else out
 
   if shards > 1:
-    ys = exchange_ffn(xs, group_sizes, weights, ffn, expert_axis, shards, capacity)
+    whole = gather_experts(weights, dtype, gather_axes)
+    ys = exchange_ffn(xs, group_sizes, whole, ffn, expert_axis, shards, capacity, n)
   else:
-    ys = ffn(xs, group_sizes, weights)
+    ys = ffn(xs, group_sizes, weights if stream else gather_experts(weights, dtype, gather_axes))
   y = ys[_inverse(order)].reshape(k, n, d)
   gate = (top_p.reshape(n, k).T * kept.reshape(k, n)).astype(y.dtype)
   out = jnp.einsum("knd,kn->nd", y, gate).reshape(b, t, d)
@@ -244,15 +286,16 @@ def _axes(spec_entry) -> tuple[str, ...]:
   return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
 
 
-def ragged_moe(c, x, top_p, top_i, weights, act, platform: str):
+def ragged_moe(c, x, top_p, top_i, weights, act, platform: str, dtype):
   """x [B, T, D] and its routing -> (output [B, T, D], rows kept per expert [E], all tokens).
 
   Without a mesh it runs as it is; under one, inside a shard_map over every mesh axis (see the
   module docstring), with `weights` a dict of wi, wi_1, wo ([E, ...]) and biases bi, bi_1, bo
-  ([E, width]) present only when used."""
+  ([E, width]) present only when used, in the parameter dtype: they are cast to the compute
+  `dtype` before they are gathered."""
   capacity_of = lambda n: expert_capacity(c, n)  # noqa: E731
   mesh = jax.sharding.get_abstract_mesh()
-  common = dict(c=c, act=act, platform=platform, capacity_of=capacity_of)
+  common = dict(c=c, act=act, platform=platform, dtype=dtype, capacity_of=capacity_of)
   if mesh.empty:
     return local_moe(
         x,
@@ -263,6 +306,7 @@ def ragged_moe(c, x, top_p, top_i, weights, act, platform: str):
         shards=1,
         tensor_axes=(),
         token_axes=(),
+        gather_axes=(),
         **common,
     )
   sizes = dict(mesh.shape)
@@ -279,10 +323,18 @@ def ragged_moe(c, x, top_p, top_i, weights, act, platform: str):
   if tensor_axes and c.ff_width % math.prod(sizes[a] for a in tensor_axes):
     tensor_axes = ()
   ff = tensor_axes[0] if len(tensor_axes) == 1 else (tensor_axes or None)
+  # the matrices enter split along d_model as FSDP stores them and are gathered inside
+  taken = {expert_axis, *tensor_axes}
+  gather_axes = tuple(
+      a for a in _axes(nn.logical_to_mesh_axes(("embed",))[0]) if sizes[a] > 1 and a not in taken
+  )
+  if c.d_model % math.prod(sizes[a] for a in gather_axes):
+    gather_axes = ()
+  dm = gather_axes[0] if len(gather_axes) == 1 else (gather_axes or None)
   specs = {
-      "wi": P(expert_axis, None, ff),
-      "wi_1": P(expert_axis, None, ff),
-      "wo": P(expert_axis, ff, None),
+      "wi": P(expert_axis, dm, ff),
+      "wi_1": P(expert_axis, dm, ff),
+      "wo": P(expert_axis, ff, dm),
       "bi": P(expert_axis, ff),
       "bi_1": P(expert_axis, ff),
       "bo": P(expert_axis, None),
@@ -296,6 +348,7 @@ def ragged_moe(c, x, top_p, top_i, weights, act, platform: str):
       shards=shards,
       tensor_axes=tensor_axes,
       token_axes=token_axes,
+      gather_axes=gather_axes,
       **common,
   )
   return jax.shard_map(
