@@ -27,7 +27,9 @@ FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 # ----------------------------------------------------------------------------- memory scaling
 @pytest.fixture(scope="module")
 def temp_bytes():
+  # one block per stack: activations per block follow the batch as with any depth
   spec = {"families": FAMILIES, "meshes": ["fsdp8", "one"], "batches": [8, 16]}
+  spec["model"] = {"num_layers": 1}
   return run_worker("scale_worker.py", spec, devices=8)
 
 
