@@ -27,7 +27,9 @@ BATCH = ROOT / "scripts" / "cluster" / "train.sbatch"
 POPULATION = ROOT / "scripts" / "cluster" / "population.sbatch"
 CANNOT = 77  # local_slurm_up.sh: this machine cannot host the cluster
 SAVED_AND_STOPPED = 75
-STEPS = 40
+# Long enough that a signal lands before the end: a step takes about 10 ms, and a scancel can
+# take effect 15 steps or more after the step the test waited for.
+STEPS = 120
 TRAIN = [
     "experiments/gpt2.py:tiny",
     # the workdir goes here
@@ -167,7 +169,8 @@ def uninterrupted(cluster, side_jobs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def interrupted(cluster, tmp_path_factory):
   """The same run, cancelled with `scancel` at step 5, submitted again, signalled with
-  `scancel --signal=TERM` at step 20 (the job requeues itself) and so resumed to the end."""
+  `scancel --signal=TERM` 10 or more steps after the step the first job saved (at 20 at the
+  earliest; the job requeues itself) and so resumed to the end."""
   base = tmp_path_factory.mktemp("slurm_stopped")
   workdir = base / "run"
   first_out, second_out = base / "first.out", base / "second.out"
@@ -175,8 +178,11 @@ def interrupted(cluster, tmp_path_factory):
   wait_for(logged(first_out, 5), "the first job's step 5")
   subprocess.run(["scancel", first], env=cluster, check=True)
   first_fields = ended(cluster, first)
+  # the signal lands some steps after step 5; the resumed job logs only the steps after it
+  first_saved = saved_steps(first_out.read_text()).get("0", 5)
+  second_signal_step = max(20, first_saved + 10)
   second = submit(cluster, second_out, workdir)
-  wait_for(logged(second_out, 20), "the second job's step 20")
+  wait_for(logged(second_out, second_signal_step), f"the second job's step {second_signal_step}")
   subprocess.run(["scancel", "--signal=TERM", second], env=cluster, check=True)
   # the job requeues itself; it may start again once its credentials expired (10 s on the
   # local cluster: AuthInfo=cred_expire=10)
