@@ -407,7 +407,8 @@ def test_other_tools_take_one_member_of_a_population(experiment, population_run,
 
 def test_compile_only_compiles_the_population_step(experiment):
   """--compile_only of a population reports the members' step: its arguments hold every
-  member's state (four members: about four times one model's)."""
+  member's state (four members: about four times one model's), and its model FLOPs are every
+  member's."""
   from transformers_jax.train import compile as compile_step
 
   solo = compile_step.report(make_config(experiment), verbose=False)
@@ -415,3 +416,4 @@ def test_compile_only_compiles_the_population_step(experiment):
   assert pop["population_members"] == 4 and "population_members" not in solo
   ratio = pop["per_device_argument_gib"] / solo["per_device_argument_gib"]
   assert 3.9 < ratio < 4.1, ratio
+  assert pop["model_flops_per_step"] == 4 * solo["model_flops_per_step"]

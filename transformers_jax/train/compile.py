@@ -205,7 +205,10 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       out["fits"] = worst <= chip.hbm_gib
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   out.update(xla_flops(compiled))
-  out["model_flops_per_step"] = counting.flops_per_token(model_cfg, per_example) * tokens
+  # every member's tokens for a population: its step does the arithmetic of all of them
+  out["model_flops_per_step"] = (
+      counting.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
+  )
   out["model_flops_per_device_per_step"] = out["model_flops_per_step"] / len(devices)
   if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement
     out["step_s_at_50pct_mfu"] = out["model_flops_per_step"] / (
