@@ -76,3 +76,30 @@ def lesson_positional_encoding(pos, d_model):
     angle = pos / 10000 ** (2 * i / d_model)
     pe += [math.sin(angle), math.cos(angle)]
   return pe
+
+
+# The files that cost the most CPU time, the costliest first. pytest-xdist (`--dist loadfile`)
+# hands whole files to its workers in collection order (pyproject's addopts turn off its own
+# reordering by test count), so starting the long files first keeps one of them from running
+# alone at the end while the other workers sit idle. Files not listed follow in their usual
+# order; the order inside a file is unchanged. A wrong or stale entry costs time, not results.
+COSTLIEST_FIRST = (
+    "test_train.py",
+    "test_parallel.py",
+    "test_scale.py",
+    "test_population.py",
+    "test_model.py",
+    "test_pods.py",
+    "test_slurm.py",
+    "test_context.py",
+    "test_decode.py",
+    "test_moe.py",
+    "test_attention_impls.py",
+    "test_experiments.py",
+    "test_data_pipeline.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+  rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
