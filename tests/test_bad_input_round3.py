@@ -110,13 +110,13 @@ def test_a_signal_before_the_first_step_ends_the_run_at_once():
   import os
   import signal
 
-  from transformers_jax.cli import UserError
+  from transformers_jax.errors import AbortedBeforeStart
   from transformers_jax.train.preemption import StopRequests
 
   before = signal.getsignal(signal.SIGTERM)
   stop = StopRequests(abort_before_start=True)
   try:
-    with pytest.raises(UserError, match=r"interrupted \(SIGTERM\) before the first step"):
+    with pytest.raises(AbortedBeforeStart, match=r"interrupted \(SIGTERM\) before the first step"):
       os.kill(os.getpid(), signal.SIGTERM)
       signal.pause()  # (the handler raises here at the latest)
     stop.started()  # after the first step a signal is a request to save at a step boundary
@@ -153,6 +153,33 @@ def test_a_main_thread_that_does_not_return_is_ended_by_the_watchdog():
       "error: interrupted (SIGINT) before the first step, while the data was prepared or the "
       "step compiled: nothing was trained or saved; run the same command again to start"
   ]
+
+
+ABORT_AT_ONCE = """
+import atexit
+from transformers_jax import cli
+from transformers_jax.errors import AbortedBeforeStart
+atexit.register(lambda: print("interpreter shutdown ran", flush=True))
+def main():
+  print("started", flush=True)
+  raise AbortedBeforeStart("interrupted (SIGINT) before the first step")
+cli._one_line_errors(main)
+"""
+
+
+def test_an_abort_before_the_first_step_skips_the_interpreter_shutdown():
+  """A signal that broke into a compilation can leave XLA's state such that its cleanup at exit
+  crashes (exit 139 instead of 2): the abort's error line is printed (stdout flushed first) and
+  the process ends without the interpreter's shutdown."""
+  import subprocess
+  import sys
+
+  out = subprocess.run([sys.executable, "-c", ABORT_AT_ONCE], capture_output=True, text=True)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stdout.splitlines() == ["started"]  # printed, and no shutdown ran
+  assert out.stderr.strip().splitlines()[-1] == (
+      "error: interrupted (SIGINT) before the first step"
+  )
 
 
 # ----------------------------------------------------------------------------- 5. run folders

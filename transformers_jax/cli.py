@@ -4,6 +4,7 @@ user's mistakes."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 
@@ -12,6 +13,7 @@ from ml_collections import config_flags
 
 from transformers_jax.errors import (  # noqa: F401  (UserError: raised by every command line)
     EXIT_SAVED_AND_STOPPED,
+    AbortedBeforeStart,
     Interrupted,
     UserError,
 )
@@ -71,7 +73,6 @@ def quiet_cpu_host() -> None:
   to create TPU profiler ... UNIMPLEMENTED" when profiling, "sudo rm /tmp/libtpu_lockfile" when
   a second process looks too. Compiling for a TPU topology loads libtpu on its own and still
   works. Child processes inherit the setting."""
-  import os
   import platform
 
   if os.environ.get("JAX_PLATFORMS") is not None or platform.system() != "Linux":
@@ -100,8 +101,6 @@ def quiet_children() -> None:
   shared memory a killed worker left, which it then frees, in three lines of warning after the
   run's own error line; hide that report, unless the user set PYTHONWARNINGS. (The batches of
   workers that end normally leave nothing behind: data/pipeline.py.)"""
-  import os
-
   os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
 
 
@@ -114,6 +113,11 @@ def _one_line_errors(call):
   except Interrupted as e:  # saved: run again to resume
     print(f"error: {e}", file=sys.stderr)
     sys.exit(EXIT_SAVED_AND_STOPPED)
+  except AbortedBeforeStart as e:  # nothing to save, and no interpreter shutdown: see its doc
+    print(f"error: {e}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)
   except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -27,5 +27,13 @@ class Interrupted(UserError):
   can tell "saved, start me again" from a failure."""
 
 
+class AbortedBeforeStart(UserError):
+  """A signal (Ctrl-C, SIGTERM) before the first step: nothing was trained or saved. Printed as
+  one line with exit code 2, like any UserError, after which the process ends at once, without
+  the interpreter's shutdown: the signal may have broken into a compilation, and XLA's cleanup
+  of what that left half-built can crash the process at exit (a segmentation fault, exit code
+  139, where a launcher expects 2)."""
+
+
 class RunError(ValueError):
   """A run folder that cannot give what was asked (one line: the problem and the fix)."""

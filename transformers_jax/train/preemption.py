@@ -89,9 +89,9 @@ class StopRequests:
 
   def _handle(self, signum, _frame):
     if self._abort:
-      from transformers_jax.errors import UserError
+      from transformers_jax.errors import AbortedBeforeStart
 
-      raise UserError(self.abort_message(signum))
+      raise AbortedBeforeStart(self.abort_message(signum))
     if self.requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once
       self.restore()
       raise KeyboardInterrupt
