@@ -182,6 +182,60 @@ def test_an_abort_before_the_first_step_skips_the_interpreter_shutdown():
   )
 
 
+CONFIG_FILES = {
+    "config.json": '{"model": {"d_model": 32}, "packing": false}\n',  # a run's, not an experiment
+    "syntax.py": "def get_config(:\n",
+    "imports.py": "import no_such_module_here\n\ndef get_config():\n  return None\n",
+}
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (
+            ["--config.model.d-model=32"],
+            ["--config.model.d-model: no such config field", "--config.model.d_model?"],
+        ),
+        (["--config.warmup-steps=2"], ["did you mean --config.warmup_steps?"]),
+        (["--config=FILES/config.json"], ["config.json", "NameError: name 'false'"]),
+        (["--config=FILES/syntax.py"], ["syntax.py", "SyntaxError"]),
+        (["--config=FILES/imports.py"], ["No module named 'no_such_module_here'"]),
+        (["--config=FILES/missing.py"], ["missing.py' (no such file)"]),
+    ],
+)
+def test_config_files_and_field_names_that_cannot_work_are_one_line_errors(args, needles, tmp_path):
+  """Hyphenated field names and config files that are not experiment files, or fail to run,
+  are named with the cause in the one error line (they were tracebacks, or hid the cause)."""
+  from absl import flags
+
+  from transformers_jax import cli
+
+  for name, text in CONFIG_FILES.items():
+    (tmp_path / name).write_text(text)
+  args = [a.replace("FILES", str(tmp_path)) for a in args]
+  if not any(a.startswith("--config=") for a in args):
+    args = [f"--config={ROOT / 'experiments' / 'gpt2.py'}:tiny", *args]
+  flag_values = flags.FlagValues()
+  cli.define_config_flag(flag_values=flag_values)
+  rest, message = cli._parse(flag_values, ["prog", *args])
+  assert rest == [] and message is not None and "\n" not in message
+  for needle in needles:
+    assert needle in message, message
+
+
+def test_a_negative_seed_is_refused_with_the_other_fields(experiment):
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train_config import validate
+
+  config = experiment("gpt2", "tiny")
+  config.seed = -1
+  with pytest.raises(ValueError, match="seed=-1: must be an integer >= 0"):
+    validate(config, ModelConfig.from_dict(config.model), 1)
+  config.seed, config.eval_every = 0, -1  # and a negative interval says what 0 means for it
+  with pytest.raises(ValueError, match=r"eval_every=-1: must be >= 0 \(0 evaluates only at"):
+    validate(config, ModelConfig.from_dict(config.model), 1)
+
+
 # ----------------------------------------------------------------------------- 5. run folders
 @pytest.fixture(scope="module")
 def two_steps(tmp_path_factory):

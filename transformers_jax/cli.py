@@ -197,6 +197,10 @@ def _gist(text: str) -> str:
 OLD_CONVERTED_CONFIG = "from transformers_jax.config import config_from_json"
 
 
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def _read_text(path: str) -> str:
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -210,6 +214,15 @@ def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
   arguments, None), or ([], the one line that says what is wrong: a flag's bad value, or in
   --config a missing file, an unknown preset or field, a value of the wrong type)."""
   overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+  for name in overrides:  # (ml_collections would fail on these with a traceback)
+    parts = name[len("--config.") :].split(".")
+    if not all(_FIELD_NAME.fullmatch(p) for p in parts):
+      fixed = ".".join(p.replace("-", "_") for p in parts)
+      hint = f" (did you mean --config.{fixed}?)" if _FIELD_PATH.fullmatch(fixed) else ""
+      return [], (
+          f"{name}: no such config field{hint}: field names are Python names, with "
+          "underscores; --config_help lists the fields"
+      )
   try:
     rest = flag_values(argv)
     if "config" in flag_values and flag_values["config"].value is not None:
@@ -224,7 +237,7 @@ def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
     hint = re.search(r"Did you mean .*\?", said)
     message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
     return [], message + "; --config_help lists the fields (docs/config.md the defaults)"
-  except (OSError, ImportError):  # the config file cannot be read, or its imports fail
+  except (OSError, ImportError, SyntaxError, NameError) as e:  # the file cannot be read or run
     given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
     if given is None and "--config" in argv[:-1]:
       given = argv[argv.index("--config") + 1]
@@ -235,9 +248,13 @@ def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
           f"lives in transformers_jax.train_config: change its line '{OLD_CONVERTED_CONFIG}' "
           "to 'from transformers_jax.train_config import config_from_json'"
       )
+    said = str(e).strip().splitlines()
+    reason = f"{type(e).__name__}: {said[-1]}" if said else type(e).__name__
+    if isinstance(e, OSError) and not os.path.exists(path):
+      reason = "no such file"
     return [], (
-        f"--config: cannot load {path!r} (no such file, or it failed to import): give "
-        "an experiment file, e.g. --config experiments/gpt2.py:cpu"
+        f"--config: cannot load {path!r} ({reason}): give an experiment file (Python, with "
+        "get_config), e.g. --config experiments/gpt2.py:cpu"
     )
   except flags.UnrecognizedFlagError as e:
     return [], f"unknown flag --{e.flagname}: --helpfull lists the flags"

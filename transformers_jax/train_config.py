@@ -122,6 +122,17 @@ def training_fields() -> ml_collections.ConfigDict:
   return c
 
 
+# What 0 means for the fields whose zero is not "off" (validate's message for a negative value).
+ZERO_MEANS = {
+    "stop_after": "0 runs to steps",
+    "eval_every": "0 evaluates only at the end",
+    "checkpoint_every": "0 saves only at the end",
+    "warmup_steps": "0 starts at the peak rate",
+    "device_peak_flops": "0 takes the device's data sheet, or measures a CPU",
+    "profile.start_step": "0 profiles from the first step",
+}
+
+
 def validate(config, model_cfg, num_data_shards: int) -> None:
   """Every training field has a meaning or is refused: a ValueError naming the field and the
   fix, before any data is read or anything compiles."""
@@ -159,7 +170,9 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   ):
     value = config_value(config, field)
     if not math.isfinite(value) or value < 0:
-      fail(field, "must be >= 0 (0 turns it off)")
+      fail(field, f"must be >= 0 ({ZERO_MEANS.get(field, '0 turns it off')})")
+  if not isinstance(config.seed, int) or config.seed < 0:
+    fail("seed", "must be an integer >= 0 (parameters, dropout and batches derive from it)")
   if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
     fail("learning_rate", "must be positive (a negative rate climbs the loss)")
   if config.z_loss > MAX_Z_LOSS:
