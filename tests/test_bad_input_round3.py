@@ -236,6 +236,20 @@ def test_a_negative_seed_is_refused_with_the_other_fields(experiment):
     validate(config, ModelConfig.from_dict(config.model), 1)
 
 
+def test_cudnn_attention_off_a_gpu_is_refused_in_one_line():
+  """attention_impl=cudnn on a CPU (or compiled for a TPU) is the user's choice to correct, not a
+  RuntimeError from inside jax.nn.dot_product_attention."""
+  import jax.numpy as jnp
+
+  from transformers_jax.modules.attention import choose_impl
+
+  q = jnp.zeros((1, 8, 2, 4))
+  with pytest.raises(ValueError, match="attention_impl='cudnn' needs an NVIDIA GPU.*cpu"):
+    choose_impl("cudnn", q, q, dropout=False)
+  assert choose_impl("cudnn", q, q, dropout=True) == "einsum"  # dropout's path, as before
+  assert choose_impl("auto", q, q, dropout=False) == "einsum"
+
+
 # ----------------------------------------------------------------------------- 5. run folders
 @pytest.fixture(scope="module")
 def two_steps(tmp_path_factory):

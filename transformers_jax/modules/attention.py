@@ -30,9 +30,14 @@ def choose_impl(impl: str, q, k, dropout: bool) -> str:
   compiled for, the dtype and the lengths; dropout always takes "einsum"."""
   if dropout:
     return "einsum"
+  platform = target_platform()
+  if impl == "cudnn" and platform not in ("gpu", "cuda"):  # (else "cuDNN is not detected")
+    raise ValueError(
+        f"model.attention_impl='cudnn' needs an NVIDIA GPU, and this step compiles for "
+        f"{platform}: use auto (the platform's best), flash or einsum"
+    )
   if impl != "auto":
     return impl
-  platform = target_platform()
   if platform == "tpu":
     return "splash"
   if platform == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
