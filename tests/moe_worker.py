@@ -41,10 +41,12 @@ def run(config, model_cfg, task, batches, axes):
   step = make_train_step(
       task, model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
   )
-  text = step.lower(state, parallel.put_batch(batches[0], mesh)).compile().as_text()
+  # compiled once: its text for the collectives, and the program the steps run
+  compiled = step.lower(state, parallel.put_batch(batches[0], mesh)).compile()
+  text = compiled.as_text()
   losses, metrics = [], {}
   for batch in batches:
-    state, metrics = step(state, parallel.put_batch(batch, mesh))
+    state, metrics = compiled(state, parallel.put_batch(batch, mesh))
     losses.append(float(metrics["loss"]))
   return {
       "losses": losses,

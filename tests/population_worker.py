@@ -52,6 +52,7 @@ def main():
       "model.d_model": 32,
       "model.num_heads": 2,
       "model.max_len": 32,
+      "model.num_layers": 1,  # the fsdp split and the packing do not depend on depth
       "sample.max_new_tokens": 0,
       "mesh.data": 1,
       "mesh.fsdp": 2,

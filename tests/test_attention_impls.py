@@ -187,7 +187,7 @@ def test_every_family_forward_with_flash_equals_einsum(family, extra):
   c = ModelConfig(family=family, attention_impl="einsum", **TINY, **BLOCKS, **extra)
   args, kwargs = family_inputs(c)
   model = build_model(c)
-  params = nn.unbox(model.init(KEY, *args, **kwargs)["params"])
+  params = nn.unbox(jax.jit(model.init)(KEY, *args, **kwargs)["params"])
   want = jax.jit(model.apply)({"params": params}, *args, **kwargs)
   got = jax.jit(build_model(c.replace(attention_impl="flash")).apply)(
       {"params": params}, *args, **kwargs

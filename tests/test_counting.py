@@ -7,11 +7,29 @@ import sys
 
 import pytest
 
-from transformers_jax import counting
+from transformers_jax import counting, models
 from transformers_jax.config import ModelConfig, load_config_module
-from transformers_jax.models import param_shapes
+from transformers_jax.models import as_model_config
 
 from conftest import ROOT
+
+_SHAPES = {}
+
+
+def param_shapes(cfg):
+  """models.param_shapes, traced once per model config in this module: the published-count,
+  formula and breakdown tests all ask for the same presets (up to 96 blocks each)."""
+  c = as_model_config(cfg)
+  if c not in _SHAPES:
+    _SHAPES[c] = models.param_shapes(c)
+  return _SHAPES[c]
+
+
+@pytest.fixture(autouse=True)
+def shared_shapes(monkeypatch):
+  """counting.count and counting.summary read the shared shapes too."""
+  monkeypatch.setattr(counting, "param_shapes", param_shapes)
+
 
 EXACT = {
     ("gpt2", "small"): 124_439_808,

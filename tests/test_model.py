@@ -1,5 +1,7 @@
 """Behaviour of the shared block and the four families on tiny configs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,12 +21,16 @@ KEY = jax.random.PRNGKey(0)
 SMALL = dict(num_layers=2, d_model=32, num_heads=4, vocab_size=50, max_len=16)
 
 
+# Compiled as one program each (a config is hashable): run op by op, every operation of a model
+# would be a compilation of its own.
+@functools.partial(jax.jit, static_argnums=0)
 def init(cfg, *inputs):
   return nn.unbox(build_model(cfg).init(KEY, *inputs)["params"])
 
 
-def forward(cfg, params, *inputs, **kw):
-  return build_model(cfg).apply({"params": params}, *inputs, **kw)
+@functools.partial(jax.jit, static_argnums=0)
+def forward(cfg, params, *inputs):
+  return build_model(cfg).apply({"params": params}, *inputs)
 
 
 def tokens(seed=1, shape=(2, 12), vocab=50):
@@ -221,11 +227,12 @@ def test_einsum_attention_equals_jax_dot_product_attention(T, S, heads, groups, 
     mask = mask.at[..., 0].set(True)  # every query keeps a key
   cot = jax.random.normal(keys[4], (2, T, heads, 16))
 
-  def run(impl):
+  @functools.partial(jax.jit, static_argnames="impl")  # one program per path, not op by op
+  def run(q, k, v, mask, cot, impl):
     out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, mask, causal, impl=impl), q, k, v)
     return (out, *vjp(cot))
 
-  for a, b in zip(run("einsum"), run("fused")):
+  for a, b in zip(run(q, k, v, mask, cot, impl="einsum"), run(q, k, v, mask, cot, impl="fused")):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
 
 
@@ -301,14 +308,15 @@ def test_remat_gives_the_same_gradients():
   x = tokens()
   p = init(c, x)
 
-  def grads(cfg):
+  @functools.partial(jax.jit, static_argnums=0)
+  def grads(cfg, p):
     model = build_model(cfg)
     return jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x)["logits"] ** 2))(p)
 
   for policy in ("full", "dots_saveable"):
     for a, b in zip(
-        jax.tree_util.tree_leaves(grads(c)),
-        jax.tree_util.tree_leaves(grads(c.replace(remat=policy))),
+        jax.tree_util.tree_leaves(grads(c, p)),
+        jax.tree_util.tree_leaves(grads(c.replace(remat=policy), p)),
     ):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
@@ -322,12 +330,11 @@ def test_kv_cache_prefill_then_steps_equals_full_forward(positions, kv):
   model = build_model(c, decode=True)
   cache = model.init(KEY, x)["cache"]  # as many cache slots as the init input has tokens
   assert cache["decoder"]["layer_0"]["self_attn"]["cached_key"].shape == (2, c.kv_heads, 10, 8)
-  out, state = model.apply({"params": p, "cache": cache}, x[:, :6], mutable=["cache"])
+  apply = jax.jit(lambda cache, x: model.apply({"params": p, "cache": cache}, x, mutable=["cache"]))
+  out, state = apply(cache, x[:, :6])
   logits = [out["logits"]]
   for t in range(6, 10):
-    out, state = model.apply(
-        {"params": p, "cache": state["cache"]}, x[:, t : t + 1], mutable=["cache"]
-    )
+    out, state = apply(state["cache"], x[:, t : t + 1])
     logits.append(out["logits"])
   np.testing.assert_allclose(
       np.asarray(jnp.concatenate(logits, 1)), np.asarray(full), rtol=1e-4, atol=1e-4

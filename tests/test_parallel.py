@@ -83,6 +83,8 @@ def train_cmd(workdir, *extra):
       "--config.eval_every=0",
       "--config.checkpoint_every=2",
       "--config.sample.max_new_tokens=0",
+      # one block: the mesh, the processes and the checkpoint's layout do not depend on depth
+      "--config.model.num_layers=1",
       *extra,
   ]
 
@@ -191,6 +193,7 @@ def test_cpu_devices_splits_the_host_and_the_mesh_spans_them():
       "--config",
       "experiments/gpt2.py:tiny",
       "--compile_only",
+      "--config.model.num_layers=1",  # the devices and the mesh do not depend on depth
   ]
   out = subprocess.run(
       base + ["--cpu_devices=2"], capture_output=True, text=True, cwd=ROOT, env=plain

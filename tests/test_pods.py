@@ -29,6 +29,9 @@ from conftest import ROOT
 from test_train import assert_one_line_error, configure, losses, run_cli
 
 GPT2_TINY = str(ROOT / "experiments/gpt2.py") + ":tiny"
+# The one-process runs train gpt2:tiny with one block: locks, signals, checkpoints and resumes do
+# not depend on depth, and each compile costs less.
+ONE_BLOCK = dict(num_layers=1)
 
 
 # ----------------------------------------------------------------------------- MFU
@@ -155,6 +158,7 @@ def cli_cmd(workdir, *extra):
       "--config.checkpoint_every=0",
       "--config.sample.max_new_tokens=0",
       "--config.data.max_bytes=200000",
+      "--config.model.num_layers=1",  # ONE_BLOCK
       *extra,
   ]
 
@@ -170,6 +174,8 @@ def terminated(tmp_path_factory):
       stderr=subprocess.PIPE,
       text=True,
       cwd=ROOT,
+      # every program it compiles goes to the cache, however quickly it compiled
+      env=dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"),
   )
   try:
     for line in first.stdout:  # running: its steps are being logged
@@ -227,7 +233,12 @@ def test_resume_takes_over_a_dead_lock_records_changes_and_profiles(terminated, 
   )
   saved = json.loads((work / "config.json").read_text())
   fields = dict(
-      steps=1000, eval_every=0, checkpoint_every=0, data=dict(max_bytes=200_000), log_every=1
+      steps=1000,
+      eval_every=0,
+      checkpoint_every=0,
+      data=dict(max_bytes=200_000),
+      log_every=1,
+      model=ONE_BLOCK,
   )
   # the seed or the data may not change silently
   with pytest.raises(UserError, match=r"seed \(0 before, 1 now\).*--allow_data_change"):
@@ -279,7 +290,7 @@ def two_checkpoints(tmp_path_factory):
   return work
 
 
-CKPT_RUN = dict(checkpoint_every=2, log_every=1, data=dict(max_bytes=200_000))
+CKPT_RUN = dict(checkpoint_every=2, log_every=1, data=dict(max_bytes=200_000), model=ONE_BLOCK)
 
 
 def data_file(step_dir: pathlib.Path) -> pathlib.Path:
@@ -325,6 +336,7 @@ def test_non_finite_state_is_damaged_and_none_intact_is_one_line(two_checkpoints
       "--config.steps=6",
       "--config.checkpoint_every=2",
       "--config.data.max_bytes=200000",
+      "--config.model.num_layers=1",
   )
   assert_one_line_error(out, "no intact checkpoint", "4, 2")
   assert out.returncode == 2
