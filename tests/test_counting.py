@@ -166,6 +166,18 @@ def test_gpt2_small_shares_match_the_lesson(experiment):
   assert 0.64 < s["feed_forward_share_of_blocks"] < 0.69  # "two thirds of each block"
 
 
+def test_vit_flops_count_its_patches_not_the_text_seq_len(experiment):
+  """A ViT's sequence is its patches and class token (17 for vit.py:tiny, 197 for b16), not the
+  config's text seq_len (128), as in training's MFU."""
+  for preset, tokens in (("tiny", 17), ("b16", 197)):
+    config = experiment("vit", preset)
+    s = counting.summary(config)
+    assert s["flops_seq_len"] == tokens != config.seq_len
+    assert s["flops_per_token"] == counting.flops_per_token(
+        counting.as_model_config(config.model), tokens
+    )
+
+
 def test_moe_active_count_below_total():
   c = ModelConfig(feed_forward="moe", num_experts=8, top_k=2)
   total, active = counting.analytic_count(c), counting.analytic_count(c, active=True)

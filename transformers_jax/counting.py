@@ -225,7 +225,9 @@ def summary(config) -> dict:
   parts = tree_breakdown(shapes, c)
   total = sum(v for k, v in parts.items() if k != "blocks")
   published = config.get("published", {})
-  seq = config.get("seq_len", 0) or c.seq_len_max
+  # the tokens a sequence holds: a ViT's patches (and class token), whatever the config's text
+  # seq_len says (tasks.classify's tokens_per_example, which training's MFU counts)
+  seq = c.seq_len_max if c.family == "vit" else (config.get("seq_len", 0) or c.seq_len_max)
   ffn_share = parts.get("feed_forward", 0) / parts["blocks"] if parts.get("blocks") else 0.0
   return {
       "total": total,
