@@ -250,6 +250,23 @@ def test_cudnn_attention_off_a_gpu_is_refused_in_one_line():
   assert choose_impl("auto", q, q, dropout=False) == "einsum"
 
 
+def test_resumed_metrics_do_not_glue_onto_a_torn_last_line(tmp_path):
+  """A process killed mid-write leaves a last line without its newline; the resumed run's
+  writer cuts it (it was never a whole record) instead of appending onto it."""
+  from transformers_jax.train.metrics import MetricsWriter
+
+  whole = json.dumps({"step": 6, "loss": 2.5}) + "\n"
+  (tmp_path / "metrics.jsonl").write_text(whole + '{"step": 7, "lo')
+  writer = MetricsWriter(tmp_path)
+  writer.write(7, {"loss": 2.4})
+  writer.close()
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(line)["step"] for line in lines] == [6, 7]
+  writer = MetricsWriter(tmp_path)  # a whole last line is kept as it is
+  writer.close()
+  assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 # ----------------------------------------------------------------------------- 5. run folders
 @pytest.fixture(scope="module")
 def two_steps(tmp_path_factory):

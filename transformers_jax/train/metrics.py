@@ -80,6 +80,20 @@ def _cpu_hosts_and_rate() -> tuple[int, float]:
   return len(set(np.asarray(names).ravel().tolist())), rate
 
 
+def drop_torn_last_line(path: pathlib.Path) -> None:
+  """Cut a last line without its newline from `path`: the part of a record a killed process
+  was writing. Appending after it would glue the next record onto it, and both would be lost
+  to any reader of the lines."""
+  if not path.exists() or path.stat().st_size == 0:
+    return
+  with open(path, "rb+") as f:
+    f.seek(-1, 2)
+    if f.read(1) == b"\n":
+      return
+    f.seek(0)
+    f.truncate(f.read().rfind(b"\n") + 1)
+
+
 class MetricsWriter:
   """WORKDIR/metrics.jsonl (one JSON object per line) and TensorBoard events in WORKDIR/tb."""
 
@@ -88,6 +102,7 @@ class MetricsWriter:
     if not enabled:
       return
     workdir = pathlib.Path(workdir)
+    drop_torn_last_line(workdir / "metrics.jsonl")
     self.file = open(workdir / "metrics.jsonl", "a", buffering=1)
     from tensorboardX import SummaryWriter
 
