@@ -395,6 +395,16 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
   config.data.workers, config.data.prefetch = 2, 8
   changes = check_resumed_settings(run, config, allow_data_change=False)
   assert set(changes) == {"data.workers", "data.prefetch"}
+  # the same file by another name (a link; a relative path likewise) is the same data, recorded
+  (tmp_path / "link.txt").symlink_to(corpus)
+  config.data.path = str(tmp_path / "link.txt")
+  changes = check_resumed_settings(run, config, allow_data_change=False)
+  assert changes["data.path"] == [str(corpus), str(tmp_path / "link.txt")]
+  (tmp_path / "other.txt").write_text(corpus.read_text())  # a copy is another file: refused
+  config.data.path = str(tmp_path / "other.txt")
+  with pytest.raises(UserError, match=r"with other data: data.path"):
+    check_resumed_settings(run, config, allow_data_change=False)
+  config.data.path = str(corpus)
   config.data.max_bytes += 1  # another setting of the data is another stream of examples
   with pytest.raises(UserError, match=r"data.max_bytes .*--allow_data_change"):
     check_resumed_settings(run, config, allow_data_change=False)

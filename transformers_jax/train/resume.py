@@ -4,6 +4,7 @@ restores of the newest intact checkpoint, and parameters taken from another run 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -40,6 +41,8 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
     return {}
   changes = runs.resume_changes(run, config)
   data = [f for f in runs.data_changes(changes) if f not in HARMLESS_DATA_FIELDS]
+  if "data.path" in data and _same_file(*changes["data.path"]):  # another name for the same file
+    data.remove("data.path")
   if data and not allow_data_change:
     said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
     raise UserError(
@@ -48,6 +51,15 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
         "anyway, or use a new --workdir"
     )
   return changes
+
+
+def _same_file(before: str, now: str) -> bool:
+  """Whether two data.path values name the same existing file or folder (a relative and an
+  absolute path, a link): its content is then checked by data_source_changes."""
+  try:
+    return bool(before) and os.path.samefile(before, now)
+  except OSError:
+    return False
 
 
 def prepare_folder(run: Run, config, allow_data_change: bool) -> dict | None:
