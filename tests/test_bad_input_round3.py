@@ -405,6 +405,10 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
   with pytest.raises(UserError, match=r"with other data: data.path"):
     check_resumed_settings(run, config, allow_data_change=False)
   config.data.path = str(corpus)
+  config.data.tokenizer = str(tmp_path / "tokenizer.json")  # ids the model was not trained on
+  with pytest.raises(UserError, match=r"with another tokenizer \(data.tokenizer 'byte' before"):
+    check_resumed_settings(run, config, allow_data_change=True)
+  config.data.tokenizer = "byte"
   config.data.max_bytes += 1  # another setting of the data is another stream of examples
   with pytest.raises(UserError, match=r"data.max_bytes .*--allow_data_change"):
     check_resumed_settings(run, config, allow_data_change=False)

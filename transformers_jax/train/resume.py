@@ -43,6 +43,14 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   data = [f for f in runs.data_changes(changes) if f not in HARMLESS_DATA_FIELDS]
   if "data.path" in data and _same_file(*changes["data.path"]):  # another name for the same file
     data.remove("data.path")
+  if "data.tokenizer" in changes:  # the run's own tokenizer.json would be used regardless
+    before, now = changes["data.tokenizer"]
+    raise UserError(
+        f"resuming {run.path} with another tokenizer (data.tokenizer {before!r} before, "
+        f"{now!r} now): the model's token ids are its saved tokenizer's, even with "
+        "--allow_data_change; use a new --workdir (--config.init_from to start from these "
+        "parameters, with a vocabulary of the same size)"
+    )
   if data and not allow_data_change:
     said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
     raise UserError(
