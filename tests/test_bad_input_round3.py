@@ -326,6 +326,28 @@ def test_lost_checksums_leave_checkpoints_unverifiable_not_trusted(two_steps, tm
   checkpoints.close()
 
 
+def test_a_folder_whose_checkpoints_were_all_set_aside_does_not_start_over(two_steps, tmp_path):
+  """The start that finds every checkpoint damaged refuses; so does the next one, which finds
+  only the set-aside folders (it began a second lineage from step 0 in the same run folder)."""
+  from transformers_jax.checkpoints import CheckpointDamaged, Checkpoints
+
+  folder = _copy(two_steps, tmp_path)
+  for step in (2, 4):
+    (folder / str(step) / "default" / "manifest.ocdbt").unlink()
+  for expected in (r"step\(s\) 4, 2 are damaged", r"set aside every one .*2.damaged, 4.damaged"):
+    checkpoints = Checkpoints(folder, async_save=False)
+    with pytest.raises(CheckpointDamaged, match=expected):
+      checkpoints.restore_intact(None, on_damaged=lambda _: None)
+    checkpoints.close()
+  for aside in folder.glob("*.damaged"):  # the user's choice to start over
+    import shutil
+
+    shutil.rmtree(aside)
+  checkpoints = Checkpoints(folder, async_save=False)
+  assert checkpoints.restore_intact(None) == (None, None)
+  checkpoints.close()
+
+
 def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
   from transformers_jax.checkpoints import Checkpoints
 

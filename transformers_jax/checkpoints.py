@@ -251,6 +251,13 @@ class Checkpoints:
           f"{', '.join(map(str, damaged))} are damaged (moved to <step>.damaged): use a new "
           "--workdir, or copy an intact checkpoint there"
       )
+    aside = sorted(p.name for p in self.directory.glob("*.damaged*") if p.is_dir())
+    if aside:  # an earlier invocation set them all aside: starting over here is not a resume
+      raise CheckpointDamaged(
+          f"no intact checkpoint in {self.directory}: an earlier start set aside every one as "
+          f"damaged ({', '.join(aside)}); use a new --workdir, copy an intact checkpoint there, "
+          "or delete those folders to start this run over from step 0"
+      )
     return None, None
 
 
