@@ -5,6 +5,7 @@ acceptance of nonsense values)."""
 
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -265,6 +266,25 @@ def test_resumed_metrics_do_not_glue_onto_a_torn_last_line(tmp_path):
   writer = MetricsWriter(tmp_path)  # a whole last line is kept as it is
   writer.close()
   assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(coordinator_address="localhost:1", num_processes=2, process_id=5), "id from 0 to"),
+        (dict(coordinator_address="localhost:1", num_processes=0, process_id=0), "N >= 1"),
+        (dict(coordinator_address="localhost", num_processes=2, process_id=0), "localhost:12355"),
+        (dict(num_processes=2), "give all three, or neither"),
+    ],
+)
+def test_process_flags_that_cannot_join_are_refused_before_joining(kwargs, needle):
+  """An id past the count waited out the join timeout (300 s) before saying so; an address
+  without a port was an IndexError from inside JAX; a count without an address was ignored."""
+  from transformers_jax.cluster_join import initialize_distributed
+  from transformers_jax.errors import UserError
+
+  with pytest.raises(UserError, match=re.escape(needle)):
+    initialize_distributed(**kwargs)
 
 
 # ----------------------------------------------------------------------------- 5. run folders

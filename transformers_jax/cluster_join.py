@@ -57,9 +57,25 @@ def initialize_distributed(
   """
   if coordinator_port is not None and not 0 < coordinator_port < 65536:
     raise UserError(f"--coordinator_port={coordinator_port}: give a TCP port, 1 to 65535")
+  if coordinator_address is None and (num_processes is not None or process_id is not None):
+    raise UserError(
+        "--num_processes and --process_id go with --coordinator_address=HOST:PORT (without it "
+        "a cluster manager's own count and index are used): give all three, or neither"
+    )
   if coordinator_address:
     if num_processes is None or process_id is None:
       raise ValueError("--coordinator_address needs --num_processes and --process_id")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise UserError(
+          f"--num_processes={num_processes} --process_id={process_id}: give N >= 1 and an id "
+          f"from 0 to N-1, a different one for each process"
+      )
+    if coordinator_port is None and _split(coordinator_address)[1] is None:
+      raise UserError(
+          f"--coordinator_address={coordinator_address}: give process 0's host and a free "
+          f"port, e.g. --coordinator_address={coordinator_address.strip('[]')}:12355 (or "
+          "--coordinator_port)"
+      )
     address, detected, local_devices = coordinator_address, False, None
     if coordinator_port is not None:
       host = _split(address)[0]
