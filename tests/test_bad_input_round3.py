@@ -379,6 +379,28 @@ def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
   checkpoints.close()
 
 
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("{}", "has no 'model' object"),
+        ('{"model": 5}', "has no 'model' object"),
+        ("[]", "not a run config (a JSON object)"),
+        ("", "is not valid JSON"),
+        ('{"model_type": "gpt2", "n_embd": 8}', "Hugging Face model's config.json"),
+    ],
+)
+def test_a_damaged_config_json_is_one_line_for_every_reader(tmp_path, text, needle):
+  """generate and convert read config.json through Run.config (a KeyError or TypeError before),
+  training through Run.saved_config: both name the file and the fix."""
+  from transformers_jax.runs import Run, RunError
+
+  (tmp_path / "config.json").write_text(text)
+  for read in (Run(tmp_path).config, Run(tmp_path).saved_config):
+    with pytest.raises(RunError, match=re.escape(needle)) as error:
+      read()
+    assert str(error.value).startswith(str(tmp_path / "config.json"))
+
+
 def test_a_garbage_run_history_names_the_file(tmp_path):
   from transformers_jax.runs import Run, RunError
 

@@ -21,6 +21,16 @@ def read_config(path: pathlib.Path) -> dict | None:
     raise RunError(f"{path} is not valid JSON ({e}): restore the run's config") from None
   if not isinstance(saved, dict):
     raise RunError(f"{path} is not a run config (a JSON object): restore the run's config")
+  if not isinstance(saved.get("model"), dict):
+    what = (
+        f"a Hugging Face model's config.json (model_type {saved['model_type']!r}), not a run of "
+        "this project: give the run's --workdir, or convert it with python -m "
+        "transformers_jax.convert --from_hf"
+        if "model_type" in saved
+        else "not a run config (it has no 'model' object): restore the run's config, or use a "
+        "new --workdir"
+    )
+    raise RunError(f"{path} is {what}")
   return saved
 
 

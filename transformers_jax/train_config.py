@@ -4,7 +4,6 @@ and the assembly of a whole experiment config: those fields plus the model's (co
 from __future__ import annotations
 
 import ast
-import json
 import math
 import pathlib
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ import ml_collections
 
 from transformers_jax.config import flatten_dict, model_config_dict
 from transformers_jax.parallel import rule_names
+from transformers_jax.records import read_config
 
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
@@ -388,7 +388,9 @@ def preset_config(
 
 def config_from_json(path) -> ml_collections.ConfigDict:
   """An experiment config saved as JSON (a run's config.json) -> a ConfigDict again."""
-  saved = json.loads(pathlib.Path(path).read_text())
+  saved = read_config(pathlib.Path(path))
+  if saved is None:
+    raise FileNotFoundError(f"{path}: no such file")
   config = experiment_config(**saved.pop("model"))
   config.update_from_flattened_dict(flatten_dict(saved))
   return config
