@@ -473,6 +473,12 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
   with pytest.raises(UserError, match=r"with another tokenizer \(data.tokenizer 'byte' before"):
     check_resumed_settings(run, config, allow_data_change=True)
   config.data.tokenizer = "byte"
+  config.population.seeds = 2  # a population resumed from a single run's state: which to pass
+  with pytest.raises(
+      UserError, match=r"holds a single run .*resume with --config.population.seeds=0"
+  ):
+    check_resumed_settings(run, config, allow_data_change=True)
+  config.population.seeds = 0
   config.data.max_bytes += 1  # another setting of the data is another stream of examples
   with pytest.raises(UserError, match=r"data.max_bytes .*--allow_data_change"):
     check_resumed_settings(run, config, allow_data_change=False)

@@ -36,13 +36,26 @@ HARMLESS_DATA_FIELDS = ("data.workers", "data.prefetch", "data.tokenize_workers"
 
 def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
-  the data needs `allow_data_change`."""
+  the data needs `allow_data_change`; a single run resumed as a population (or the reverse) and
+  another tokenizer are refused."""
   if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
     return {}
   changes = runs.resume_changes(run, config)
   data = [f for f in runs.data_changes(changes) if f not in HARMLESS_DATA_FIELDS]
   if "data.path" in data and _same_file(*changes["data.path"]):  # another name for the same file
     data.remove("data.path")
+  population = {f: v for f, v in changes.items() if f.startswith("population.")}
+  saved_members = _asks_for_population((run.saved_config() or {}).get("population", {}))
+  if saved_members != _asks_for_population(config.get("population", {})):
+    # a single run's state and a population's cannot stand in for each other (other members
+    # of a population are Setup.check_same_members' to name)
+    said = "; ".join(f"{f} {a!r} saved, {b!r} now" for f, (a, b) in population.items())
+    flags = " ".join(f"--config.{f}={a!r}" for f, (a, _) in population.items())
+    held = "a population" if saved_members else "a single run (no population)"
+    raise UserError(
+        f"{run.path} holds {held} and this run's population settings differ ({said}): "
+        f"resume with {flags}, or use a new --workdir"
+    )
   if "data.tokenizer" in changes:  # the run's own tokenizer.json would be used regardless
     before, now = changes["data.tokenizer"]
     raise UserError(
@@ -59,6 +72,15 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
         "anyway, or use a new --workdir"
     )
   return changes
+
+
+def _asks_for_population(population) -> bool:
+  """Whether population settings (a config's, or config.json's dict) ask for a population:
+  members.enabled, which this module cannot import (members imports it)."""
+  population = population.to_dict() if hasattr(population, "to_dict") else dict(population)
+  return bool(population.get("seeds")) or any(
+      str(v).strip() for k, v in population.items() if k != "seeds"
+  )
 
 
 def _same_file(before: str, now: str) -> bool:
