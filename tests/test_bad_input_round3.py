@@ -368,6 +368,20 @@ def test_a_folder_whose_checkpoints_were_all_set_aside_does_not_start_over(two_s
   checkpoints.close()
 
 
+def test_init_from_takes_a_run_its_checkpoints_or_one_step_folder(two_steps, tmp_path, experiment):
+  from transformers_jax.errors import UserError
+  from transformers_jax.runs import Run
+  from transformers_jax.train.resume import load_init_from
+
+  folder = _copy(two_steps, tmp_path)  # RUN/checkpoints with steps 2 and 4
+  Run(folder.parent).write_config(experiment("gpt2", "tiny"))
+  for given, step in ((folder.parent, 4), (folder, 4), (folder / "2", 2)):
+    params, loaded = load_init_from(str(given))
+    assert loaded == step and float(params["w"][1]) == step
+  with pytest.raises(UserError, match="no checkpoint found there: give a run's folder"):
+    load_init_from(str(tmp_path / "elsewhere"))
+
+
 def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
   from transformers_jax.checkpoints import Checkpoints
 

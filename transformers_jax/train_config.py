@@ -68,7 +68,7 @@ def training_fields() -> ml_collections.ConfigDict:
           "z_loss": "",
       }
   )
-  c.init_from = ""  # workdir (or checkpoint dir) whose parameters initialise matching ones
+  c.init_from = ""  # a run (or its checkpoints/, or one step there) whose parameters start ours
   c.init_member = -1  # init_from a population's run: the member to take (-1: not a population)
   c.data = ml_collections.ConfigDict()
   c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits

@@ -205,14 +205,20 @@ def copy_matching(params, source):
 
 def load_init_from(path: str, member: int = -1):
   """(parameters as host arrays, step) of the latest intact checkpoint of run `path` (or of its
-  checkpoints/ folder); of population member `member` when `path` holds a population."""
-  source = pathlib.Path(path)
+  checkpoints/ folder), or of the one step folder `path` names (RUN/checkpoints/<step>); of
+  population member `member` when `path` holds a population."""
+  source, step = pathlib.Path(path), None
+  if source.name.isdigit() and source.parent.name == "checkpoints":
+    source, step = source.parent, int(source.name)
   run = Run(source.parent if source.name == "checkpoints" else source)
   if run.latest_step() is None:
-    raise UserError(f"init_from={path}: no checkpoint found there")
+    raise UserError(
+        f"init_from={path}: no checkpoint found there: give a run's folder, its checkpoints/ "
+        "folder or one step's folder in it"
+    )
   try:
     return run.load_params(
-        member=None if member < 0 else member, member_flag="--config.init_member"
+        step=step, member=None if member < 0 else member, member_flag="--config.init_member"
     )
   except runs.RunError as e:
     raise UserError(f"init_from={path}: {e}") from None
