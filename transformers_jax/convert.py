@@ -6,8 +6,9 @@
 `--from_hf` reads a local GPT-2 / BERT / ViT directory (config.json + safetensors) and writes OUT
 with an orbax checkpoint of the parameters (OUT/checkpoints/0), the run config (OUT/config.json
 and OUT/config.py, usable as `--config OUT/config.py`) and the tokenizer if DIR has a
-tokenizer.json. `generate --workdir OUT` samples from it, `params --config OUT/config.py` counts
-it, and `train --config OUT/config.py --config.init_from=OUT` fine-tunes it. `--to_hf` writes
+tokenizer.json. `generate --workdir OUT` samples from it (a GPT-2),
+`python -m transformers_jax.param_count --config OUT/config.py` counts it, and
+`train --config OUT/config.py --config.init_from=OUT` fine-tunes it. `--to_hf` writes
 RUN's latest parameters as a directory Hugging Face's `from_pretrained` loads (`--member I`:
 member I of a population's run).
 """
@@ -156,7 +157,8 @@ def main(argv):
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
         f"(checkpoint step 0, config.py, config.json)"
     )
-    if not Run(FLAGS.workdir).tokenizer_path.is_file():
+    generates = fields["family"] in ("decoder", "encoder_decoder")  # (generate's families)
+    if generates and not Run(FLAGS.workdir).tokenizer_path.is_file():
       print(
           f"note: {FLAGS.from_hf} has no tokenizer.json, so {FLAGS.workdir} has no tokenizer: "
           f"generate --prompt needs one (copy the model's tokenizer.json into {FLAGS.workdir}); "

@@ -23,9 +23,10 @@ def add_sums(totals: dict | None, sums: dict) -> dict:
   """Sums of one more held-out batch added to `totals` (host arrays; logit_max: the largest)."""
   if totals is None:
     return dict(sums)
-  return {
-      k: np.maximum(totals[k], sums[k]) if k == "logit_max" else totals[k] + sums[k] for k in sums
-  }
+  with np.errstate(over="ignore", invalid="ignore"):  # a diverged member's sums overflow: inf
+    return {
+        k: np.maximum(totals[k], sums[k]) if k == "logit_max" else totals[k] + sums[k] for k in sums
+    }
 
 
 def summarize(task, data, totals: dict, intermediates, params=None, model_cfg=None) -> dict:
