@@ -395,6 +395,9 @@ def test_load_npz(tmp_path):
   )
   with pytest.raises(DataError, match="2 images but 1 labels"):
     load_npz(tmp_path / "mismatch.npz")
+  (tmp_path / "text.jsonl").write_text('{"text": "not images"}\n')  # the wrong kind of file
+  with pytest.raises(DataError, match="is not an .npz archive .*np.savez"):
+    load_npz(tmp_path / "text.jsonl")
 
 
 def test_a_third_tsv_column_is_refused_not_folded_into_the_target(tmp_path):
@@ -402,6 +405,11 @@ def test_a_third_tsv_column_is_refused_not_folded_into_the_target(tmp_path):
   path.write_text("one\tuno\n2\tdos\textra\n")
   with pytest.raises(DataError, match="line 2 .* 3 tab-separated columns"):
     load_tsv_pairs(path)
+  with pytest.raises(DataError, match="one 'text<TAB>label' pair per line"):  # a classifier's
+    load_tsv_pairs(path, columns="text<TAB>label")
+  path.write_bytes(b"PK\x03\x04\xff\xfe binary")  # an archive given to a text task
+  with pytest.raises(DataError, match="not valid UTF-8 .*'text<TAB>label' lines"):
+    load_tsv_pairs(path, columns="text<TAB>label")
 
 
 def test_nan_pixels_are_named_not_blamed_on_the_learning_rate(tmp_path):

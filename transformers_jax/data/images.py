@@ -51,6 +51,13 @@ def load_npz(
         f"image file '{path}' does not exist: pass an .npz with arrays 'images' and 'labels'"
     )
   fix = "save it with np.savez(path, images=..., labels=...)"
+  with open(path, "rb") as head:
+    magic = head.read(6)
+  if not magic.startswith((b"PK\x03\x04", b"\x93NUMPY")):  # a zip (.npz) or one .npy array
+    raise DataError(
+        f"'{path}' is not an .npz archive (an image task reads arrays 'images' and 'labels' "
+        f"from one): {fix}"
+    )
   try:
     f = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:

@@ -131,18 +131,21 @@ class PairBatches:
     ]
 
 
-def read_tsv_rows(path: str | os.PathLike) -> list[tuple[int, str, str]]:
-  """``(line number, source, target)`` per non-blank line of a UTF-8 file of two tab-separated
-  columns; errors name the line."""
+def read_tsv_rows(
+    path: str | os.PathLike, columns: str = "source<TAB>target"
+) -> list[tuple[int, str, str]]:
+  """``(line number, first, second)`` per non-blank line of a UTF-8 file of two tab-separated
+  columns (named `columns` in the errors, which name the line)."""
   path = pathlib.Path(path)
-  fix = "write one 'source<TAB>target' pair per line"
+  fix = f"write one '{columns}' pair per line"
   if not path.is_file():
     raise DataError(f"pairs file '{path}' does not exist: pass a .tsv file, {fix}")
   try:
     lines = path.read_text(encoding="utf-8").splitlines()
   except UnicodeDecodeError as e:
     raise DataError(
-        f"pairs file '{path}' is not valid UTF-8 ({e.reason}): re-encode it as UTF-8"
+        f"pairs file '{path}' is not valid UTF-8 ({e.reason}): a .tsv of '{columns}' lines in "
+        "UTF-8 is expected (re-encode it, or give the task's kind of file)"
     ) from e
   rows = []
   for number, line in enumerate(lines, start=1):
@@ -161,9 +164,11 @@ def read_tsv_rows(path: str | os.PathLike) -> list[tuple[int, str, str]]:
   return rows
 
 
-def load_tsv_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
-  """``(source, target)`` per non-blank line of a UTF-8 file: exactly two tab-separated columns."""
-  return [(s, t) for _, s, t in read_tsv_rows(path)]
+def load_tsv_pairs(
+    path: str | os.PathLike, columns: str = "source<TAB>target"
+) -> list[tuple[str, str]]:
+  """``(first, second)`` per non-blank line of a UTF-8 file: exactly two tab-separated columns."""
+  return [(s, t) for _, s, t in read_tsv_rows(path, columns)]
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

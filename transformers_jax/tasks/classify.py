@@ -64,7 +64,7 @@ class TextClassification(Task):
   def data(self, config, model_cfg, workdir):
     B, T, seed = config.batch_size, config.seq_len, config.seed
     if config.data.path:
-      rows = D.load_tsv_pairs(config.data.path)
+      rows = D.load_tsv_pairs(config.data.path, columns="text<TAB>label")
       try:
         labelled = [(text, int(label)) for text, label in rows]
       except ValueError:
