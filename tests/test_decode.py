@@ -332,6 +332,11 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   assert "lowered to 14" in out.stderr  # 16 positions, 3 of them the prompt's
   with pytest.raises(RunError, match="--step=5: .* checkpoints at steps 3"):
     load_run(tmp_path, step=5)
+  # beam search with sampling flags would silently ignore them: one line, before any decoding
+  out = subprocess.run(cmd + ["--beam_size", "4"], capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
+      "error: --beam_size=4 with --temperature/--top_k/--top_p"
+  )
 
 
 def test_load_run_errors_name_the_fix(lm, tmp_path):

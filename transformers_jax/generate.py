@@ -77,6 +77,11 @@ def main(argv):
 
   cfg, params, tok, _ = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
   sampling_flags = any(FLAGS[f].present for f in ("temperature", "top_k", "top_p"))
+  if sampling_flags and FLAGS.beam_size:  # beam search keeps the likeliest: it draws nothing
+    raise cli.UserError(
+        f"--beam_size={FLAGS.beam_size} with --temperature/--top_k/--top_p: beam search is "
+        "deterministic and would ignore the sampling flags; give one or the other"
+    )
   common = dict(
       temperature=FLAGS.temperature,
       top_k=FLAGS.top_k,
@@ -86,7 +91,10 @@ def main(argv):
   )
   if cfg.family == "decoder":
     if FLAGS.source is not None or FLAGS.source_ids is not None:
-      raise cli.UserError("this run is a decoder-only model: give --prompt or --prompt_ids")
+      raise cli.UserError(
+          "this run is a decoder-only model: --source/--source_ids are an encoder-decoder's; "
+          "give only --prompt or --prompt_ids"
+      )
     prompt = _input_ids(tok, "prompt", "prompt_ids")
     if FLAGS.stop_ids is not None:
       stop = parse_ids(FLAGS.stop_ids, "stop_ids")
@@ -103,7 +111,10 @@ def main(argv):
     )
   elif cfg.family == "encoder_decoder":
     if FLAGS.prompt is not None or FLAGS.prompt_ids is not None:
-      raise cli.UserError("this run is an encoder-decoder model: give --source or --source_ids")
+      raise cli.UserError(
+          "this run is an encoder-decoder model: --prompt/--prompt_ids are a decoder-only "
+          "model's; give only --source or --source_ids"
+      )
     source = _input_ids(tok, "source", "source_ids")
     if tok is None or tok.bos_id is None or tok.eos_id is None:
       raise cli.UserError("the run's tokenizer has no bos/eos ids, which translation needs")
