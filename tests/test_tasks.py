@@ -77,3 +77,25 @@ def test_a_new_objective_is_one_task_class(experiment, tmp_path):
   assert result["eval_loss"] < 0.5 * np.log(16)  # echoing beats guessing among 16 tokens
   report = compile_step.report(config, verbose=False, task=EchoTokens())
   assert report["tokens_per_step"] == 8 * 16 and report["per_device_peak_estimate_gib"] > 0
+
+
+def test_accuracy_counts_the_largest_logit_without_argmax():
+  """cross_entropy's "correct": random rows agree with argmax; a target tied for the largest
+  logit counts; a row of equal real logits (a zero-initialised head) predicts nothing, also
+  with padded classes masked far below."""
+  from transformers_jax.tasks.base import cross_entropy
+
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(64, 10)).astype(np.float32)
+  targets = rng.integers(0, 10, 64)
+  weights = np.ones(64, np.float32)
+  sums = cross_entropy(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  assert float(sums["correct"]) == float(np.sum(logits.argmax(-1) == targets))
+  tied = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]], np.float32)
+  padded = np.concatenate([np.zeros((1, 3)), np.full((1, 5), -1e9)], axis=1).astype(np.float32)
+  one = jnp.ones(1, jnp.float32)
+  assert float(cross_entropy(tied[:1], jnp.array([2]), one)["correct"]) == 1.0  # tied at the top
+  assert float(cross_entropy(tied[:1], jnp.array([0]), one)["correct"]) == 0.0
+  assert float(cross_entropy(tied[1:], jnp.array([0]), one)["correct"]) == 0.0  # all equal
+  assert float(cross_entropy(padded, jnp.array([0]), one, num_classes=3)["correct"]) == 0.0
+  assert float(cross_entropy(padded[:, :4] + [[0, 1, 0, 0]], jnp.array([1]), one)["correct"]) == 1

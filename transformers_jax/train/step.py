@@ -192,7 +192,10 @@ def make_evaluate(task, model_cfg):
     (logits, targets, weights), state = task.outputs(
         model, {"params": params}, batch, {}, ["intermediates"]
     )
-    sums = cross_entropy(logits, targets, weights)
+    padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
+    sums = cross_entropy(
+        logits, targets, weights, num_classes=model_cfg.vocab_size if padded else None
+    )
     real = logits[..., : model_cfg.vocab_size].astype(jnp.float32)
     sums["logit_sum"] = jnp.sum(jnp.mean(real, axis=-1) * weights.astype(jnp.float32))
     sums["logit_max"] = jnp.max(real)
