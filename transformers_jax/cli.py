@@ -197,7 +197,7 @@ def _gist(text: str) -> str:
 OLD_CONVERTED_CONFIG = "from transformers_jax.config import config_from_json"
 
 
-_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[\d+\])?")  # (an element of a tuple field)
 _FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
