@@ -120,12 +120,46 @@ def test_a_signal_before_the_first_step_ends_the_run_at_once():
     with pytest.raises(AbortedBeforeStart, match=r"interrupted \(SIGTERM\) before the first step"):
       os.kill(os.getpid(), signal.SIGTERM)
       signal.pause()  # (the handler raises here at the latest)
-    stop.started()  # after the first step a signal is a request to save at a step boundary
+    # code that swallows every exception (JAX's compilation-cache reads) loses the raise, not
+    # the signal: it stays a request, honoured at the first step boundary
+    stop.started()
+    assert stop.stop_at(1) and stop.signal_name == "SIGTERM"
+    stop.requested = False
+    # after the first step a signal is a request to save at a step boundary
     os.kill(os.getpid(), signal.SIGTERM)
     assert stop.stop_at(1) and stop.signal_name == "SIGTERM"
   finally:
     stop.restore()
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_swallowed_before_the_first_step_still_ends_the_run():
+  """A signal during the setup whose raise something caught (JAX's compilation-cache reads catch
+  every exception): the step loop's own StopRequests takes the request over and ends the run
+  before its first step (a Ctrl-C 2 s into a run was lost: the run trained to the end, exit 0)."""
+  import os
+  import signal
+
+  from transformers_jax.errors import AbortedBeforeStart
+  from transformers_jax.train.preemption import StopRequests
+
+  before = signal.getsignal(signal.SIGINT)
+  setup_phase = StopRequests(abort_before_start=True)
+  try:
+    try:
+      os.kill(os.getpid(), signal.SIGINT)
+      signal.pause()
+    except AbortedBeforeStart:
+      pass  # swallowed
+    with pytest.raises(AbortedBeforeStart, match=r"interrupted \(SIGINT\) before the first"):
+      StopRequests(abort_before_start=True)
+    assert signal.getsignal(signal.SIGINT) == setup_phase._handle  # put back as it was
+    later = StopRequests()  # past the first step: a request to save at the next boundary
+    assert later.stop_at(1) and later.signal_name == "SIGINT"
+    later.restore()
+  finally:
+    setup_phase.restore()
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 WATCHDOG = """

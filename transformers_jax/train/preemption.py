@@ -44,6 +44,23 @@ class StopRequests:
     self._previous = {signal.SIGINT: signal.signal(signal.SIGINT, self._handle)}
     if self._sync is None:  # else JAX's preemption notifier owns SIGTERM
       self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+    # a StopRequests set up around this one (the run's setup phase) whose signal was swallowed
+    # (its raise caught by code that catches everything): the request carries over
+    outer = next(
+        (
+            h.__self__
+            for h in self._previous.values()
+            if isinstance(getattr(h, "__self__", None), StopRequests) and h.__self__.requested
+        ),
+        None,
+    )
+    if outer is not None:
+      self.requested, self.signal_name = True, outer.signal_name
+      if self._abort:  # still before the first step: end the run now
+        self.restore()
+        from transformers_jax.errors import AbortedBeforeStart
+
+        raise AbortedBeforeStart(self.abort_message(signal.Signals[outer.signal_name]))
     if self._abort:
       self._start_watchdog()
 
@@ -75,7 +92,9 @@ class StopRequests:
             # only a signal this object handles (not one of a StopRequests set up inside)
             if self._abort and signal.getsignal(signum) == self._handle:
               threading.Event().wait(ABORT_GRACE_S)
-              if self._abort:  # the main thread has not got back to restore()
+              # the main thread has not got back to restore(), nor handed the signals to a
+              # StopRequests of its own (which takes the request over)
+              if self._abort and signal.getsignal(signum) == self._handle:
                 print(f"error: {self.abort_message(signum)}", file=sys.stderr, flush=True)
                 os._exit(2)
       finally:
@@ -91,6 +110,9 @@ class StopRequests:
     if self._abort:
       from transformers_jax.errors import AbortedBeforeStart
 
+      # also a request: code that catches every exception (JAX's compilation-cache reads do)
+      # would otherwise swallow the signal, and the run would go on as if never asked to stop
+      self.requested, self.signal_name = True, signal.Signals(signum).name
       raise AbortedBeforeStart(self.abort_message(signum))
     if self.requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once
       self.restore()
