@@ -122,14 +122,24 @@ def training_fields() -> ml_collections.ConfigDict:
   return c
 
 
-# What 0 means for the fields whose zero is not "off" (validate's message for a negative value).
-ZERO_MEANS = {
+# The fields that must be >= 0, and what 0 means for each (validate's message for a negative).
+OFF = "0 turns it off"
+NON_NEGATIVE = {
     "stop_after": "0 runs to steps",
+    "warmup_steps": "0 starts at the peak rate",
     "eval_every": "0 evaluates only at the end",
     "checkpoint_every": "0 saves only at the end",
-    "warmup_steps": "0 starts at the peak rate",
+    "grad_clip": OFF,
+    "weight_decay": OFF,
+    "moe_aux_weight": OFF,
+    "moe_router_z_weight": OFF,
+    "z_loss": OFF,
+    "population.seeds": "0 and no list: a single run",
+    "sample.max_new_tokens": OFF,
+    "sample.top_k": OFF,
     "device_peak_flops": "0 takes the device's data sheet, or measures a CPU",
     "profile.start_step": "0 profiles from the first step",
+    "profile.num_steps": OFF,
 }
 
 
@@ -151,26 +161,10 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   ):
     if config[field] < 1:
       fail(field, "must be a positive integer")
-  for field in (
-      "stop_after",
-      "warmup_steps",
-      "eval_every",
-      "checkpoint_every",
-      "grad_clip",
-      "weight_decay",
-      "moe_aux_weight",
-      "moe_router_z_weight",
-      "z_loss",
-      "population.seeds",
-      "sample.max_new_tokens",
-      "sample.top_k",
-      "device_peak_flops",
-      "profile.start_step",
-      "profile.num_steps",
-  ):
+  for field, zero in NON_NEGATIVE.items():
     value = config_value(config, field)
     if not math.isfinite(value) or value < 0:
-      fail(field, f"must be >= 0 ({ZERO_MEANS.get(field, '0 turns it off')})")
+      fail(field, f"must be >= 0 ({zero})")
   if not isinstance(config.seed, int) or config.seed < 0:
     fail("seed", "must be an integer >= 0 (parameters, dropout and batches derive from it)")
   if not (math.isfinite(config.learning_rate) and config.learning_rate > 0):
@@ -384,6 +378,13 @@ def preset_config(
   return experiment_config(
       published, source if published else "", (training or {}).get(name), **{**base, **preset}
   )
+
+
+def asks_for_population(population) -> bool:
+  """Whether population settings (a config's, or config.json's dict of them) ask for a
+  population: seeds > 0, or any list set."""
+  fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
+  return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
 
 
 def config_from_json(path) -> ml_collections.ConfigDict:

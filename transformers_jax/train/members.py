@@ -32,6 +32,7 @@ from transformers_jax.errors import UserError
 from transformers_jax.train import optim, resume
 from transformers_jax.train.state import boxed_init
 from transformers_jax.train.step import in_mesh, make_evaluate, make_update
+from transformers_jax.train_config import asks_for_population
 
 # population list field -> the training field it varies (one value per member)
 LISTS = {
@@ -45,10 +46,7 @@ HPARAMS = optim.HPARAMS
 
 def enabled(config) -> bool:
   """Whether `config` asks for a population (any list set, or seeds > 0)."""
-  pop = config.get("population")
-  if pop is None:
-    return False
-  return pop.seeds > 0 or any(str(pop.get(name, "")).strip() for name in LISTS)
+  return asks_for_population(config.get("population"))
 
 
 def list_values(config, name: str) -> tuple[float, ...]:

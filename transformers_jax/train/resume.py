@@ -15,6 +15,7 @@ import numpy as np
 from transformers_jax import runs
 from transformers_jax.errors import UserError
 from transformers_jax.runs import Run, config_differences
+from transformers_jax.train_config import asks_for_population
 
 
 def check_same_model(run: Run, config) -> None:
@@ -45,8 +46,8 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   if "data.path" in data and _same_file(*changes["data.path"]):  # another name for the same file
     data.remove("data.path")
   population = {f: v for f, v in changes.items() if f.startswith("population.")}
-  saved_members = _asks_for_population((run.saved_config() or {}).get("population", {}))
-  if saved_members != _asks_for_population(config.get("population", {})):
+  saved_members = asks_for_population((run.saved_config() or {}).get("population", {}))
+  if saved_members != asks_for_population(config.get("population", {})):
     # a single run's state and a population's cannot stand in for each other (other members
     # of a population are Setup.check_same_members' to name)
     said = "; ".join(f"{f} {a!r} saved, {b!r} now" for f, (a, b) in population.items())
@@ -72,15 +73,6 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
         "anyway, or use a new --workdir"
     )
   return changes
-
-
-def _asks_for_population(population) -> bool:
-  """Whether population settings (a config's, or config.json's dict) ask for a population:
-  members.enabled, which this module cannot import (members imports it)."""
-  population = population.to_dict() if hasattr(population, "to_dict") else dict(population)
-  return bool(population.get("seeds")) or any(
-      str(v).strip() for k, v in population.items() if k != "seeds"
-  )
 
 
 def _same_file(before: str, now: str) -> bool:
