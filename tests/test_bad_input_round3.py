@@ -162,6 +162,30 @@ def test_a_signal_swallowed_before_the_first_step_still_ends_the_run():
   assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_a_signal_after_the_steps_says_the_run_is_saved():
+  """Once the step loop's StopRequests has run steps and handed the signals back, a signal in
+  the run's last part (the end-of-run sample) is a stop with everything saved (exit 75), not
+  "before the first step: nothing was trained or saved"."""
+  import os
+  import signal
+
+  from transformers_jax.errors import InterruptedAfterRun
+  from transformers_jax.train.preemption import StopRequests
+
+  setup_phase = StopRequests(abort_before_start=True)
+  try:
+    steps = StopRequests(abort_before_start=True)
+    steps.started()
+    steps.restore()
+    with pytest.raises(
+        InterruptedAfterRun, match=r"interrupted \(SIGINT\) after the last step.* saved"
+    ):
+      os.kill(os.getpid(), signal.SIGINT)
+      signal.pause()
+  finally:
+    setup_phase.restore()
+
+
 WATCHDOG = """
 import os, signal, threading
 from transformers_jax.train.preemption import StopRequests

@@ -15,6 +15,7 @@ from transformers_jax.errors import (  # noqa: F401  (UserError: raised by every
     EXIT_SAVED_AND_STOPPED,
     AbortedBeforeStart,
     Interrupted,
+    InterruptedAfterRun,
     UserError,
 )
 
@@ -110,14 +111,14 @@ def _one_line_errors(call):
   (transformers_jax/errors.py lists the codes)."""
   try:
     return call()
-  except Interrupted as e:  # saved: run again to resume
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(EXIT_SAVED_AND_STOPPED)
-  except AbortedBeforeStart as e:  # nothing to save, and no interpreter shutdown: see its doc
+  except (AbortedBeforeStart, InterruptedAfterRun) as e:  # no interpreter shutdown: see errors
     print(f"error: {e}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(2)
+    os._exit(2 if isinstance(e, AbortedBeforeStart) else EXIT_SAVED_AND_STOPPED)
+  except Interrupted as e:  # saved: run again to resume
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(EXIT_SAVED_AND_STOPPED)
   except (UserError, ValueError, FileNotFoundError) as e:  # DataError is a ValueError
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -27,6 +27,12 @@ class Interrupted(UserError):
   can tell "saved, start me again" from a failure."""
 
 
+class InterruptedAfterRun(Interrupted):
+  """A signal after the steps, while the run ends (its sample, its report): everything is
+  saved. Exit code 75 like Interrupted, and, like AbortedBeforeStart, no interpreter shutdown:
+  the signal may have broken into a compilation."""
+
+
 class AbortedBeforeStart(UserError):
   """A signal (Ctrl-C, SIGTERM) before the first step: nothing was trained or saved. Printed as
   one line with exit code 2, like any UserError, after which the process ends at once, without

@@ -32,6 +32,8 @@ class StopRequests:
   def __init__(self, abort_before_start: bool = False):
     self.requested = False  # a signal reached this process
     self.signal_name = ""
+    self._after_run = False  # a StopRequests inside this one ran the steps, which are saved
+    self._started = False
     self._wakeup = None  # (read end, write end, the wakeup fd before) of the watchdog's pipe
     self._sync = None
     if jax.process_count() > 1:
@@ -46,14 +48,15 @@ class StopRequests:
       self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
     # a StopRequests set up around this one (the run's setup phase) whose signal was swallowed
     # (its raise caught by code that catches everything): the request carries over
-    outer = next(
+    self._outer = next(
         (
             h.__self__
             for h in self._previous.values()
-            if isinstance(getattr(h, "__self__", None), StopRequests) and h.__self__.requested
+            if isinstance(getattr(h, "__self__", None), StopRequests)
         ),
         None,
     )
+    outer = self._outer if self._outer is not None and self._outer.requested else None
     if outer is not None:
       self.requested, self.signal_name = True, outer.signal_name
       if self._abort:  # still before the first step: end the run now
@@ -105,8 +108,16 @@ class StopRequests:
   def started(self):
     """The first step has run: from here a signal asks for a save at a step boundary."""
     self._abort = False
+    self._started = True
 
   def _handle(self, signum, _frame):
+    if self._after_run:  # the steps ran and were saved; the run is ending (sample, report)
+      from transformers_jax.errors import InterruptedAfterRun
+
+      raise InterruptedAfterRun(
+          f"interrupted ({signal.Signals(signum).name}) after the last step, while the run "
+          "ended: its checkpoints are saved; run the same command again to finish"
+      )
     if self._abort:
       from transformers_jax.errors import AbortedBeforeStart
 
@@ -136,6 +147,8 @@ class StopRequests:
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous = {}
+    if self._started and self._outer is not None:  # the setup phase's handlers are back
+      self._outer._abort, self._outer._after_run = False, True
     if self._wakeup is not None:
       _, write, before = self._wakeup
       self._wakeup = None
