@@ -33,6 +33,13 @@ def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
   return jnp.mean(jnp.concatenate(values), axis=0)
 
 
+def real_classes(logits, model_cfg) -> int | None:
+  """The real vocabulary size when `logits` span the padded one (cross_entropy's num_classes),
+  else None."""
+  padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
+  return model_cfg.vocab_size if padded else None
+
+
 def make_loss_fn(
     task,
     model_cfg,
@@ -56,14 +63,8 @@ def make_loss_fn(
         {"dropout": rng},
         ["losses", "moe_stats"] if moe else ["losses"],
     )
-    padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
     sums = cross_entropy(
-        logits,
-        targets,
-        weights,
-        label_smoothing,
-        model_cfg.vocab_size if padded else None,
-        z_weight,
+        logits, targets, weights, label_smoothing, real_classes(logits, model_cfg), z_weight
     )
     objective = sums["loss"]
     if moe:
@@ -192,10 +193,7 @@ def make_evaluate(task, model_cfg):
     (logits, targets, weights), state = task.outputs(
         model, {"params": params}, batch, {}, ["intermediates"]
     )
-    padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
-    sums = cross_entropy(
-        logits, targets, weights, num_classes=model_cfg.vocab_size if padded else None
-    )
+    sums = cross_entropy(logits, targets, weights, num_classes=real_classes(logits, model_cfg))
     real = logits[..., : model_cfg.vocab_size].astype(jnp.float32)
     sums["logit_sum"] = jnp.sum(jnp.mean(real, axis=-1) * weights.astype(jnp.float32))
     sums["logit_max"] = jnp.max(real)
