@@ -15,10 +15,14 @@ from collections.abc import Mapping
 
 import ml_collections
 
+from transformers_jax.modules.placement_base import config_problem
+from transformers_jax.modules.placements import PLACEMENTS
+
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")
-NORM_PLACEMENTS = ("pre", "post", "sandwich", "none")
-NORMS = ("layernorm", "rmsnorm")
+# The norm placements, one entry each in modules/placements.py (the registry is that table).
+NORM_PLACEMENTS = tuple(PLACEMENTS)
+NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
 # The FFN's non-linearity: name -> (the jax.nn function, its keyword arguments, gated). A gated
 # FFN (GLU variants) multiplies the function of one projection by a second projection.
 ACTIVATIONS = {
@@ -65,15 +69,19 @@ class ModelConfig:
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
   positions: str = "learned"  # sinusoidal | learned | rope | none
   rope_theta: float = 10000.0  # RoPE base wavelength
-  norm_placement: str = "pre"  # pre | post | sandwich | none
-  norm: str = "layernorm"  # layernorm | rmsnorm
+  # Norms, residual gains and init rules around each sublayer: pre | post | sandwich | none |
+  # deepnorm | admin | rezero | layerscale | tfixup | reordered | normformer | hybrid | subln |
+  # b2t | scaled | parallel | mixln (formulas: docs/norm_zoo.md; code: modules/placements.py)
+  norm_placement: str = "pre"
+  # The placement's constant (mixln: post-LN fraction alpha; layerscale: lambda's initial
+  # value); None = the paper's value. Placements without one refuse a value.
+  norm_placement_arg: float | None = None
+  norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt (see modules/norms.py)
   norm_eps: float = 1e-5  # epsilon inside the norm's square root
   qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
   norm_scale: bool = True  # learned scale (gamma) in every norm
-  norm_bias: bool | None = (
-      None  # learned shift (beta); None = True for layernorm, False for rmsnorm
-  )
-  final_norm: bool | None = None  # norm after the last block; None = True for pre/sandwich
+  norm_bias: bool | None = None  # learned shift (beta); None = on for layernorm and dyt only
+  final_norm: bool | None = None  # norm after the last block; None = the placement's default
   embed_norm: bool = False  # norm right after the embeddings (BERT)
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
   activation: str = "gelu"  # relu | gelu (exact) | gelu_tanh | swiglu | geglu
@@ -140,12 +148,12 @@ class ModelConfig:
 
   @property
   def has_norm_bias(self) -> bool:
-    return (self.norm == "layernorm") if self.norm_bias is None else self.norm_bias
+    return (self.norm in ("layernorm", "dyt")) if self.norm_bias is None else self.norm_bias
 
   @property
   def has_final_norm(self) -> bool:
     if self.final_norm is None:
-      return self.norm_placement in ("pre", "sandwich")
+      return PLACEMENTS[self.norm_placement].final_norm
     return self.final_norm
 
   @property
@@ -237,7 +245,7 @@ def validate(c: ModelConfig) -> None:
   _check_types(c)
   _choice(c, "family", FAMILIES)
   _choice(c, "positions", POSITIONS)
-  _choice(c, "norm_placement", NORM_PLACEMENTS)
+  _choice(c, "norm_placement", tuple(PLACEMENTS))
   _choice(c, "norm", NORMS)
   _choice(c, "activation", tuple(ACTIVATIONS))
   _choice(c, "feed_forward", FEED_FORWARDS)
@@ -306,8 +314,6 @@ def validate(c: ModelConfig) -> None:
   for field in ("dropout", "attention_dropout"):
     if not 0.0 <= getattr(c, field) < 1.0:
       _fail(field, str(getattr(c, field)), "must be in [0, 1)")
-  if not isinstance(c.qk_norm, bool):
-    _fail("qk_norm", repr(c.qk_norm), "must be True or False")
   if not c.norm_eps > 0:
     _fail("norm_eps", str(c.norm_eps), "must be positive")
   if c.feed_forward == "moe":
@@ -328,12 +334,20 @@ def validate(c: ModelConfig) -> None:
       _fail("image_size", str(c.image_size), f"must be divisible by patch_size={c.patch_size}")
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
+  _check_placement(c)
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
     _fail(
         "moe_every",
         str(c.moe_every),
         "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
     )
+
+
+def _check_placement(c: ModelConfig) -> None:
+  """What the norm placement needs of the rest of the config (placement_base.config_problem)."""
+  problem = config_problem(c, PLACEMENTS[c.norm_placement])
+  if problem:
+    _fail(*problem)
 
 
 def model_config_dict(**overrides) -> ml_collections.ConfigDict:

@@ -18,12 +18,18 @@ backward); causal masking is not discounted, as in the paper.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import jax
+import jax.numpy as jnp
+from flax import linen as nn
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import as_model_config, param_shapes
+from transformers_jax.modules.block import Block
+from transformers_jax.modules.common import dtype_of
+from transformers_jax.modules.norms import Norm
 
 COMPONENTS = (
     "token_embedding",
@@ -33,6 +39,7 @@ COMPONENTS = (
     "attention",
     "feed_forward",
     "norms",
+    "gains",
     "head",
 )
 HEAD_MODULES = (
@@ -51,6 +58,8 @@ def component_of(path: tuple[str, ...]) -> str:
   """Which component a parameter (given its path of module names) belongs to."""
   if path[0] in HEAD_MODULES:
     return "head"
+  if any(p.endswith("_gain") for p in path):  # a norm placement's learned gains
+    return "gains"
   if any("norm" in p for p in path):
     return "norms"
   if any("attn" in p for p in path):
@@ -104,8 +113,12 @@ def tree_breakdown(tree, cfg=None) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- analytic formula
+@functools.cache
 def _norm(c: ModelConfig) -> int:
-  return c.d_model * (int(c.norm_scale) + int(c.has_norm_bias))
+  """Parameters of one norm over d_model (modules/norms.py: each kind has its own)."""
+  x = jnp.zeros((1, c.d_model), dtype_of(c.dtype))
+  shapes = jax.eval_shape(lambda: Norm(c).init(jax.random.PRNGKey(0), x))
+  return sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
 
 
 def _attention(c: ModelConfig) -> int:
@@ -126,23 +139,27 @@ def _ffn(c: ModelConfig, moe: bool, active: bool = False) -> int:
   return c.d_model * c.num_experts + experts * _ffn_dense(c)
 
 
-def _sublayer_norms(c: ModelConfig) -> int:
-  per = {"pre": 1, "post": 1, "sandwich": 2, "none": 0}[c.norm_placement]
-  return per * _norm(c)
-
-
-def _qk_norms(c: ModelConfig) -> int:
-  """query_norm and key_norm of one attention sublayer (over head_dim)."""
-  return 2 * c.head_width * (int(c.norm_scale) + int(c.has_norm_bias)) * int(c.qk_norm)
+@functools.cache
+def block_placement_params(c: ModelConfig, cross: bool) -> dict[str, int]:
+  """The `norms` and `gains` of one Block, as the norm placement builds them: read off the
+  Block's own parameter shapes (jax.eval_shape, nothing allocated), so a new placement needs no
+  entry here."""
+  block = Block(c.replace(scan_layers=False, remat="none"), cross=cross)
+  x = jnp.zeros((1, 2, c.d_model), dtype_of(c.dtype))
+  kwargs = dict(context=x, layer=0) if cross else dict(layer=0)
+  shapes = jax.eval_shape(lambda: block.init(jax.random.PRNGKey(0), x, **kwargs))["params"]
+  parts = tree_breakdown(nn.unbox(shapes))
+  return {k: parts[k] for k in ("norms", "gains") if parts.get(k)}
 
 
 def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
-  sub = 3 if cross else 2
-  return {
+  out = {
       "attention": layers * _attention(c) * (2 if cross else 1),
       "feed_forward": sum(_ffn(c, c.is_moe_layer(i), active) for i in range(layers)),
-      "norms": layers * sub * _sublayer_norms(c) + layers * (2 if cross else 1) * _qk_norms(c),
   }
+  for component, n in block_placement_params(c, cross).items():
+    out[component] = layers * n
+  return out
 
 
 def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:

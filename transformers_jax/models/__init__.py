@@ -14,6 +14,7 @@ from transformers_jax.models.decoder_only import DecoderOnly
 from transformers_jax.models.encoder_decoder import EncoderDecoder
 from transformers_jax.models.encoder_only import EncoderOnly
 from transformers_jax.models.vit import ViT
+from transformers_jax.modules.placements import PLACEMENTS
 
 FAMILY_CLASSES = {
     "decoder": DecoderOnly,
@@ -47,10 +48,41 @@ def example_inputs(cfg, batch: int = 1, length: int | None = None) -> tuple:
   return (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
 
 
+def initializer(cfg, batch: int = 1, length: int | None = None):
+  """rng -> the model's initialised parameters, boxed with their logical axis names: the one
+  place parameters are made (training, populations, counting and the tests all call it).
+
+  A norm placement that profiles (placement_base.Placement.profiled, e.g. Admin) then runs the
+  model once, on random inputs drawn from the same rng, and sets its parameters from what the
+  blocks sowed in the `profile` collection."""
+  cfg = as_model_config(cfg)
+  model = build_model(cfg)
+  inputs = example_inputs(cfg, batch, length)
+  placement = PLACEMENTS[cfg.norm_placement]
+
+  def init(rng):
+    params = model.init({"params": rng}, *inputs)["params"]
+    if not placement.profiled:
+      return params
+    probe = profile_inputs(cfg, jax.random.fold_in(rng, 1))
+    _, profiled = model.apply({"params": params}, *probe, mutable=["profile"])
+    return placement.profile(params, profiled["profile"], cfg)
+
+  return init
+
+
+def profile_inputs(cfg, rng, batch: int = 2, length: int = 32) -> tuple:
+  """Random inputs for a profiling pass: uniform token ids, or standard-normal images."""
+  if cfg.family == "vit":
+    shape = (batch, cfg.image_size, cfg.image_size, cfg.num_channels)
+    return (jax.random.normal(rng, shape, jnp.float32),)
+  tokens = jax.random.randint(rng, (batch, min(cfg.max_len, length)), 0, cfg.vocab_size)
+  return (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+
+
 def init_params(cfg, rng, batch: int = 1, length: int | None = None):
   """Initialised (boxed, logically partitioned) parameters."""
-  model = build_model(cfg)
-  return model.init({"params": rng}, *example_inputs(cfg, batch, length))["params"]
+  return initializer(cfg, batch, length)(rng)
 
 
 def param_shapes(cfg):
@@ -65,6 +97,7 @@ __all__ = [
     "build_model",
     "example_inputs",
     "init_params",
+    "initializer",
     "param_shapes",
     "ModelConfig",
     "FAMILY_CLASSES",

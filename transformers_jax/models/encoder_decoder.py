@@ -39,7 +39,7 @@ class EncoderDecoder(nn.Module):
     self.embed = Embedder(c, self.deterministic)  # target side, and source side when shared
     if not c.share_embeddings:
       self.src_embed = Embedder(c, self.deterministic)
-    self.encoder = Stack(c, c.encoder_layers, deterministic=self.deterministic)
+    self.encoder = Stack(c, c.encoder_layers, deterministic=self.deterministic, role="encoder")
     self.decoder = Stack(
         c,
         c.decoder_layers,
@@ -47,6 +47,7 @@ class EncoderDecoder(nn.Module):
         cross=True,
         deterministic=self.deterministic,
         decode=self.decode,
+        role="decoder",
     )
     if c.has_final_norm:
       self.encoder_norm = Norm(c)

@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.modules.common import DenseWeights, fused_dense
+from transformers_jax.modules.common import DenseWeights, constant, dtype_of, fused_dense
 from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import blockwise_max_logit, flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense
-from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.norms import Norm, norm_over_heads
+from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
 from transformers_jax.modules.positions import apply_rope
 from transformers_jax.modules.splash import splash_attention, target_platform
 
@@ -223,6 +224,10 @@ class Attention(nn.Module):
   causal: bool = False
   deterministic: bool = True
   decode: bool = False
+  # A norm placement's initialisers of query/key/value/out (placement_base.Init), as
+  # ((projection, rule), ...), and the features it adds here (placement_base.FEATURES).
+  init: tuple = ()
+  features: tuple[str, ...] = ()
 
   @nn.compact
   def __call__(self, x, context=None, mask=None, positions=None):
@@ -231,9 +236,10 @@ class Attention(nn.Module):
     is_cross = context is not None
     q_names = (("embed", "heads", "head_dim"), ("heads", "head_dim"))
     kv_names = (("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"))
-    query = DenseWeights(c, (H, K), *q_names, name="query")
-    key = DenseWeights(c, (G, K), *kv_names, name="key")
-    value = DenseWeights(c, (G, K), *kv_names, name="value")
+    rules = dict(self.init)
+    query = DenseWeights(c, (H, K), *q_names, init=rules.get("query"), name="query")
+    key = DenseWeights(c, (G, K), *kv_names, init=rules.get("key"), name="key")
+    value = DenseWeights(c, (G, K), *kv_names, init=rules.get("value"), name="value")
     # Projections of one input with one shape run as one matmul (fused_dense).
     self_kv = None
     if not is_cross and G == H:
@@ -241,12 +247,23 @@ class Attention(nn.Module):
     else:
       (q,) = fused_dense(c, x, [query(D)])
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
+    if c.qk_norm:  # normalise each head's queries and keys over head_dim
+      q = Norm(c, axis="head_dim", name="query_norm")(q)
+    if QKV_NORM in self.features:
+      q = norm_over_heads(c, q, "query_proj_norm")
+
+    def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
+      if c.qk_norm:
+        k = Norm(c, axis="head_dim", name="key_norm")(k)
+      if QKV_NORM in self.features:
+        k, v = norm_over_heads(c, k, "key_proj_norm"), norm_over_heads(c, v, "value_proj_norm")
+      return k, v
 
     def project(source):
       if self_kv is not None:
-        return tuple(self_kv)
+        return normed(*self_kv)
       width = source.shape[-1]
-      return tuple(fused_dense(c, source, [key(width), value(width)]))
+      return normed(*fused_dense(c, source, [key(width), value(width)]))
 
     if self.decode:  # the cache paths take dense masks (over cache slots)
       mask = as_dense(mask)
@@ -254,9 +271,6 @@ class Attention(nn.Module):
       out = attend_cache(q, *self._cross_cached(project, context), mask)
     else:
       k, v = project(context if is_cross else x)
-      if c.qk_norm:  # normalise each head's queries and keys over head_dim
-        q = Norm(c, axis="head_dim", name="query_norm")(q)
-        k = Norm(c, axis="head_dim", name="key_norm")(k)
       if c.positions == "rope" and not is_cross:
         q = apply_rope(q, positions, c.rope_theta)
         k = apply_rope(k, positions, c.rope_theta)
@@ -292,9 +306,17 @@ class Attention(nn.Module):
             c.attention_query_blocks,
             *blocks,
         )
-    kernel, bias = DenseWeights(c, (D,), ("heads", "head_dim", "embed"), ("embed",), name="out")(
-        (H, K)
+    if HEAD_GAIN in self.features:  # NormFormer: a learned gain per head, initialised to 1
+      gain = self.param(
+          "head_gain", constant(1.0, ("heads",)), (H,), dtype_of(c.param_dtype)
+      ).astype(out.dtype)
+      out = out * gain[:, None]
+    if ATTENTION_OUT_NORM in self.features:
+      out = norm_over_heads(c, out, "heads_out_norm")
+    out_weights = DenseWeights(
+        c, (D,), ("heads", "head_dim", "embed"), ("embed",), init=rules.get("out"), name="out"
     )
+    kernel, bias = out_weights((H, K))
     y = jnp.einsum("bthk,hkd->btd", out.astype(kernel.dtype), kernel)
     return y if bias is None else y + bias
 

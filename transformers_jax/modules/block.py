@@ -7,8 +7,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.modules.attention import Attention
+from transformers_jax.modules.common import constant, dtype_of
 from transformers_jax.modules.feed_forward import FeedForward, MoE
 from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.placement_base import Depth, Site
+from transformers_jax.modules.placements import PLACEMENTS
 
 
 def remat_policy(name: str):
@@ -18,15 +21,11 @@ def remat_policy(name: str):
 
 
 class Block(nn.Module):
-  """Self-attention, optional cross-attention, feed-forward; each a residual sublayer.
-
-  Norm placement per sublayer f (norm names in parentheses):
-    pre:      x + f(norm(x))                 (`<sublayer>_norm`)
-    post:     norm(x + f(x))                 (`<sublayer>_norm`)
-    sandwich: x + norm_out(f(norm_in(x)))    (`<sublayer>_norm_in`, `<sublayer>_norm_out`)
-    none:     x + f(x)
-  With `residual=False` the `x +` is dropped everywhere. Sublayers: self_attn, cross_attn, ffn.
-  Sows `intermediates/residual_rms`, the RMS of the residual stream leaving the block.
+  """Self-attention, optional cross-attention, feed-forward; each a residual sublayer, wired by
+  the norm placement `model.norm_placement` names (modules/placements.py: where the norms sit,
+  what multiplies the skip path or the branch, the init rules). Its norms are named
+  `<sublayer>_norm...`, its gains `<sublayer>_..._gain`, for sublayers self_attn, cross_attn
+  and ffn. Sows `intermediates/residual_rms`, the RMS of the residual stream leaving the block.
   """
 
   cfg: "ModelConfig"  # noqa: F821
@@ -36,43 +35,57 @@ class Block(nn.Module):
   deterministic: bool = True
   decode: bool = False
   scanned: bool = False  # return (x, None) as nn.scan's body
+  layer: int | None = None  # index in a looped stack; under nn.scan, the call's `layer` input
+  num_layers: int = 1  # blocks in this stack
+  role: str = "single"  # single | encoder | decoder (the stacks of an encoder-decoder)
 
-  def _sublayer(self, x, name, fn):
+  def gain_param(self, name, shape, value, names):
+    """A placement's learned gain (placement_base.Site.gain)."""
+    return self.param(name, constant(value, names), shape, dtype_of(self.cfg.param_dtype))
+
+  def depth(self, layer) -> Depth:
     c = self.cfg
-    placement = c.norm_placement
-    h = x
-    if placement == "pre":
-      h = Norm(c, name=f"{name}_norm")(x)
-    elif placement == "sandwich":
-      h = Norm(c, name=f"{name}_norm_in")(x)
-    y = fn(h)
-    if placement == "sandwich":
-      y = Norm(c, name=f"{name}_norm_out")(y)
-    y = nn.Dropout(c.dropout, deterministic=self.deterministic)(y)
-    x = x + y if c.residual else y
-    if placement == "post":
-      x = Norm(c, name=f"{name}_norm")(x)
-    return x
+    other = {"encoder": c.decoder_layers, "decoder": c.encoder_layers}.get(self.role, 0)
+    index = self.layer if self.layer is not None else layer
+    return Depth(index, self.num_layers, self.role, other)
 
   @nn.compact
-  def __call__(self, x, mask=None, positions=None, context=None, context_mask=None):
+  def __call__(self, x, mask=None, positions=None, context=None, context_mask=None, layer=None):
     c = self.cfg
-    kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
-    x = self._sublayer(
-        x,
-        "self_attn",
-        lambda h: Attention(causal=self.causal, name="self_attn", **kw)(
-            h, mask=mask, positions=positions
-        ),
+    placement = PLACEMENTS[c.norm_placement]
+    depth = self.depth(layer)
+    site = Site(
+        self,
+        depth,
+        make_norm=lambda name: Norm(c, name=name),
+        dropout=lambda y: nn.Dropout(c.dropout, deterministic=self.deterministic)(y),
     )
+
+    def parts(sublayer):  # what the placement sets inside each sublayer
+      rules = placement.projection_init(c, depth, sublayer)
+      return dict(init=tuple(sorted(rules.items())), features=placement.features)
+
+    kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
+    sublayers = [
+        (
+            "self_attn",
+            lambda h: Attention(causal=self.causal, name="self_attn", **kw, **parts("self_attn"))(
+                h, mask=mask, positions=positions
+            ),
+        )
+    ]
     if self.cross:
-      x = self._sublayer(
-          x,
-          "cross_attn",
-          lambda h: Attention(name="cross_attn", **kw)(h, context=context, mask=context_mask),
+      sublayers.append(
+          (
+              "cross_attn",
+              lambda h: Attention(name="cross_attn", **kw, **parts("cross_attn"))(
+                  h, context=context, mask=context_mask
+              ),
+          )
       )
-    ffn = MoE(c, name="ffn") if self.moe else FeedForward(c, name="ffn")
-    x = self._sublayer(x, "ffn", ffn)
+    ffn = (MoE if self.moe else FeedForward)(c, name="ffn", **parts("ffn"))
+    sublayers.append(("ffn", ffn))
+    x = placement.block(site, x, sublayers)
     x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
     self.sow("intermediates", "residual_rms", jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
     return (x, None) if self.scanned else x
@@ -80,7 +93,9 @@ class Block(nn.Module):
 
 class Stack(nn.Module):
   """`num_layers` Blocks: a Python loop (`layer_0` … `layer_{L-1}`) or one nn.scan (`layers`,
-  every parameter with a leading `layers` axis), with the config's remat policy."""
+  every parameter with a leading `layers` axis, the block index a scanned input), with the
+  config's remat policy. `role` tells the blocks which stack of an encoder-decoder they are in
+  (norm placements whose constants depend on both depths read it)."""
 
   cfg: "ModelConfig"  # noqa: F821
   num_layers: int
@@ -88,10 +103,13 @@ class Stack(nn.Module):
   cross: bool = False
   deterministic: bool = True
   decode: bool = False
+  role: str = "single"
 
   @nn.compact
   def __call__(self, x, mask=None, positions=None, context=None, context_mask=None):
     c = self.cfg
+    if self.is_mutable_collection("profile"):  # placements profiled at init read this
+      self.sow("profile", "input_var", jnp.var(x.astype(jnp.float32)))
     block = Block
     if c.remat != "none":
       block = nn.remat(Block, policy=remat_policy(c.remat), prevent_cse=not c.scan_layers)
@@ -101,21 +119,31 @@ class Stack(nn.Module):
         cross=self.cross,
         deterministic=self.deterministic,
         decode=self.decode,
+        num_layers=self.num_layers,
+        role=self.role,
     )
     args = (mask, positions, context, context_mask)
     if c.scan_layers:
       body = nn.scan(
           block,
-          variable_axes={"params": 0, "intermediates": 0, "losses": 0, "moe_stats": 0, "cache": 0},
+          variable_axes={
+              "params": 0,
+              "intermediates": 0,
+              "losses": 0,
+              "moe_stats": 0,
+              "cache": 0,
+              "profile": 0,
+          },
           split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast,) * len(args),
+          in_axes=(nn.broadcast,) * len(args) + (0,),
           length=self.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x, _ = body(moe=c.is_moe_layer(0), scanned=True, name="layers", **kw)(x, *args)
+      layers = jnp.arange(self.num_layers, dtype=jnp.int32)
+      x, _ = body(moe=c.is_moe_layer(0), scanned=True, name="layers", **kw)(x, *args, layers)
       return x
     for i in range(self.num_layers):
-      x = block(moe=c.is_moe_layer(i), name=f"layer_{i}", **kw)(x, *args)
+      x = block(moe=c.is_moe_layer(i), layer=i, name=f"layer_{i}", **kw)(x, *args)
     return x
 
 

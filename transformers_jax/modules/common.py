@@ -30,6 +30,19 @@ def ones(names: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
+def constant(value: float, names: tuple[str | None, ...]):
+  """An initialiser filling the parameter with `value`, carrying the logical axis `names`."""
+  return nn.with_logical_partitioning(nn.initializers.constant(value), names)
+
+
+def kernel_init(cfg, rule, names: tuple[str | None, ...], **axes):
+  """A projection kernel's initialiser: normal(model.init_std), or a norm placement's `rule`
+  (placement_base.Init; `axes` gives its fan axes) when the placement sets one."""
+  if rule is None:
+    return normal(cfg.init_std, names)
+  return nn.with_logical_partitioning(rule.initializer(**axes), names)
+
+
 def activation(name: str):
   """The pointwise non-linearity of a non-gated FFN, or the gate's non-linearity when gated
   (config.ACTIVATIONS)."""
@@ -37,15 +50,16 @@ def activation(name: str):
   return functools.partial(getattr(jax.nn, function), **kwargs)
 
 
-def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None):
-  """nn.DenseGeneral with the config's dtypes, initialiser and logical axis names."""
+def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, init=None):
+  """nn.DenseGeneral with the config's dtypes, initialiser (or `init`, see kernel_init) and
+  logical axis names."""
   return nn.DenseGeneral(
       features=features,
       axis=axis,
       use_bias=cfg.use_bias if use_bias is None else use_bias,
       dtype=dtype_of(cfg.dtype),
       param_dtype=dtype_of(cfg.param_dtype),
-      kernel_init=normal(cfg.init_std, kernel_names),
+      kernel_init=kernel_init(cfg, init, kernel_names),
       bias_init=zeros(bias_names),
       name=name,
   )
@@ -62,6 +76,7 @@ class DenseWeights(nn.Module):
   features: tuple[int, ...]
   kernel_names: tuple[str | None, ...]
   bias_names: tuple[str | None, ...]
+  init: object = None  # a norm placement's initialiser rule (see kernel_init); None = normal
 
   @nn.compact
   def __call__(self, in_shape):
@@ -78,7 +93,7 @@ class DenseWeights(nn.Module):
 
     kernel = self.param(
         "kernel",
-        as_dense_general(normal(c.init_std, self.kernel_names), (n_in, n_out)),
+        as_dense_general(kernel_init(c, self.init, self.kernel_names), (n_in, n_out)),
         (*in_shape, *self.features),
         dtype_of(c.param_dtype),
     )

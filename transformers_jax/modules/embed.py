@@ -8,6 +8,7 @@ from flax import linen as nn
 
 from transformers_jax.modules.common import dtype_of, normal
 from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import sinusoidal_table
 
 
@@ -24,12 +25,13 @@ class Embedder(nn.Module):
   def setup(self):
     c = self.cfg
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
+    token_std = PLACEMENTS[c.norm_placement].token_embedding_std(c) or c.init_std
     self.token_embed = nn.Embed(
         c.padded_vocab,
         c.d_model,
         dtype=dt,
         param_dtype=pdt,
-        embedding_init=normal(c.init_std, ("vocab", "embed")),
+        embedding_init=normal(token_std, ("vocab", "embed")),
     )
     if c.positions == "learned":
       self.pos_embed = nn.Embed(

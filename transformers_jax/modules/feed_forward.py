@@ -14,33 +14,43 @@ from transformers_jax.modules.common import (
     dense,
     dtype_of,
     fused_dense,
-    normal,
+    kernel_init,
     zeros,
 )
+from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.placement_base import FFN_MID_NORM
 from transformers_jax.modules.moe_ragged import ragged_moe
 from transformers_jax.modules.splash import target_platform
 
 
 class FeedForward(nn.Module):
-  """D -> F -> D. Gated variants (swiglu, geglu) multiply act(x W0) by x W1 before narrowing."""
+  """D -> F -> D. Gated variants (swiglu, geglu) multiply act(x W0) by x W1 before narrowing.
+  A norm placement may set the projections' initialisers (`init`, as in Attention) and add a
+  norm on the hidden activations before `wo` (`features`: placement_base.FFN_MID_NORM)."""
 
   cfg: "ModelConfig"  # noqa: F821
+  init: tuple = ()
+  features: tuple[str, ...] = ()
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
     act = activation(c.activation)
+    rules = dict(self.init)
     if c.gated:
       gate, up = (
-          DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), name=name)
+          DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])])
       h = act(h0) * h1
     else:
-      h = act(dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi")(x))
+      wi = dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi", init=rules.get("wi"))
+      h = act(wi(x))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
-    return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
+    if FFN_MID_NORM in self.features:
+      h = Norm(c, axis="mlp", name="mid_norm")(h)
+    return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo", init=rules.get("wo"))(h)
 
 
 def route(router_probs, top_k: int, capacity: int):
@@ -80,6 +90,8 @@ class MoE(nn.Module):
   """
 
   cfg: "ModelConfig"  # noqa: F821
+  init: tuple = ()  # as FeedForward's: each expert's matrices get the rule of wi / wi_1 / wo
+  features: tuple[str, ...] = ()  # FFN_MID_NORM: one norm (shared by the experts) before wo
 
   @nn.compact
   def __call__(self, x):
@@ -91,8 +103,11 @@ class MoE(nn.Module):
     probs = jax.nn.softmax(logits, axis=-1)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
+    rules = dict(self.init)
+
     def weight(name, shape, names):  # in the parameter dtype: `ragged` casts before gathering
-      return self.param(name, normal(c.init_std, names), shape, pdt)
+      init = kernel_init(c, rules.get(name), names, in_axis=-2, out_axis=-1, batch_axis=(0,))
+      return self.param(name, init, shape, pdt)
 
     def bias(name, shape, names):  # [E, 1, width] broadcast over batch and capacity slots
       return self.param(name, zeros(names), shape, pdt).astype(dt)
@@ -122,7 +137,12 @@ class MoE(nn.Module):
       capacity = max(1, math.ceil(c.capacity_factor * T * c.top_k / E))
       combine, dispatch, choice = route(probs, c.top_k, capacity)
       weights = {k: v.astype(dt) for k, v in weights.items()}
-      out = dense_experts(c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights)
+      mid_norm = None
+      if FFN_MID_NORM in self.features:
+        mid_norm = Norm(c, axis="mlp", name="mid_norm")
+      out = dense_experts(
+          c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights, mid_norm
+      )
       kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
     self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
@@ -134,9 +154,10 @@ class MoE(nn.Module):
     return out
 
 
-def dense_experts(c, x, combine, dispatch, weights):
-  """The experts on capacity slots: x [B, T, D] dispatched to [B, E, C, D], each expert's FFN,
-  combined back to [B, T, D] with the routing weights."""
+def dense_experts(c, x, combine, dispatch, weights, mid_norm=None):
+  """The experts on capacity slots: x [B, T, D] dispatched to [B, E, C, D], each expert's FFN
+  (with `mid_norm` on its hidden activations, when given), combined back to [B, T, D] with the
+  routing weights."""
   act = activation(c.activation)
   zero = 0.0
   xe = jnp.einsum("btd,btec->becd", x, dispatch)  # [B, E, C, D]
@@ -146,5 +167,7 @@ def dense_experts(c, x, combine, dispatch, weights):
     h = act(h) * h1
   else:
     h = act(h)
+  if mid_norm is not None:
+    h = mid_norm(h)
   out = jnp.einsum("becf,efd->becd", h, weights["wo"]) + weights.get("bo", zero)
   return jnp.einsum("becd,btec->btd", out, combine)

@@ -1,33 +1,59 @@
-"""LayerNorm and RMSNorm, each with optional scale and bias, statistics in float32."""
+"""The norms `model.norm` picks: LayerNorm, RMSNorm, ScaleNorm and DyT, statistics in float32."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules.common import dtype_of, ones, zeros
+from transformers_jax.modules.common import constant, dtype_of, ones, zeros
+
+DYT_ALPHA_INIT = 0.5  # DyT's alpha_0 (Zhu et al. 2025, "Transformers without Normalization")
 
 
 class Norm(nn.Module):
-  """`layernorm`: (x - mean) / sqrt(var + eps); `rmsnorm`: x / sqrt(mean(x^2) + eps).
-
-  flax's own RMSNorm has no bias option, which the norm ablations need, so both live here.
+  """Over the last axis of x (D features):
+    layernorm: (x - mean) / sqrt(var + eps) * gamma + beta
+    rmsnorm:   x / sqrt(mean(x^2) + eps) * gamma (+ beta with model.norm_bias)
+    scalenorm: g * x / sqrt(sum(x^2) + eps), one learned scalar g initialised to sqrt(D)
+               (Nguyen & Salazar 2019; `model.norm_scale=False` keeps g at sqrt(D))
+    dyt:       gamma * tanh(alpha * x) + beta, alpha a learned scalar initialised to 0.5 (DyT,
+               Zhu et al. 2025): no statistics at all
+  gamma (`scale`) with `model.norm_scale`, beta (`bias`) with `model.norm_bias` (default: on
+  for layernorm and dyt). flax's own RMSNorm has no bias option, which the ablations need.
   """
 
   cfg: "ModelConfig"  # noqa: F821
-  axis: str = "embed"  # logical name of the normalised feature axis (its parameters' sharding)
+  axis: str | None = "embed"  # logical name of the normalised feature axis (parameter sharding)
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
     xf = x.astype(jnp.float32)
-    if c.norm == "layernorm":
-      xf = xf - xf.mean(-1, keepdims=True)
-    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
-    features = x.shape[-1]
-    if c.norm_scale:
-      y = y * self.param("scale", ones((self.axis,)), (features,), dtype_of(c.param_dtype))
+    features, pdt = x.shape[-1], dtype_of(c.param_dtype)
+    if c.norm == "dyt":
+      alpha = self.param("alpha", constant(DYT_ALPHA_INIT, ()), (), pdt)
+      y = jnp.tanh(alpha.astype(jnp.float32) * xf)
+    elif c.norm == "scalenorm":
+      g = float(np.sqrt(features))
+      if c.norm_scale:
+        g = self.param("scale", constant(g, ()), (), pdt).astype(jnp.float32)
+      y = g * xf * jax.lax.rsqrt(jnp.sum(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
+    else:
+      if c.norm == "layernorm":
+        xf = xf - xf.mean(-1, keepdims=True)
+      y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
+    if c.norm_scale and c.norm != "scalenorm":
+      y = y * self.param("scale", ones((self.axis,)), (features,), pdt)
     if c.has_norm_bias:
-      y = y + self.param("bias", zeros((self.axis,)), (features,), dtype_of(c.param_dtype))
+      y = y + self.param("bias", zeros((self.axis,)), (features,), pdt)
     return y.astype(dtype_of(c.dtype))
+
+
+def norm_over_heads(cfg, x, name: str):
+  """A Norm over the last two axes of x [..., heads, head_dim] taken as one (the whole
+  projection's width), its parameters replicated."""
+  *lead, heads, width = x.shape
+  y = Norm(cfg, axis=None, name=name)(x.reshape(*lead, heads * width))
+  return y.reshape(x.shape)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax import parallel
-from transformers_jax.models import build_model, example_inputs
+from transformers_jax.models import initializer
 
 
 @flax.struct.dataclass
@@ -32,10 +32,8 @@ def params_like(opt_abstract, params_abstract, param_shardings, fallback):
 
 
 def boxed_init(model_cfg):
-  """rng -> the model's parameters, boxed with their logical axis names."""
-  model = build_model(model_cfg)
-  inputs = example_inputs(model_cfg)
-  return lambda rng: model.init({"params": rng}, *inputs)["params"]
+  """rng -> the model's parameters, boxed with their logical axis names (models.initializer)."""
+  return initializer(model_cfg)
 
 
 def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
