@@ -35,12 +35,16 @@ import time
 from absl import flags
 
 from transformers_jax import cli, sweeps
+from transformers_jax.modules.placements import PLACEMENTS
 
 FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_string("out", None, "Output folder.", flag_values=FLAGS)
 flags.DEFINE_list("depths", ["6", "12", "24", "48"], "Blocks per stack.", flag_values=FLAGS)
 flags.DEFINE_list(
-    "placements", ["pre", "post", "sandwich"], "model.norm_placement values.", flag_values=FLAGS
+    "placements",
+    ["pre", "post", "sandwich"],
+    "model.norm_placement values, or all (every built placement).",
+    flag_values=FLAGS,
 )
 flags.DEFINE_integer("seeds", 3, "Seeds 0..N-1 (initialisation and batch).", flag_values=FLAGS)
 flags.DEFINE_list("tasks", ["lm", "translation"], "lm and/or translation.", flag_values=FLAGS)
@@ -57,7 +61,15 @@ flags.DEFINE_float(
 )
 flags.DEFINE_bool("report_only", False, "Rewrite table and plot from the jsonl.", flag_values=FLAGS)
 
-PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green"}
+# every built norm placement (modules/placements.py), pre/post/sandwich in their usual colours
+BUILT_PLACEMENTS = [n for n, p in PLACEMENTS.items() if not p.unavailable]
+PLACEMENT_COLORS = {
+    name: f"C{i}" if i < 10 else ("tab:olive", "tab:cyan", "k", "m", "y", "g", "b", "r")[i % 8]
+    for i, name in enumerate(
+        ["pre", "post", "sandwich"]
+        + [n for n in BUILT_PLACEMENTS if n not in ("pre", "post", "sandwich")]
+    )
+}
 GROUPS = ("ffn", "attn", "block")
 
 
@@ -310,9 +322,13 @@ def main(argv=None) -> int:
     if not d.isdigit() or int(d) < 1:
       raise cli.UserError(f"--depths {','.join(FLAGS.depths)}: give positive integers, e.g. 6,12")
     depths.append(int(d))
+  if FLAGS.placements == ["all"]:
+    FLAGS.placements = list(PLACEMENT_COLORS)
   bad = [p for p in FLAGS.placements if p not in PLACEMENT_COLORS]
   if bad:
-    raise cli.UserError(f"--placements: {bad[0]!r} is not one of pre, post, sandwich")
+    raise cli.UserError(
+        f"--placements: {bad[0]!r} is not one of {', '.join(PLACEMENT_COLORS)} (or all)"
+    )
   bad = [t for t in FLAGS.tasks if t not in ("lm", "translation")]
   if bad:
     raise cli.UserError(f"--tasks: {bad[0]!r} is not one of lm, translation")

@@ -1,0 +1,83 @@
+"""The norm-placement zoo's learning-rate sensitivity: every placement, one protocol.
+
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo.py \
+        --out experiments/results/norm_zoo/lm
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_translation.py \
+        --out experiments/results/norm_zoo/translation
+
+Every entry of modules/placements.py (and pre-LN with the two new norm kinds, DyT and
+ScaleNorm) in the protocol of experiments/deep_postnorm.py: one population per scheme of 7
+peak rates (3e-4 ... 3e-1) x warmup {0, 10% of steps} x 3 seeds = 42 members, on tiny
+byte-level decoders at depth 12 (d_model 16, 2 heads, batches of 4 x 16 bytes of the bundled
+corpus, 2,000 steps). A population takes about 5 CPU-minutes on the 2-core machine, so the 19
+take about 1.6 CPU-hours. `--scale` is the same grid at d_model 256 and depths 12 and 24 for an
+accelerator. docs/norm_zoo.md says what each scheme is and what the study reads from it.
+"""
+
+from transformers_jax.modules.placements import PLACEMENTS
+
+BASE = "gpt2.py:tiny"
+
+LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
+SEEDS = 3
+# (population name, overrides): every built placement, then pre-LN with each new norm kind
+SCHEMES = [
+    (name, {"model.norm_placement": name})
+    for name, placement in PLACEMENTS.items()
+    if not placement.unavailable
+] + [
+    (f"pre-{norm}", {"model.norm_placement": "pre", "model.norm": norm})
+    for norm in ("dyt", "scalenorm")
+]
+
+COMMON = {
+    "steps": 2000,
+    "batch_size": 4,
+    "seq_len": 16,
+    "lr_schedule": "cosine",
+    "weight_decay": 0.1,
+    "log_every": 100,
+    "eval_every": 250,
+    "eval_batches": 16,
+    "checkpoint_every": 0,
+    "keep_checkpoints": 1,
+    "sample.max_new_tokens": 0,
+    "model.d_model": 16,
+    "model.num_heads": 2,
+    "model.max_len": 32,
+    "model.scan_layers": True,
+}
+SCALE = {
+    "steps": 5000,
+    "batch_size": 32,
+    "seq_len": 128,
+    "eval_every": 500,
+    "eval_batches": 8,
+    "model.d_model": 256,
+    "model.num_heads": 8,
+    "model.max_len": 128,
+}
+DEPTHS = (12,)
+SCALE_DEPTHS = (12, 24)
+
+
+def populations(scale: bool = False) -> list[dict]:
+  common = {**COMMON, **(SCALE if scale else {})}
+  steps = common["steps"]
+  out = []
+  for depth in SCALE_DEPTHS if scale else DEPTHS:
+    for name, scheme in SCHEMES:
+      out.append(
+          {
+              "name": f"{name}-L{depth}",
+              "overrides": {
+                  **common,
+                  **scheme,
+                  "model.num_layers": depth,
+                  "population.seeds": SEEDS,
+                  "population.learning_rates": repr(LEARNING_RATES),
+                  "population.warmup_steps": repr((0, steps // 10)),
+              },
+          }
+      )
+  return out

@@ -1,0 +1,52 @@
+"""The norm-placement zoo on translation: the 2017 encoder-decoder at 12+12, every placement.
+
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_translation.py \
+        --out experiments/results/norm_zoo/translation
+
+The translation half of experiments/norm_zoo.py, in the protocol of
+experiments/deep_postnorm_translation.py (the bundled numbers task up to 9,999, d_model 16,
+batches of 4 pairs, 2,000 steps, held-out loss, greedy exact match and BLEU on 128 numbers):
+per scheme one population of 4 peak rates (1e-3 ... 3e-2) x warmup {0, 10%} x 3 seeds = 24
+members at depth 12+12. Both stacks of the encoder-decoder (and its cross-attention) take the
+scheme, with the encoder-decoder constants where the paper gives them (DeepNet, Sub-LN).
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "deep_postnorm_translation", pathlib.Path(__file__).with_name("deep_postnorm_translation.py")
+)
+_translation = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_translation)
+_lm = importlib.util.spec_from_file_location(
+    "norm_zoo", pathlib.Path(__file__).with_name("norm_zoo.py")
+)
+_zoo = importlib.util.module_from_spec(_lm)
+_lm.loader.exec_module(_zoo)
+
+BASE = _translation.BASE
+LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+SEEDS = 3
+DEPTHS = (12,)
+
+
+def populations(scale: bool = False) -> list[dict]:
+  common = {**_translation.COMMON, **(_translation.SCALE if scale else {})}
+  out = []
+  for depth in DEPTHS:
+    for name, scheme in _zoo.SCHEMES:
+      out.append(
+          {
+              "name": f"{name}-L{depth}+{depth}",
+              "overrides": {
+                  **common,
+                  **scheme,
+                  "model.num_layers": depth,
+                  "population.seeds": SEEDS,
+                  "population.learning_rates": repr(LEARNING_RATES),
+                  "population.warmup_steps": repr((0, common["steps"] // 10)),
+              },
+          }
+      )
+  return out
