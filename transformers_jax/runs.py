@@ -285,6 +285,22 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
 DATA_FIELDS = ("seed", "data.")
 # Fields that say where things are, not what the run is (data.source: see train/resume.py).
 UNRECORDED_FIELDS = ("data.cache_dir", "data.source")
+# Model fields that say how the model is computed, not what it is: every parameter keeps its
+# name, shape and dtype under any of their values (dtype is the compute dtype; param_dtype,
+# the stored one, is not among them), so a resume may change them; the change is recorded in
+# run_history.jsonl. model.scan_layers is not among them either: it stores the blocks'
+# parameters in another layout (one stacked `layers` tree instead of layer_0 ... layer_{L-1}).
+IMPLEMENTATION_FIELDS = tuple(
+    f"model.{name}"
+    for name in (
+        "attention_impl",
+        "attention_query_blocks",
+        "attention_block_q",
+        "attention_block_kv",
+        "remat",
+        "dtype",
+    )
+)
 
 
 def _unflatten_into(tree: dict, dotted: str, value) -> None:
@@ -307,15 +323,17 @@ def settings_in_force(run: "Run") -> dict | None:
 
 
 def resume_changes(run: "Run", config) -> dict[str, list]:
-  """{dotted field: [value in force, value now]} of the settings other than the model's that
-  `config` (a ConfigDict) changes."""
+  """{dotted field: [value in force, value now]} of the settings that `config` (a ConfigDict)
+  changes: every field but the model's, whose implementation fields alone may change."""
   from transformers_jax.config import flatten_dict
 
   in_force = flatten_dict(settings_in_force(run) or {})
   now = flatten_dict(json.loads(config.to_json_best_effort()))
   out = {}
   for field in sorted(set(in_force) | set(now)):
-    if field.startswith("model.") or field in UNRECORDED_FIELDS:
+    if field in UNRECORDED_FIELDS or (
+        field.startswith("model.") and field not in IMPLEMENTATION_FIELDS
+    ):
       continue
     if in_force.get(field) != now.get(field):
       out[field] = [in_force.get(field), now.get(field)]
