@@ -107,6 +107,7 @@ COSTLIEST_FIRST = (
     "test_parallel.py",
     "test_scale.py",
     "test_population.py",
+    "test_checkpoint_meshes.py",
     "test_model.py",
     "test_pods.py",
     "test_slurm.py",

@@ -71,6 +71,15 @@ class Checkpoints:
     tree = getattr(tree, "tree", tree)
     return PARAMS_ONLY if tree is not None and "opt_state" not in tree else FULL_STATE
 
+  def stored_tree(self, step: int):
+    """The tree of checkpoint `step` with each array's metadata (shape, dtype) in its place, or
+    None when its metadata cannot be read (restoring it finds the damage)."""
+    try:
+      tree = self.manager.item_metadata(step)
+    except Exception:  # a damaged checkpoint; restore_intact says what is wrong  # noqa: BLE001
+      return None
+    return getattr(tree, "tree", tree)
+
   def save(self, step: int, state) -> None:
     """Start saving (asynchronously once the arrays are copied off the devices). The previous
     save has finished by then (orbax waits for it) and its checksums are recorded first."""

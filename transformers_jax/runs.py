@@ -204,10 +204,15 @@ def _member_slice(tree, i: int):
 
 def load_run(workdir, step: int | None = None, member: int | None = None):
   """(ModelConfig, params, tokenizer or None, step) of a run's latest (or given) checkpoint;
-  of population member `member` for a population's run."""
+  of population member `member` for a population's run. The blocks are in the layout
+  (scanned or looped) config.json says, whichever the checkpoint holds (a resume may change
+  model.scan_layers)."""
+  from transformers_jax.modules.block import in_layout
+
   run = Run(workdir)
   params, step = run.load_params(step, member=member)
-  return run.model_config(), params, run.tokenizer(), step
+  model_cfg = run.model_config()
+  return model_cfg, in_layout(params, model_cfg.scan_layers), run.tokenizer(), step
 
 
 def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -285,11 +290,11 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
 DATA_FIELDS = ("seed", "data.")
 # Fields that say where things are, not what the run is (data.source: see train/resume.py).
 UNRECORDED_FIELDS = ("data.cache_dir", "data.source")
-# Model fields that say how the model is computed, not what it is: every parameter keeps its
-# name, shape and dtype under any of their values (dtype is the compute dtype; param_dtype,
-# the stored one, is not among them), so a resume may change them; the change is recorded in
-# run_history.jsonl. model.scan_layers is not among them either: it stores the blocks'
-# parameters in another layout (one stacked `layers` tree instead of layer_0 ... layer_{L-1}).
+# Model fields that say how the model is computed, not what it is, so a resume may change
+# them (recorded in run_history.jsonl): every parameter keeps its values, dtype included (dtype
+# is the compute dtype; param_dtype, the stored one, is not among them). scan_layers stores
+# the blocks' parameters in another layout (one stacked `layers` tree instead of layer_0 ...
+# layer_{L-1}): a resume moves them (Setup.in_model_layout), and every reader takes either.
 IMPLEMENTATION_FIELDS = tuple(
     f"model.{name}"
     for name in (
@@ -298,6 +303,7 @@ IMPLEMENTATION_FIELDS = tuple(
         "attention_block_q",
         "attention_block_kv",
         "remat",
+        "scan_layers",
         "dtype",
     )
 )

@@ -26,14 +26,6 @@ def check_same_model(run: Run, config) -> None:
     return
   diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
   diffs = [d for d in diffs if d.split(" (")[0] not in runs.IMPLEMENTATION_FIELDS]
-  if [d.split(" (")[0] for d in diffs] == ["model.scan_layers"]:
-    before = saved["model"].get("scan_layers")
-    raise UserError(
-        f"{run.path} holds a run with model.scan_layers={before}: scanned and looped blocks "
-        "compute the same model, but their parameters are stored in another layout (one "
-        "stacked `layers` tree, or layer_0 ... layer_N), which a resume does not convert: "
-        f"resume with --config.model.scan_layers={before}, or use a new --workdir"
-    )
   if diffs:
     raise UserError(
         f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "
