@@ -62,6 +62,21 @@ def run_worker(script: str, spec=None, devices: int | None = None):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def param_digest(tree) -> str:
+  """SHA-256 over every leaf of a parameter tree: its path, dtype, shape and bytes (equal
+  digests: the same parameters, bit for bit, wherever they were loaded)."""
+  import hashlib
+
+  import numpy as np
+
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    array = np.asarray(jax.device_get(leaf))
+    h.update(f"{jax.tree_util.keystr(path)} {array.dtype} {array.shape}".encode())
+    h.update(np.ascontiguousarray(array).tobytes())
+  return h.hexdigest()
+
+
 @pytest.fixture(scope="session")
 def experiment():
   """experiment('gpt2', 'tiny') -> the ConfigDict of that preset."""
@@ -92,6 +107,7 @@ COSTLIEST_FIRST = (
     "test_parallel.py",
     "test_scale.py",
     "test_population.py",
+    "test_checkpoint_meshes.py",
     "test_model.py",
     "test_pods.py",
     "test_slurm.py",

@@ -71,6 +71,15 @@ class Checkpoints:
     tree = getattr(tree, "tree", tree)
     return PARAMS_ONLY if tree is not None and "opt_state" not in tree else FULL_STATE
 
+  def stored_tree(self, step: int):
+    """The tree of checkpoint `step` with each array's metadata (shape, dtype) in its place, or
+    None when its metadata cannot be read (restoring it finds the damage)."""
+    try:
+      tree = self.manager.item_metadata(step)
+    except Exception:  # a damaged checkpoint; restore_intact says what is wrong  # noqa: BLE001
+      return None
+    return getattr(tree, "tree", tree)
+
   def save(self, step: int, state) -> None:
     """Start saving (asynchronously once the arrays are copied off the devices). The previous
     save has finished by then (orbax waits for it) and its checksums are recorded first."""
@@ -79,12 +88,29 @@ class Checkpoints:
     self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
   def restore(self, step: int, target):
-    """Restore into `target` (ShapeDtypeStructs with shardings: any mesh works), or as numpy
-    arrays when `target` is None. An array whose shape differs from the stored one is a
-    ValueError before anything is read."""
-    if target is not None:
+    """Restore onto the devices this process has, whatever mesh, device count or process count
+    wrote the checkpoint: into `target` (ShapeDtypeStructs with this process's shardings), or,
+    when `target` is None, every array as a whole numpy array on the host (what generate,
+    convert and init_from read). An array whose shape differs from the stored one is a
+    ValueError before anything is read. (Left without a target, orbax would rebuild the
+    writer's shardings and refuse any other topology.)"""
+    if target is None:
+      target = self.host_target(step)
+    else:
       self._check_shapes(step, target)
     return self.manager.restore(step, args=ocp.args.StandardRestore(target))
+
+  def host_target(self, step: int):
+    """The checkpoint's tree with a numpy placeholder of each array's shape and dtype (no
+    memory: one broadcast zero): a restore target that reads every array whole onto the host."""
+    import jax
+    import numpy as np
+
+    stored = self.manager.item_metadata(step)
+    return jax.tree_util.tree_map(
+        lambda leaf: np.broadcast_to(np.zeros((), leaf.dtype), leaf.shape),
+        getattr(stored, "tree", stored),
+    )
 
   def _check_shapes(self, step: int, target) -> None:
     """Compare `target`'s array shapes with the checkpoint's metadata. (A restore that orbax

@@ -132,9 +132,9 @@ def export_hf(workdir, target, overwrite: bool = False, member: int | None = Non
   _check_target(run.path, pathlib.Path(target), overwrite)
   model_cfg = run.model_config()
   params, _ = run.load_params(member=member)
-  params = jax.tree_util.tree_map(np.asarray, params)
-  if model_cfg.scan_layers:
-    params = scan_to_loop(params)
+  # Hugging Face's layout is the looped one, whichever the checkpoint holds (a resume may
+  # change model.scan_layers)
+  params = scan_to_loop(jax.tree_util.tree_map(np.asarray, params))
   extra = {}
   tok = run.tokenizer()
   if tok is not None and tok.pad_id is not None:  # the id the run's tokenizer pads with

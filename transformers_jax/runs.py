@@ -204,10 +204,15 @@ def _member_slice(tree, i: int):
 
 def load_run(workdir, step: int | None = None, member: int | None = None):
   """(ModelConfig, params, tokenizer or None, step) of a run's latest (or given) checkpoint;
-  of population member `member` for a population's run."""
+  of population member `member` for a population's run. The blocks are in the layout
+  (scanned or looped) config.json says, whichever the checkpoint holds (a resume may change
+  model.scan_layers)."""
+  from transformers_jax.modules.block import in_layout
+
   run = Run(workdir)
   params, step = run.load_params(step, member=member)
-  return run.model_config(), params, run.tokenizer(), step
+  model_cfg = run.model_config()
+  return model_cfg, in_layout(params, model_cfg.scan_layers), run.tokenizer(), step
 
 
 def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -285,6 +290,23 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
 DATA_FIELDS = ("seed", "data.")
 # Fields that say where things are, not what the run is (data.source: see train/resume.py).
 UNRECORDED_FIELDS = ("data.cache_dir", "data.source")
+# Model fields that say how the model is computed, not what it is, so a resume may change
+# them (recorded in run_history.jsonl): every parameter keeps its values, dtype included (dtype
+# is the compute dtype; param_dtype, the stored one, is not among them). scan_layers stores
+# the blocks' parameters in another layout (one stacked `layers` tree instead of layer_0 ...
+# layer_{L-1}): a resume moves them (Setup.in_model_layout), and every reader takes either.
+IMPLEMENTATION_FIELDS = tuple(
+    f"model.{name}"
+    for name in (
+        "attention_impl",
+        "attention_query_blocks",
+        "attention_block_q",
+        "attention_block_kv",
+        "remat",
+        "scan_layers",
+        "dtype",
+    )
+)
 
 
 def _unflatten_into(tree: dict, dotted: str, value) -> None:
@@ -307,15 +329,17 @@ def settings_in_force(run: "Run") -> dict | None:
 
 
 def resume_changes(run: "Run", config) -> dict[str, list]:
-  """{dotted field: [value in force, value now]} of the settings other than the model's that
-  `config` (a ConfigDict) changes."""
+  """{dotted field: [value in force, value now]} of the settings that `config` (a ConfigDict)
+  changes: every field but the model's, whose implementation fields alone may change."""
   from transformers_jax.config import flatten_dict
 
   in_force = flatten_dict(settings_in_force(run) or {})
   now = flatten_dict(json.loads(config.to_json_best_effort()))
   out = {}
   for field in sorted(set(in_force) | set(now)):
-    if field.startswith("model.") or field in UNRECORDED_FIELDS:
+    if field in UNRECORDED_FIELDS or (
+        field.startswith("model.") and field not in IMPLEMENTATION_FIELDS
+    ):
       continue
     if in_force.get(field) != now.get(field):
       out[field] = [in_force.get(field), now.get(field)]

@@ -179,3 +179,56 @@ def loop_to_scan(tree):
       raise ValueError(f"layers are not numbered 0..{len(layer_keys) - 1}: {layer_keys}")
     out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *(tree[k] for k in layer_keys))
   return out
+
+
+def _names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _is_layer_name(name: str) -> bool:
+  return name.startswith("layer_") and name[6:].isdigit()
+
+
+def stacked_blocks(tree) -> bool | None:
+  """Whether a tree (parameters, a train state, a checkpoint's metadata) holds its blocks
+  scanned (a `layers` subtree: True) or looped (`layer_0` …: False); None when it has none."""
+  names = {
+      name for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0] for name in _names(path)
+  }
+  if "layers" in names:
+    return True
+  return False if any(_is_layer_name(name) for name in names) else None
+
+
+def in_layout(params, scan: bool):
+  """One model's parameter tree (dicts of arrays) with its blocks scanned (`scan`) or looped,
+  whichever layout it is in."""
+  return loop_to_scan(params) if scan else scan_to_loop(params)
+
+
+def relayout(tree, like, axis: int = 0):
+  """`tree` (any pytree: a train state, a population's) with its blocks in the other layout,
+  that of `like` (the same tree's abstract twin with scan_layers flipped): a leaf under
+  `layer_i` in `like` is slice i, on `axis`, of the leaf under `layers` in `tree`; one under
+  `layers` is the `layer_i` leaves stacked on `axis`; any other leaf is taken as it is. `axis`
+  is 1 under a population's leading member axis. (Jit it, with the new layout's shardings.)"""
+  flat = {_names(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+  def take(path, _):
+    names = _names(path)
+    if names in flat:
+      return flat[names]
+    if "layers" in names:
+      at = names.index("layers")
+      parts = []
+      while (key := names[:at] + (f"layer_{len(parts)}",) + names[at + 1 :]) in flat:
+        parts.append(flat[key])
+      if parts:
+        return jnp.stack(parts, axis)
+    at = next((i for i, name in enumerate(names) if _is_layer_name(name)), None)
+    stacked = None if at is None else flat.get(names[:at] + ("layers",) + names[at + 1 :])
+    if stacked is None:
+      raise ValueError(f"{'/'.join(names)}: no such tensor in either layout of the blocks")
+    return jnp.take(stacked, int(names[at][6:]), axis)
+
+  return jax.tree_util.tree_map_with_path(take, like)

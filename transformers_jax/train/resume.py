@@ -19,11 +19,13 @@ from transformers_jax.train_config import asks_for_population
 
 
 def check_same_model(run: Run, config) -> None:
-  """A resume keeps the model the run was made with (config.json's model fields)."""
+  """A resume keeps the model the run was made with (config.json's model fields), except for
+  the fields that say how it is computed (runs.IMPLEMENTATION_FIELDS: recorded, not refused)."""
   saved = run.saved_config()
   if saved is None:
     return
   diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
+  diffs = [d for d in diffs if d.split(" (")[0] not in runs.IMPLEMENTATION_FIELDS]
   if diffs:
     raise UserError(
         f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "

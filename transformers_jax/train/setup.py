@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from transformers_jax import parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
+from transformers_jax.modules import block
 from transformers_jax.runs import PARAMS_ONLY
 from transformers_jax.tasks import task_data, task_for
 from transformers_jax.train import members as members_lib
@@ -78,9 +79,30 @@ class Setup:
         for k, (shape, dtype) in self.task.batch_shapes(self.model_cfg, self.config).items()
     }
 
-  def abstract_state(self):
-    """The state as sharded ShapeDtypeStructs: a restore target, or a step's argument."""
-    return state_lib.abstract_state(self.abstract, self.shardings)
+  def abstract_state(self, scan_layers: bool | None = None):
+    """The state as sharded ShapeDtypeStructs: a restore target, or a step's argument; with
+    its blocks scanned or looped as `scan_layers` says (a checkpoint saved before a resume
+    changed model.scan_layers), the model's layout when None."""
+    if scan_layers is None or scan_layers == self.model_cfg.scan_layers:
+      return state_lib.abstract_state(self.abstract, self.shardings)
+    other = self.model_cfg.replace(scan_layers=scan_layers)
+    abstract, shardings = state_lib.state_shardings(
+        other, self.tx, self.mesh, self.rule_table, self.config.seed
+    )
+    if self.members:
+      abstract, shardings = members_lib.population_shardings(
+          abstract, shardings, self.members, self.member_axis
+      )
+    return state_lib.abstract_state(abstract, shardings)
+
+  def in_model_layout(self, state):
+    """A restored state with its blocks in this model's layout (scanned or looped), moved
+    inside jit onto this run's shardings when the checkpoint held the other one."""
+    if block.stacked_blocks(state.params) in (None, self.model_cfg.scan_layers):
+      return state
+    axis = 1 if self.members else 0  # the layer axis comes after a population's member axis
+    move = lambda tree: block.relayout(tree, self.abstract, axis)  # noqa: E731
+    return jax.jit(move, out_shardings=self.shardings)(state)
 
   # ------------------------------------------------------------------ steps
   def train_step(self):
@@ -127,9 +149,12 @@ class Setup:
     run, parameters of a parameters-only checkpoint (a converted model) with a fresh optimizer,
     parameters taken from `init_from`, or a fresh state."""
     state, start = self.init_state(), checkpoints.latest_step()
+    # the layout (scanned or looped blocks) each checkpoint holds, whatever the model's now
+    stacked = lambda step: block.stacked_blocks(checkpoints.stored_tree(step))  # noqa: E731
     if start is not None and checkpoints.kind(start) == PARAMS_ONLY:  # e.g. a converted model
       target = {"params": self.abstract_state().params}
-      if self.members:  # every member starts from the same parameters
+      if self.members or stacked(start) not in (None, self.model_cfg.scan_layers):
+        # every member starts from the same parameters; or the blocks move to this layout
         params = checkpoints.restore(start, None)["params"]
         state, _ = self.copy_params(state, params)
       else:
@@ -148,14 +173,14 @@ class Setup:
       )
       state, start = resume.restore_verified(
           checkpoints,
-          self.abstract_state(),
+          lambda step: self.abstract_state(stacked(step)),
           members_lib.non_finite_alive if self.members else resume.non_finite,
           does_not_fit=f"does not {'hold' if self.members else 'fit'} {held} ({{error}}): "
           f"{fix} or use a new --workdir",
       )
       if self.members:
         self.check_same_members(state, start, checkpoints)
-      return state, start, f"resumed from step {start}"
+      return self.in_model_layout(state), start, f"resumed from step {start}"
     if self.config.init_from:
       source = self.config.init_from
       params, src_step = resume.load_init_from(source, self.config.get("init_member", -1))
@@ -175,7 +200,9 @@ class Setup:
 
   def copy_params(self, state, source):
     """(state with the parameters of `source` (one model's, host arrays) whose path and shape
-    match, (names loaded, names left fresh)); a population's members all take them."""
+    match, (names loaded, names left fresh)); a population's members all take them. Blocks
+    stored in the other layout (scanned or looped) are moved to this model's first."""
+    source = block.in_layout(source, self.model_cfg.scan_layers)
     if not self.members:
       params, loaded, fresh = resume.copy_matching(state.params, source)
       return state.replace(params=params), (loaded, fresh)
