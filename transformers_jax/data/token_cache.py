@@ -89,10 +89,19 @@ def _file_crc(path: pathlib.Path) -> int:
 
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+  """Write `data` to a temporary file beside `path`, then rename it. A write that fails (a
+  full disk, a quota) removes the partial file and names the folder and the fix."""
   tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except OSError as e:
+    tmp.unlink(missing_ok=True)
+    raise DataError(
+        f"cannot write the token cache in {path.parent} ({e.strerror or e}; {len(data):,} bytes "
+        "for this file): free space there, or set --config.data.cache_dir to a folder with room"
+    ) from None
 
 
 def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
