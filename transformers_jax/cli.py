@@ -372,6 +372,9 @@ def parse_script_flags(
   if "config_help" in flag_values and flag_values.config_help:
     print_config_help(flag_values)
   apply_cpu_devices(flag_values)
+  from transformers_jax import output_paths
+
+  output_paths.check_declared(flag_values)  # before the work: a bad path is not found at the end
   return rest[1:]
 
 
