@@ -355,7 +355,7 @@ def test_a_batch_script_run_outside_slurm_says_so(script, tmp_path):
       timeout=30,
   )
   line = _one_error_line(out)
-  assert "is a SLURM batch script and this is not a SLURM job" in line and "sbatch" in line
+  assert line.startswith(f"error: {script} is a SLURM batch script and this is not a SLURM job")
 
 
 def test_an_unknown_field_is_named_not_the_valid_one_after_it():

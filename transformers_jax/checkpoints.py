@@ -267,7 +267,7 @@ class Checkpoints:
       try:
         where = f"moved to {self.set_aside(step).name}"
       except OSError as e:  # a read-only run folder: it stays, and the older one is read
-        where = f"left in place, as the folder is read-only ({e.strerror or e})"
+        where = f"left in place, as it cannot be moved aside ({e.strerror or e})"
       damaged.append(step)
       on_damaged(
           f"note: checkpoint step {step} in {self.directory} is damaged ({problem}): {where}; "
