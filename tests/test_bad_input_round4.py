@@ -277,6 +277,13 @@ def test_a_full_token_cache_names_the_folder_and_leaves_no_partial_file(tmp_path
   with pytest.raises(DataError, match=r"cannot write the token cache in .*/cache/\w+ \(No space"):
     token_cache.build_cache(tmp_path / "corpus.txt", ByteTokenizer(), tmp_path / "cache", 256)
   assert not list((tmp_path / "cache").rglob("*.tmp"))
+  # the bundled corpus's token files (WORKDIR/data, or data.cache_dir) likewise
+  from transformers_jax.data.text import prepare_tokens
+
+  monkeypatch.setattr(os, "fdopen", lambda fd, mode: FullDisk(fd, mode))
+  with pytest.raises(DataError, match=r"cannot write the token file .*train.tokens \(No space"):
+    prepare_tokens(["some text"] * 5, ByteTokenizer(), tmp_path / "data" / "train.tokens", 256)
+  assert not list((tmp_path / "data").iterdir())
 
 
 # ----------------------------------------------------------------------------- 4. messages
