@@ -30,10 +30,11 @@ def check_model(model_cfg) -> None:
     return
   depth = model_depth(c)
   if c.moe_every > depth:
+    n, allowed = c.moe_every, "1" if depth == 1 else f"1 to {depth}"
     raise ValueError(
-        f"model.moe_every={c.moe_every}: every {c.moe_every}-th block is MoE and the deepest "
-        f"stack has {depth}, so no block would be and the model would be dense: use 1 to "
-        f"{depth}, or feed_forward=dense"
+        f"model.moe_every={n}: blocks {n}, {2 * n}, ... are MoE and the deepest stack has "
+        f"{depth} block(s), so none would be and the model would be dense: use moe_every="
+        f"{allowed}, or feed_forward=dense"
     )
 
 
