@@ -211,9 +211,9 @@ def _read_text(path: str) -> str:
 
 
 def _unknown_override(error: str, overrides: list[str]) -> str:
-  """The first --config.x.y override whose name holds the field `error` (ml_collections' words
-  for an unknown field: "'y'", or "'x'" when a whole section is unknown) calls unknown; not a
-  valid override after it, nor the field a "Did you mean" hint suggests."""
+  """The --config.x.y override that `error` is about. ml_collections quotes the unknown name
+  ('y', or 'x' when a whole section is unknown): the first override with that part in its name,
+  leaving out the field a "Did you mean" hint suggests; else the last override."""
   error = error.replace("\\'", "'").split("Did you mean")[0]
   for name in overrides:
     parts = name[len("--config.") :].split(".")
