@@ -99,8 +99,8 @@ def _write_atomic(path: pathlib.Path, data: bytes) -> None:
   except OSError as e:
     tmp.unlink(missing_ok=True)
     raise DataError(
-        f"cannot write the token cache in {path.parent} ({e.strerror or e}; {len(data):,} bytes "
-        "for this file): free space there, or set --config.data.cache_dir to a folder with room"
+        f"{e.strerror or e} ({path}, {len(data):,} bytes of the token cache): free space in "
+        f"{path.parent}, or set --config.data.cache_dir to a folder with room"
     ) from None
 
 
