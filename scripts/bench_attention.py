@@ -25,10 +25,11 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
 cli.define_integer_list("lengths", "256,512,1024,2048,4096,8192", "Sequence lengths.", FLAGS)
 flags.DEFINE_list("impls", ["einsum", "flash"], "Attention implementations.", flag_values=FLAGS)
 flags.DEFINE_integer(

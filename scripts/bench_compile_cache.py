@@ -21,11 +21,12 @@ import time
 
 from absl import flags
 
-from transformers_jax import bench_report, cli
+from transformers_jax import bench_report, cli, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
 flags.DEFINE_string(
     "config", str(ROOT / "experiments/gpt2.py") + ":cpu", "Experiment to start.", flag_values=FLAGS
 )

@@ -32,11 +32,12 @@ import numpy as np
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
 flags.DEFINE_integer("big_mb", 2048, "Size of the large generated corpus (MB).", flag_values=FLAGS)
 flags.DEFINE_integer("small_mb", 200, "Size of the small generated corpus (MB).", flag_values=FLAGS)
 flags.DEFINE_integer(

@@ -22,10 +22,11 @@ import sys
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
 flags.DEFINE_list("presets", ["small", "medium"], "GPT-2 presets to time.", flag_values=FLAGS)
 flags.DEFINE_integer("batch_size", 16, "Sequences per step.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("seq_len", 1024, "Tokens per sequence.", lower_bound=1, flag_values=FLAGS)

@@ -24,11 +24,12 @@ import tempfile
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, local_cluster
+from transformers_jax import bench_report, cli, local_cluster, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
 flags.DEFINE_string(
     "config", str(ROOT / "experiments/gpt2.py") + ":tiny", "Experiment to run.", flag_values=FLAGS
 )

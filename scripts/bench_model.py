@@ -17,9 +17,10 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
 cli.define_integer_list("layers", "2,96", "Depths whose compile time is measured.", FLAGS)
 flags.DEFINE_string("out", "", "Also write the JSON to this file.", flag_values=FLAGS)
 

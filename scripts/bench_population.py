@@ -25,11 +25,12 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, sweeps
+from transformers_jax import cli, output_paths, sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, json=output_paths.FILE)  # checked before any work
 flags.DEFINE_integer("steps", 1000, "Training steps of every model.", flag_values=FLAGS)
 flags.DEFINE_integer("depth", 2, "Blocks per model (the sweep has 2 and 4).", flag_values=FLAGS)
 flags.DEFINE_string("json", "", "Also write the result to this file.", flag_values=FLAGS)

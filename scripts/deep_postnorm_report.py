@@ -30,9 +30,10 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
 flags.DEFINE_string(
     "out", None, "The study's folder (holding lm/ and translation/).", flag_values=FLAGS
 )

@@ -34,10 +34,11 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, sweeps
+from transformers_jax import cli, output_paths, sweeps
 from transformers_jax.modules.placements import PLACEMENTS
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
 flags.DEFINE_string("out", None, "Output folder.", flag_values=FLAGS)
 flags.DEFINE_list("depths", ["6", "12", "24", "48"], "Blocks per stack.", flag_values=FLAGS)
 flags.DEFINE_list(

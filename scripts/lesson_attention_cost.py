@@ -25,11 +25,12 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
 flags.DEFINE_integer("min_len", 128, "Shortest sequence.", flag_values=FLAGS)
 flags.DEFINE_integer(
     "max_len", 4096, "Longest sequence (doubling from --min_len).", flag_values=FLAGS

@@ -21,11 +21,14 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli
+from transformers_jax import cli, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(
+    FLAGS, out=output_paths.FOLDER, workdir=output_paths.FOLDER
+)  # checked before any work
 flags.DEFINE_integer("steps", 0, "Train steps (0 = the preset's own).", flag_values=FLAGS)
 flags.DEFINE_string(
     "workdir", "", "Keep the runs here (default: a temporary folder).", flag_values=FLAGS

@@ -36,9 +36,10 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, sweeps
+from transformers_jax import cli, output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
 flags.DEFINE_string(
     "sweep", None, "Sweep file, e.g. experiments/lr_sensitivity.py.", flag_values=FLAGS
 )

@@ -18,9 +18,10 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import bench_report, cli
+from transformers_jax import bench_report, cli, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
 flags.DEFINE_string(
     "out", "experiments/results/scale", "Folder for tpu.json and tpu.md.", flag_values=FLAGS
 )

@@ -23,9 +23,12 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, sweeps
+from transformers_jax import cli, output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(
+    FLAGS, trace=output_paths.FOLDER, json=output_paths.FILE
+)  # checked before any work
 flags.DEFINE_string(
     "sweep", None, "Sweep file, e.g. experiments/deep_postnorm.py.", flag_values=FLAGS
 )

@@ -24,6 +24,7 @@ import pathlib
 
 import orbax.checkpoint as ocp
 
+from transformers_jax import disk_full
 from transformers_jax.errors import RunError
 
 FULL_STATE, PARAMS_ONLY = "train_state", "params"
@@ -50,6 +51,8 @@ class Checkpoints:
     )
     import jax
 
+    disk_full.quiet_disk_full_logs()
+    self._saving = (None, 0)  # (step, bytes) of the latest save started
     if jax.process_index() == 0 and not self.checksum_path.exists() and not self.steps():
       self.checksum_path.write_text("{}")  # a new folder: from here a missing record is a loss
 
@@ -83,9 +86,25 @@ class Checkpoints:
   def save(self, step: int, state) -> None:
     """Start saving (asynchronously once the arrays are copied off the devices). The previous
     save has finished by then (orbax waits for it) and its checksums are recorded first."""
-    self.manager.wait_until_finished()
-    self._record_checksums()
-    self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    import jax
+
+    self.wait()
+    self._saving = (step, sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(state)))
+    self._unless_full(
+        lambda: self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    )
+
+  def _unless_full(self, call):
+    """call(), with a save that ran out of disk space as one UserError (disk_full.py)."""
+    try:
+      return call()
+    except Exception as e:  # orbax re-raises its threads' errors as they came  # noqa: BLE001
+      if not disk_full.is_disk_full(e):
+        raise
+      step, needed = self._saving
+      saved = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()]
+      newest = max((s for s in saved if s != step), default=None)
+      raise disk_full.save_failed(self.directory, step, needed, newest) from None
 
   def restore(self, step: int, target):
     """Restore onto the devices this process has, whatever mesh, device count or process count
@@ -141,8 +160,8 @@ class Checkpoints:
         )
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
-    self._record_checksums()
+    self._unless_full(self.manager.wait_until_finished)
+    self._unless_full(self._record_checksums)
 
   def close(self) -> None:
     self.wait()
@@ -236,10 +255,16 @@ class Checkpoints:
     while target.exists():
       n += 1
       target = source.with_name(f"{step}.damaged{n}")
+    failed = None
     if jax.process_index() == 0:
-      source.rename(target)
+      try:
+        source.rename(target)
+      except OSError as e:  # a read-only folder: the others must not wait at the sync for it
+        failed = e
     sync_processes(f"set_aside_{step}")
     self.manager.reload()
+    if failed is not None:
+      raise failed
     return target
 
   def restore_intact(self, target, check=None, on_damaged=print):
@@ -265,17 +290,20 @@ class Checkpoints:
         problem = check(tree)
       if problem is None:
         return tree, step
-      aside = self.set_aside(step)
+      try:
+        where = f"moved to {self.set_aside(step).name}"
+      except OSError as e:  # a read-only run folder: it stays, and the older one is read
+        where = f"left in place, as it cannot be moved aside ({e.strerror or e})"
       damaged.append(step)
       on_damaged(
-          f"note: checkpoint step {step} in {self.directory} is damaged ({problem}): moved to "
-          f"{aside.name}; trying the next older one"
+          f"note: checkpoint step {step} in {self.directory} is damaged ({problem}): {where}; "
+          "trying the next older one"
       )
     if damaged:
       raise CheckpointDamaged(
           f"no intact checkpoint in {self.directory}: step(s) "
-          f"{', '.join(map(str, damaged))} are damaged (moved to <step>.damaged): use a new "
-          "--workdir, or copy an intact checkpoint there"
+          f"{', '.join(map(str, damaged))} are damaged (moved to <step>.damaged where the "
+          "folder is writable): use a new --workdir, or copy an intact checkpoint there"
       )
     aside = sorted(p.name for p in self.directory.glob("*.damaged*") if p.is_dir())
     if aside:  # an earlier invocation set them all aside: starting over here is not a resume

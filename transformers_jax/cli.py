@@ -210,6 +210,18 @@ def _read_text(path: str) -> str:
     return ""
 
 
+def _unknown_override(error: str, overrides: list[str]) -> str:
+  """The --config.x.y override that `error` is about. ml_collections quotes the unknown name
+  ('y', or 'x' when a whole section is unknown): the first override with that part in its name,
+  leaving out the field a "Did you mean" hint suggests; else the last override."""
+  error = error.replace("\\'", "'").split("Did you mean")[0]
+  for name in overrides:
+    parts = name[len("--config.") :].split(".")
+    if any(re.search(f"['\"]{re.escape(part)}['\"]", error) for part in parts):
+      return name
+  return overrides[-1] if overrides else "--config"
+
+
 def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
   """Parse `argv` (program name first) into `flag_values`: (the program name and positional
   arguments, None), or ([], the one line that says what is wrong: a flag's bad value, or in
@@ -231,10 +243,7 @@ def _parse(flag_values: flags.FlagValues, argv) -> tuple[list[str], str | None]:
     return rest, None
   except (AttributeError, KeyError) as e:  # an override of a field the config does not have
     said = str(e).replace("\\n", " ").replace("\\'", "").strip("'\" ")
-    name = next(
-        (o for o in overrides if f"'{o.rsplit('.', 1)[-1]}'" in str(e)),
-        overrides[-1] if overrides else "--config",
-    )
+    name = _unknown_override(str(e), overrides)
     hint = re.search(r"Did you mean .*\?", said)
     message = f"{name}: no such config field" + (f" ({hint.group(0)})" if hint else "")
     return [], message + "; --config_help lists the fields (docs/config.md the defaults)"
@@ -363,6 +372,9 @@ def parse_script_flags(
   if "config_help" in flag_values and flag_values.config_help:
     print_config_help(flag_values)
   apply_cpu_devices(flag_values)
+  from transformers_jax import output_paths
+
+  output_paths.check_declared(flag_values)  # before the work: a bad path is not found at the end
   return rest[1:]
 
 

@@ -65,7 +65,25 @@ def get_config(arg=None):
 '''
 
 
+def _check_tokenizer(path: pathlib.Path) -> None:
+  """A model folder's tokenizer.json is read now, not first at `generate --prompt`."""
+  from transformers_jax.data import load_tokenizer
+
+  try:
+    load_tokenizer(path)
+  except Exception as e:  # DataError, or the tokenizers library's own  # noqa: BLE001
+    said = str(e.__cause__ or e).strip().splitlines()
+    raise cli.UserError(
+        f"{path} is not a tokenizer this project reads ({said[0] if said else type(e).__name__})"
+        ": replace it with the model's tokenizer.json, or remove it to import without one "
+        "(generate --prompt_ids works without)"
+    ) from None
+
+
 def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False) -> dict:
+  tokenizer = pathlib.Path(source) / "tokenizer.json"
+  if tokenizer.is_file():
+    _check_tokenizer(tokenizer)
   fields, params = load_hf(source, dtype)
   fields["scan_layers"] = scan_layers
   if scan_layers:
@@ -79,7 +97,6 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   run.save_params(params, step=0)
   run.write_config(config)
   (run.path / "config.py").write_text(CONFIG_PY)
-  tokenizer = pathlib.Path(source) / "tokenizer.json"
   if tokenizer.is_file():
     shutil.copy(tokenizer, run.tokenizer_path)
   return fields
@@ -152,6 +169,11 @@ def main(argv):
   if not FLAGS.workdir or bool(FLAGS.from_hf) == bool(FLAGS.to_hf):
     raise cli.UserError("give --workdir and exactly one of --from_hf DIR or --to_hf DIR")
   if FLAGS.from_hf:
+    if FLAGS.member is not None:
+      raise cli.UserError(
+          f"--member={FLAGS.member}: picks the member of a population's run to export with "
+          "--to_hf; --from_hf imports one model: leave --member out"
+      )
     fields = import_hf(FLAGS.from_hf, FLAGS.workdir, FLAGS.dtype, FLAGS.scan_layers)
     print(
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 GIB = 1024**3
 
@@ -70,6 +71,7 @@ def topology_devices(topology: str) -> list:
         f"mesh.topology={topology!r}: give the chip shape too, e.g. "
         f"{topology}:2x2 (v5e, v6e) or {topology}:4x4x4 (v4, v5p)"
     )
+  _check_shape(topology)
   import importlib.util
   import os
 
@@ -88,8 +90,35 @@ def topology_devices(topology: str) -> list:
       desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
   except (RuntimeError, ValueError) as e:  # e.g. a shape the generation does not come in
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ValueError(f"mesh.topology={topology!r}: {text}") from None
+    text = re.sub(r"^[A-Z_]+: ", "", text)  # libtpu's status code
+    raise ValueError(
+        f"mesh.topology={topology!r}: libtpu does not build this slice ({text}): "
+        f"{_shape_example(topology)}"
+    ) from None
   return list(desc.devices)
+
+
+# A slice's shape: chips along each of 2 or 3 axes (libtpu's "twisted" tori included).
+_SHAPE = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}(_twisted|_untwisted)?")
+
+
+def _shape_example(topology: str) -> str:
+  chip = chip_for_topology(topology)
+  name = chip.topology_prefix
+  example = (
+      f"{name}:4x4x4 or {name}:2x2x1" if name in ("v4", "v5p") else f"{name}:2x2 or {name}:4x8"
+  )
+  return (
+      f"give {name}:AxB or {name}:AxBxC, the chips along each axis of a slice of {chip.name}, "
+      f"e.g. {example}"
+  )
+
+
+def _check_shape(topology: str) -> None:
+  """The chip shape after the colon: 2 or 3 positive integers joined by x, before libtpu sees
+  it (libtpu's own words for 0x0 or 2x2x2x2 do not say what it wants)."""
+  if not _SHAPE.fullmatch(topology.split(":", 1)[1]):
+    raise ValueError(f"mesh.topology={topology!r}: {_shape_example(topology)}")
 
 
 def start_backends() -> None:

@@ -10,7 +10,7 @@ import json
 
 from absl import flags
 
-from transformers_jax import cli, counting
+from transformers_jax import cli, counting, field_checks
 
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 cli.define_config_flag()
@@ -62,6 +62,7 @@ def main(argv):
     raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if FLAGS.config is None:
     raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:small")
+  field_checks.check_model(counting.as_model_config(FLAGS.config.model))
   s = counting.summary(FLAGS.config)
   if FLAGS.json:
     print(json.dumps(s))

@@ -68,7 +68,7 @@ def load_npz(
     missing = {"images", "labels"} - set(f.files)
     if missing:
       raise DataError(f"'{path}' lacks array(s) {sorted(missing)} (has {sorted(f.files)}): {fix}")
-    images, labels = f["images"], f["labels"]
+    images, labels = (_read_array(f, name, path) for name in ("images", "labels"))
   if images.ndim == 3:
     images = images[..., None]
   if images.ndim != 4 or len(images) == 0:
@@ -102,6 +102,22 @@ def load_npz(
           "fix the labels or raise --config.model.num_classes"
       )
   return images, labels.astype(np.int32)
+
+
+def _read_array(archive, name: str, path: pathlib.Path) -> np.ndarray:
+  """Array `name` of an .npz, or one line when it holds Python objects, which are stored
+  pickled: this project never unpickles a file (np.load's allow_pickle=False)."""
+  try:
+    return archive[name]
+  except ValueError as e:
+    if "allow_pickle" not in str(e):
+      raise DataError(f"cannot read array {name!r} of '{path}' ({e})") from None
+    raise DataError(
+        f"'{path}' array {name!r} holds Python objects (dtype=object: ragged images, or "
+        "labels as strings), which are stored pickled and never loaded here: save numbers, "
+        f"e.g. np.savez(path, images=np.stack(images).astype(np.uint8), labels=np.asarray("
+        "labels, np.int64))"
+    ) from None
 
 
 class ImageBatches:

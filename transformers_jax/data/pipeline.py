@@ -341,6 +341,9 @@ def batch_stream(fn, start: int, end: int, workers: int = 0, prefetch: int = 4) 
       grain.ReadOptions(num_threads=max(1, min(prefetch, 8)), prefetch_buffer_size=max(prefetch, 1))
   )
   if workers > 0:
+    from transformers_jax.data.shm_tracker import guard_tracker
+
+    guard_tracker()
     it = it.mp_prefetch(
         grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=max(prefetch, 1))
     )

@@ -35,6 +35,12 @@ def _atomic_write(path: pathlib.Path, write) -> None:
     with os.fdopen(fd, "wb") as f:
       write(f)
     os.replace(tmp, path)
+  except OSError as e:  # a full disk, a quota: the partial file goes, the folder is named
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise DataError(
+        f"{e.strerror or e} ({path}, the token file): free space in {path.parent}, or set "
+        "--config.data.cache_dir to a folder with room"
+    ) from None
   except BaseException:
     pathlib.Path(tmp).unlink(missing_ok=True)
     raise

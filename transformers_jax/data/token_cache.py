@@ -89,10 +89,19 @@ def _file_crc(path: pathlib.Path) -> int:
 
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+  """Write `data` to a temporary file beside `path`, then rename it. A write that fails (a
+  full disk, a quota) removes the partial file and names the folder and the fix."""
   tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except OSError as e:
+    tmp.unlink(missing_ok=True)
+    raise DataError(
+        f"{e.strerror or e} ({path}, {len(data):,} bytes of the token cache): free space in "
+        f"{path.parent}, or set --config.data.cache_dir to a folder with room"
+    ) from None
 
 
 def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:

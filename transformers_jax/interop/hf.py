@@ -70,6 +70,12 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file
 
+  if path.exists() and not path.is_file():  # a folder, a device (a link to /dev/zero) ...
+    raise CorruptCheckpoint(
+        f"{path} is not a regular file ({'a folder' if path.is_dir() else 'a device or pipe'}"
+        f"{f', linked to {path.resolve()}' if path.is_symlink() else ''}): put the model's "
+        "safetensors file there; re-download or re-save it"
+    )
   if not path.is_file():
     raise MissingCheckpointFile(
         f"{path} does not exist: the checkpoint is incomplete; " "re-download or re-save it"
@@ -84,7 +90,7 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
-  if (directory / WEIGHTS).is_file():
+  if (directory / WEIGHTS).exists():  # (a file, or something else that _read_safetensors names)
     return _read_safetensors(directory / WEIGHTS)
   if (directory / INDEX).is_file():
     index = _read_json(directory / INDEX, "the shard index")

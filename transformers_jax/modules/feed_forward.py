@@ -134,7 +134,9 @@ class MoE(nn.Module):
       )
       kept_fraction = jnp.sum(kept) / (B * T * c.top_k)
     else:
-      capacity = max(1, math.ceil(c.capacity_factor * T * c.top_k / E))
+      # an expert meets each token of a sequence at most once, so T slots hold every choice
+      # (a larger capacity_factor, 1e9 for "never drop", means T: not an int32 overflow)
+      capacity = min(T, max(1, math.ceil(c.capacity_factor * T * c.top_k / E)))
       combine, dispatch, choice = route(probs, c.top_k, capacity)
       weights = {k: v.astype(dt) for k, v in weights.items()}
       mid_norm = None

@@ -40,10 +40,11 @@ MAX_BLOCK_ROWS = 128
 
 
 def expert_capacity(c, tokens: int) -> int | None:
-  """Rows each expert takes from `tokens` tokens; None when dropless."""
+  """Rows each expert takes from `tokens` tokens; None when dropless. At most `tokens`: an
+  expert meets each token at most once, whatever capacity_factor (1e9 for "never drop") says."""
   if c.moe_dropless:
     return None
-  return max(1, math.ceil(c.capacity_factor * tokens * c.top_k / c.num_experts))
+  return min(tokens, max(1, math.ceil(c.capacity_factor * tokens * c.top_k / c.num_experts)))
 
 
 def sort_choices(top_i, num_experts: int, capacity: int | None):

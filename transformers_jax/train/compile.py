@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 
-from transformers_jax import counting, hardware
+from transformers_jax import counting, field_checks, hardware
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
 from transformers_jax.train.setup import Setup
@@ -142,6 +142,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   kind = devices[0].device_kind
   chip = hardware.chip_for_topology(topology) if topology else hardware.chip_for_kind(kind)
   model_cfg = ModelConfig.from_dict(config.model)
+  field_checks.check_attention_platform(model_cfg, devices)  # (before counting traces it)
   task = task or task_for(model_cfg)
   per_example = task.tokens_per_example(model_cfg, config)
   tokens = config.batch_size * per_example

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformers_jax import parallel
+from transformers_jax import field_checks, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.modules import block
@@ -45,6 +45,7 @@ class Setup:
     self.rule_table = members_lib.without_axis(rules, self.member_axis)
     batch_axes = [a for a in parallel.BATCH_AXES if a != self.member_axis]
     validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes))
+    field_checks.check_training(config, self.model_cfg, self.task.name, self.mesh.devices.flat)
     self.tx = optim.make_optimizer(config)
     abstract, shardings = state_lib.state_shardings(
         self.model_cfg, self.tx, self.mesh, self.rule_table, config.seed

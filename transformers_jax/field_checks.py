@@ -1,0 +1,70 @@
+"""Settings that are valid on their own but mean nothing for the model or task they are given
+to: refused with one line (a ValueError naming the field and the fix) before anything is built,
+rather than ignored. ModelConfig's own checks (config.py) run on every load of a saved run;
+these run where a model is trained or counted, so that a run saved before them still loads."""
+
+from __future__ import annotations
+
+# Training fields that only the seq2seq task (an encoder_decoder model) reads, with the value
+# that means "not set".
+SEQ2SEQ_DATA_FIELDS = {"source_len": 0, "eval_translations": 0}
+
+
+def model_depth(model_cfg) -> int:
+  """Blocks in the model's deepest stack (the encoder's or the decoder's, for encoder_decoder)."""
+  if model_cfg.family == "encoder_decoder":
+    return max(model_cfg.encoder_layers, model_cfg.decoder_layers)
+  return model_cfg.num_layers
+
+
+def check_model(model_cfg) -> None:
+  """MoE settings that would leave a model without experts, or that a dense model ignores."""
+  c = model_cfg
+  if c.feed_forward != "moe":
+    if c.moe_impl != "dense":
+      raise ValueError(
+          f"model.moe_impl={c.moe_impl!r}: says how tokens reach their experts, and this model "
+          f"has feed_forward={c.feed_forward!r} (no experts): add "
+          "--config.model.feed_forward=moe, or leave moe_impl at 'dense'"
+      )
+    return
+  depth = model_depth(c)
+  if c.moe_every > depth:
+    n, allowed = c.moe_every, "1" if depth == 1 else f"1 to {depth}"
+    raise ValueError(
+        f"model.moe_every={n}: blocks {n}, {2 * n}, ... are MoE and the deepest stack has "
+        f"{depth} block(s), so none would be and the model would be dense: use moe_every="
+        f"{allowed}, or feed_forward=dense"
+    )
+
+
+def check_training(config, model_cfg, task_name: str, devices) -> None:
+  """check_model, and the training fields that mean nothing for this task or these devices."""
+  check_model(model_cfg)
+  data = config.get("data")
+  for field, unset in SEQ2SEQ_DATA_FIELDS.items():
+    value = data.get(field, unset) if data is not None else unset
+    if value != unset and task_name != "seq2seq":
+      raise ValueError(
+          f"data.{field}={value!r}: only a seq2seq model (family encoder_decoder) reads it, and "
+          f"this {model_cfg.family} model trains the {task_name} task: leave it out (or "
+          f"{unset})"
+      )
+  check_attention_platform(model_cfg, devices)
+
+
+def check_attention_platform(model_cfg, devices) -> None:
+  """attention_impl=cudnn names the devices the step compiles for (a TPU topology compiled from
+  a CPU host included), not the host's own backend."""
+  if model_cfg.attention_impl != "cudnn" or not len(devices):
+    return
+  device = devices[0]
+  if device.platform in ("gpu", "cuda"):
+    return
+  kind = getattr(device, "device_kind", "") or device.platform
+  named = device.platform + (f" ({kind} devices)" if kind.lower() != device.platform else "")
+  best = "splash on a TPU" if device.platform == "tpu" else "the platform's best"
+  raise ValueError(
+      f"model.attention_impl='cudnn' needs an NVIDIA GPU, and this step compiles for {named}: "
+      f"use auto ({best}), flash or einsum"
+  )
