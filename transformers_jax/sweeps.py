@@ -132,9 +132,8 @@ class RowProgress:
     done_work = sum(self.work[: self.index + 1])
     left = sum(self.work[self.index + 1 :]) * self.counted_s / done_work if done_work else None
     self.index += 1
-    text = (
-        f"[{self.index}/{len(self.work)}] {name}: {said + ' ' if said else ''}(took {clock(took)})"
-    )
+    text = f"[{self.index}/{len(self.work)}] {name}{': ' + said if said else ' done'}"
+    text += f" (took {clock(took)})"
     text += f" | {clock(now - self.t0)} elapsed"
     if left is not None and self.index < len(self.work):
       text += f", ~{clock(left)} left"
