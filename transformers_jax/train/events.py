@@ -87,14 +87,16 @@ class Pace:
     self.start, self.end, self.total = start, end, total
     self.began = self.clock = time.perf_counter()
     self.since = None  # the step the clock last started at; None until the first step is done
+    self.first_step_s = None
 
   def first_step_done(self, done: int) -> None:
     self.first_step_s = time.perf_counter() - self.began
     self.clock, self.since = time.perf_counter(), done
 
-  def resume_clock(self) -> None:
-    """Restart the clock after work that is not training (an evaluation)."""
-    self.clock = time.perf_counter()
+  def leave_out(self, since: float) -> None:
+    """Leave the time from `since` (a time.perf_counter() reading) to now out of the rate: work
+    that is not training, such as an evaluation."""
+    self.clock += time.perf_counter() - since
 
   def lap(self, done: int) -> float | None:
     """Steps per second since the last lap (None when no step was timed yet)."""
@@ -107,6 +109,8 @@ class Pace:
 
   def describe(self, done: int, steps_per_s: float | None) -> str:
     """E.g. "4.62 steps/s, ETA 0:38", or the first step's time, which includes compiling."""
+    if steps_per_s is None and self.first_step_s is None:
+      return "rate from the next line"
     if steps_per_s is None:
       return f"first step {self.first_step_s:.1f} s with compilation; rate from the next line"
     text = f"{steps_per_s:.3g} steps/s"

@@ -4,6 +4,7 @@ resume. A config with population settings goes to train/population.py, the same 
 from __future__ import annotations
 
 import math
+import time
 
 import jax
 import numpy as np
@@ -163,11 +164,12 @@ def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       progress.update(done, values, pace.describe(done, steps_per_s))
       result.update(values)
     if eval_now:
+      began = time.perf_counter()
       ev = _eval_metrics(setup, data, eval_step, state.params)
       writer.write(done, ev)
       progress.note(done, ev)
       result.update(ev)
-      pace.resume_clock()  # evaluation time is not training throughput
+      pace.leave_out(began)  # evaluation time is not training throughput
     if save_now:
       at["saved"] = done
 

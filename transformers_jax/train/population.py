@@ -13,6 +13,7 @@ init_from take one member of them (--member, --config.init_member).
 from __future__ import annotations
 
 import math
+import time
 
 import jax
 import numpy as np
@@ -158,13 +159,14 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
             flush=True,
         )
     if eval_now:
+      began = time.perf_counter()
       evals = _evaluate(setup, data, eval_step, state.params, eval_batches)
       for i, ev in enumerate(evals):
         writer.write(done, {**table[i], **ev}, tb_prefix=f"member_{i:03d}/")
         results[i].update(ev)
       if is_main:
         print(f"step {done}/{config.steps}: eval {best_member(evals, table)}", flush=True)
-      pace.resume_clock()  # evaluation time is not training throughput
+      pace.leave_out(began)  # evaluation time is not training throughput
 
   run_steps(
       config,
@@ -189,8 +191,8 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
 
 
 def best_member(evals: list[dict], table: list[dict]) -> str:
-  """Which member has the lowest held-out loss, and its figures (a greedy exact match first,
-  where the task decodes)."""
+  """Which member has the lowest held-out loss, with its figures (and its greedy exact match
+  and BLEU where the task decodes)."""
   finite = [i for i, ev in enumerate(evals) if math.isfinite(ev["eval_loss"])]
   if not finite:
     return "no member has a finite loss"
