@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 
 from absl import flags
@@ -22,13 +23,9 @@ flags.DEFINE_string("plot", "compare.png", "Where to write the loss curves (PNG)
 FLAGS = flags.FLAGS
 
 # the figures of the table when some run has them, and whether lower is better
-FIGURES = {
-    "loss": True,
-    "eval_loss": True,
-    "eval_accuracy": False,
-    "eval_exact_match": False,
-    "eval_bleu": False,
-}
+FIGURES = dict(
+    loss=True, eval_loss=True, eval_accuracy=False, eval_exact_match=False, eval_bleu=False
+)
 HPARAMS = ("seed", "learning_rate", "weight_decay", "warmup_steps", "z_loss")
 
 
@@ -145,4 +142,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # compare never starts JAX: with JAX_PLATFORMS set, the command line's accelerator probe
+  # (cli.quiet_cpu_host, which imports JAX: 3 CPU-seconds) is skipped
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   cli.run(main, start_backends=False)
