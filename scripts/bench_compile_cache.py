@@ -57,7 +57,7 @@ def time_to_first_step(workdir, cache: str, data_cache) -> float:
   )
   try:
     for line in proc.stdout:
-      if line.startswith("step 1:"):
+      if line.startswith("step 1/"):  # "step 1/STEPS: loss ..."
         return time.perf_counter() - start
       if time.perf_counter() - start > FLAGS.timeout_s:
         break

@@ -18,8 +18,10 @@ have if its start took no longer than a solo run's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
+import sys
 import tempfile
 import time
 
@@ -35,6 +37,13 @@ flags.DEFINE_integer("steps", 1000, "Training steps of every model.", flag_value
 flags.DEFINE_integer("depth", 2, "Blocks per model (the sweep has 2 and 4).", flag_values=FLAGS)
 flags.DEFINE_string("json", "", "Also write the result to this file.", flag_values=FLAGS)
 LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
+
+
+def _eval_loss(result: dict) -> float:
+  """A solo run's final held-out loss, or a population's best member's."""
+  if "members" in result:
+    return min(m.get("eval_loss", float("inf")) for m in result["members"])
+  return result.get("eval_loss", float("nan"))
 
 
 def configs(steps: int, depth: int, cache: pathlib.Path):
@@ -89,11 +98,22 @@ def main(argv=None) -> int:
       out = fn()
       return out, time.perf_counter() - wall, time.process_time() - cpu
 
+    # one line per run on stderr as each ends (stdout is the JSON); the time-left estimate
+    # counts the full runs (the population about as much as one solo run), not the 1-step ones
+    progress = sweeps.RowProgress([0, 0, 0] + [1] * len(solos) + [1])
+
+    def quietly(run, name):  # the runs' own console lines, off the script's stdout
+      progress.start(name)
+      with contextlib.redirect_stdout(sys.stderr):
+        out = run()
+      progress.finish(name, "" if out is None else f"eval loss {_eval_loss(out):.4f}")
+      return out
+
     def one_step(config, name):  # start to a finished first step (and its evaluation, save)
       config = config.copy_and_resolve_references()
       with config.unlocked():
         config.steps, config.eval_batches = 1, 1
-      return timed(lambda: train(config, tmp / name))[1]
+      return timed(lambda: quietly(lambda: train(config, tmp / name), name))[1]
 
     # untimed: the process's one-time costs (imports, the first small compiles, the CPU peak
     # measurement behind a solo run's MFU) would otherwise land on whichever run comes first
@@ -101,9 +121,14 @@ def main(argv=None) -> int:
     solo_first = one_step(solos[0], "first_solo")
     pop_first = one_step(pop, "first_population")
     solo_results, solo_wall, solo_cpu = timed(
-        lambda: [train(c, tmp / f"solo_{i}") for i, c in enumerate(solos)]
+        lambda: [
+            quietly(lambda c=c, i=i: train(c, tmp / f"solo_{i}"), f"solo_{i}")
+            for i, c in enumerate(solos)
+        ]
     )
-    pop_result, pop_wall, pop_cpu = timed(lambda: train(pop, tmp / "population"))
+    pop_result, pop_wall, pop_cpu = timed(
+        lambda: quietly(lambda: train(pop, tmp / "population"), "population")
+    )
   solo_loss = [r["eval_loss"] for r in solo_results]
   pop_loss = [m["eval_loss"] for m in pop_result["members"]]
   result = {

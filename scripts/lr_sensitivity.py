@@ -32,6 +32,7 @@ import json
 import math
 import pathlib
 import shutil
+import sys
 import time
 
 from absl import flags
@@ -71,6 +72,14 @@ def load_sweep(path):
 def population_config(sweep, entry, out: pathlib.Path):
   """BASE with the entry's overrides (a misspelt field is an error), tokens cached in OUT/data."""
   return sweeps.entry_config(sweep, entry, out, kind="population")
+
+
+def _work(sweep, entry, out: pathlib.Path) -> float:
+  """A population's relative cost, for the time-left estimate: steps x members x blocks."""
+  from transformers_jax.train import members
+
+  config = population_config(sweep, entry, out)
+  return config.steps * len(members.members(config)) * config.model.num_layers
 
 
 def summarize(workdir: pathlib.Path, config) -> list[dict]:
@@ -304,16 +313,14 @@ def main(argv=None) -> int:
   if FLAGS.max_populations:
     todo = todo[: FLAGS.max_populations]
   print(f"{len(entries)} populations: {len(done)} finished, {len(todo)} to run now", flush=True)
-  t0 = time.perf_counter()
-  for k, e in enumerate(todo, start=1):
+  # each population's work: its members' steps (for the time-left estimate)
+  progress = sweeps.RowProgress([_work(sweep, e, out) for e in todo], stream=sys.stdout)
+  for e in todo:
+    progress.start(e["name"])
     record = run_population(sweep, e, out)
     sweeps.append_record(out / "populations.jsonl", record)
     done[e["name"]] = record
-    print(
-        f"[{k}/{len(todo)}] {e['name']}: {record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s "
-        f"CPU; {time.perf_counter() - t0:.0f} s so far",
-        flush=True,
-    )
+    progress.finish(e["name"], f"{record['cpu_s']:.0f} s CPU")
   if not FLAGS.only:  # (with --only, another process may still be reading the token cache)
     shutil.rmtree(out / "data", ignore_errors=True)
   done = sweeps.read_records(out / "populations.jsonl")  # with those other processes' too

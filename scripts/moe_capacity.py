@@ -24,7 +24,7 @@ import sys
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import bench_report, cli, output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -201,17 +201,21 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   path = out / "tpu.json"
   done = {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-  for r in ROWS:
-    wanted = not FLAGS.only or any(text in r["name"] for text in FLAGS.only)
-    if not wanted or (r["name"] in done and not FLAGS.redo):
-      continue
-    print(f"compiling {r['name']} ...", flush=True)
+  todo = [
+      r
+      for r in ROWS
+      if (not FLAGS.only or any(text in r["name"] for text in FLAGS.only))
+      and (r["name"] not in done or FLAGS.redo)
+  ]
+  progress = sweeps.RowProgress([1] * len(todo))  # on stderr: stdout is the table
+  for r in todo:
+    progress.start(f"compiling {r['name']}")
     done[r["name"]] = result = compile_row(r)
-    print(
-        f"  peak={fmt(result.get('per_device_peak_estimate_gib'))} GiB "
+    progress.finish(
+        r["name"],
+        f"peak={fmt(result.get('per_device_peak_estimate_gib'))} GiB "
         f"flops ratio={fmt(result.get('xla_flops_per_model_flop'), 3)} "
-        f"compile={result.get('compile_s')} s {result.get('error', '')}",
-        flush=True,
+        f"compile={result.get('compile_s')} s {result.get('error', '')}".rstrip(),
     )
     ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
     path.write_text(json.dumps(ordered, indent=1) + "\n")

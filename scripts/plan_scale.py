@@ -18,7 +18,7 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import bench_report, cli, output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -253,17 +253,21 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   path = out / "tpu.json"
   done = {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-  for r in ROWS:
-    wanted = not FLAGS.only or any(text in r["name"] for text in FLAGS.only)
-    if not wanted or (r["name"] in done and not FLAGS.redo):
-      continue
-    print(f"compiling {r['name']} ...", flush=True)
+  todo = [
+      r
+      for r in ROWS
+      if (not FLAGS.only or any(text in r["name"] for text in FLAGS.only))
+      and (r["name"] not in done or FLAGS.redo)
+  ]
+  progress = sweeps.RowProgress([1] * len(todo))  # on stderr: stdout is the table
+  for r in todo:
+    progress.start(f"compiling {r['name']}")
     done[r["name"]] = compile_row(r)
     result = done[r["name"]]
-    print(
-        f"  fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
-        f"GiB compile={result.get('compile_s')} s {result.get('error', '')}",
-        flush=True,
+    progress.finish(
+        r["name"],
+        f"fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
+        f"GiB compile={result.get('compile_s')} s {result.get('error', '')}".rstrip(),
     )
     ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
     path.write_text(json.dumps(ordered, indent=1) + "\n")

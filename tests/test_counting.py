@@ -178,6 +178,22 @@ def test_vit_flops_count_its_patches_not_the_text_seq_len(experiment):
     )
 
 
+def test_flops_per_token_name_their_length_and_the_models_context(experiment):
+  """GPT-3's presets train 128-token sequences on a CPU; its context is 2,048: param_count says
+  which length its FLOPs are for, and gives them at the model's context too."""
+  config = experiment("gpt3", "small")
+  s = counting.summary(config)
+  c = counting.as_model_config(config.model)
+  assert s["flops_seq_len"] == config.seq_len == 128 and s["context_len"] == c.max_len == 2048
+  assert s["flops_per_token_at_context"] == counting.flops_per_token(c, 2048)
+  assert s["flops_per_token_at_context"] > s["flops_per_token"]
+  text = counting.flops_text(s)
+  assert f"{s['flops_per_token']:.4g} at T = 128 (the config's seq_len)" in text
+  assert f"{s['flops_per_token_at_context']:.4g} at the model's context T = 2,048" in text
+  config.seq_len = 2048  # at the context: one figure, said to be the context's
+  assert counting.flops_text(counting.summary(config)).endswith("T = 2,048, the model's context)")
+
+
 def test_moe_active_count_below_total():
   c = ModelConfig(feed_forward="moe", num_experts=8, top_k=2)
   total, active = counting.analytic_count(c), counting.analytic_count(c, active=True)

@@ -89,6 +89,29 @@ def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
   assert (out / "table.md").read_text() == table
 
 
+def test_row_progress_says_each_row_and_the_time_left(monkeypatch):
+  """Long scripts' progress (plan_scale, bench_population, moe_capacity, lr_sensitivity): a line
+  as each row starts and ends, the time left scaled by the rows' work (a warm-up counts none)."""
+  from transformers_jax import sweeps
+
+  times = iter([0.0, 0.0, 5.0, 5.0, 15.0, 15.0, 45.0])  # the clock at each call
+  monkeypatch.setattr(sweeps.time, "perf_counter", lambda: next(times))
+  out = io.StringIO()
+  progress = sweeps.RowProgress([0, 1, 3], stream=out)
+  for name, said in (("warm-up", ""), ("small", "fits"), ("large", "fits")):
+    progress.start(name)
+    progress.finish(name, said)
+  assert out.getvalue().splitlines() == [
+      "[1/3] warm-up ...",
+      "[1/3] warm-up done (took 5s) | 5s elapsed",
+      "[2/3] small ...",
+      "[2/3] small: fits (took 10s) | 15s elapsed, ~30s left",
+      "[3/3] large ...",
+      "[3/3] large: fits (took 30s) | 45s elapsed",
+  ]
+  assert sweeps.clock(3725) == "1h02m" and sweeps.clock(65) == "1m05s"
+
+
 def test_summarize_definitions():
   ablate = script("ablate")
   rng = np.random.default_rng(0)

@@ -173,6 +173,22 @@ def test_training_metrics_report_expert_load(parallel_runs):
   assert metrics["moe_aux_loss"] >= 1.0 and metrics["moe_router_z_loss"] > 0
 
 
+def test_the_console_line_shows_the_router(parallel_runs, capsys):
+  """A step's router metrics (not only metrics.jsonl's): load balance, z-loss, dropped share and
+  the busiest expert against an even share."""
+  from transformers_jax.train.events import Progress
+
+  one = parallel_runs["one"]
+  metrics = {**one["metrics"], "loss": one["losses"][-1], "accuracy": 0.5, "tokens_per_s": 1e3}
+  Progress(0, 5).update(5, metrics, "2 steps/s")
+  line = capsys.readouterr().out.strip()
+  busiest = max(metrics[f"moe_expert_fraction_{e}"] for e in range(4))
+  assert line.startswith(f"step 5/5: loss {one['losses'][-1]:.4f} acc 0.500; router aux ")
+  assert f"aux {metrics['moe_aux_loss']:.3f}, z {metrics['moe_router_z_loss']:.2f}" in line
+  assert f"dropped 0.0%, busiest expert {busiest:.1%} (even 25.0%)" in line
+  assert line.endswith("| 1,000 tok/s, 2 steps/s")
+
+
 def test_moe_impl_is_validated():
   with pytest.raises(ValueError, match=r"^model.moe_impl='grouped': choose one of dense, ragged"):
     ModelConfig(**SMALL, moe_impl="grouped")

@@ -179,7 +179,7 @@ def terminated(tmp_path_factory):
   )
   try:
     for line in first.stdout:  # running: its steps are being logged
-      if line.startswith("step 2:"):
+      if line.startswith("step 2/"):  # "step 2/1000: loss ..."
         break
     second = subprocess.run(cli_cmd(work), capture_output=True, text=True, cwd=ROOT, timeout=300)
     first.send_signal(signal.SIGTERM)

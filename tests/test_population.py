@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -333,7 +334,9 @@ def _member_and_solo(config_of, tmp_path, member_fields):
         ("transformer", {"model.num_layers": 1, "seq_len": 32, "data.max_number": 999}),
     ],
 )
-def test_a_member_equals_its_solo_run_for_mlm_and_seq2seq(experiment, tmp_path, family, fields):
+def test_a_member_equals_its_solo_run_for_mlm_and_seq2seq(
+    experiment, tmp_path, family, fields, capsys
+):
   def config_of(**extra):
     config = experiment(family, "tiny")
     config.update_from_flattened_dict(
@@ -344,6 +347,19 @@ def test_a_member_equals_its_solo_run_for_mlm_and_seq2seq(experiment, tmp_path, 
   member, solo = _member_and_solo(
       config_of, tmp_path, {"population.learning_rates": "(3e-3, 1e-2)"}
   )
+  # the console: the population's best loss and best held-out loss name their member; the
+  # encoder-decoder's evaluation leads with what greedy decoding gets right
+  said = capsys.readouterr().out
+  best = re.search(r"step 20/20: 2/2 members training, best loss ([\d.]+) \(member (\d): ", said)
+  final = {i: member_losses(tmp_path / "population", i)[STEPS] for i in (0, 1)}
+  assert best and float(best.group(1)) == pytest.approx(min(final.values()), abs=1e-4)
+  assert int(best.group(2)) == min(final, key=final.get)
+  assert re.search(r"step 20/20: eval best loss [\d.]+ acc [\d.]+ .*by member \d: seed 0, ", said)
+  if family == "transformer":
+    assert re.search(
+        r"step 20/20: eval greedy exact match [\d.]+ BLEU [\d.]+; teacher-forced", said
+    )
+    assert re.search(r"eval best loss .*\(greedy exact match [\d.]+ BLEU [\d.]+\) by member", said)
   assert sorted(member) == sorted(solo) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([member[s] for s in solo], list(solo.values()), rtol=1e-5)
   assert solo[STEPS] < solo[1]  # it trained
@@ -403,6 +419,23 @@ def test_other_tools_take_one_member_of_a_population(experiment, population_run,
   train(config, tmp_path / "b")
   said = capsys.readouterr().out
   assert f"initialised {len(jax.tree_util.tree_leaves(params))} tensors from {workdir}" in said
+  # each tool says which member it took: index, how many, seed and hyperparameters, step
+  taken = "member 2 of 4 (seed 1, learning_rate 0.003, weight_decay 0.1"
+  assert f"(step {STEPS}, {taken}" in said
+  from transformers_jax.convert import export_hf
+
+  export_hf(workdir, tmp_path / "hf", member=2)
+  assert f"exporting {taken}" in capsys.readouterr().out
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.generate", f"--workdir={workdir}", "--member=2"]
+      + ["--prompt_ids=1", "--max_new_tokens=1", "--temperature=0"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"generating with {taken}" in proc.stderr and f"step {STEPS}" in proc.stderr
 
 
 def test_compile_only_compiles_the_population_step(experiment):
@@ -417,3 +450,52 @@ def test_compile_only_compiles_the_population_step(experiment):
   ratio = pop["per_device_argument_gib"] / solo["per_device_argument_gib"]
   assert 3.9 < ratio < 4.1, ratio
   assert pop["model_flops_per_step"] == 4 * solo["model_flops_per_step"]
+
+
+# ------------------------------------------------------------------------- comparing runs
+def test_compare_tables_and_plots_runs_and_members(population_run, tmp_path):
+  """python -m transformers_jax.compare: final and best figures per run or member (a member that
+  diverged keeps its best finite loss), from metrics.jsonl as a resume and a kill leave it, and
+  a PNG of the loss curves."""
+  from transformers_jax import compare
+
+  workdir, _ = population_run
+  members = compare.curves(str(workdir))  # a population alone: every member, named by what varies
+  assert [label.split(" (")[0] for label, _ in members] == [f"{workdir}:{i}" for i in range(4)]
+  assert members[3][0].endswith("(seed 1, learning_rate 1e+30)")
+  # a solo run resumed from step 2 (steps 3-4 logged again) and killed while writing a line
+  solo = tmp_path / "solo"
+  solo.mkdir()
+  (solo / "metrics.jsonl").write_text(
+      '{"step": 2, "loss": 3.0}\n{"step": 4, "loss": 2.0}\n'
+      '{"step": 4, "eval_loss": 2.5, "eval_accuracy": 0.4}\n'
+      '{"step": 3, "loss": 2.8}\n{"step": 4, "loss": 2.2}\n'
+      '{"step": 4, "eval_loss": 2.6, "eval_accuracy": 0.3}\n{"step": 5, "lo'
+  )
+  diverged = {x["step"]: x["loss"] for x in lines(workdir) if x.get("member") == 3 and "loss" in x}
+  assert not math.isfinite(diverged[STEPS])
+  best_step = min((s for s in diverged if math.isfinite(diverged[s])), key=diverged.get)
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformers_jax.compare", str(solo), f"{workdir}:3"]
+      + [f"--plot={tmp_path / 'curves.png'}"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  header, _, solo_row, member_row = proc.stdout.splitlines()[:4]
+  assert header.split()[:3] == ["run", "steps", "loss:"] and "eval_accuracy:" in header
+  assert solo_row.split()[:2] == [str(solo), "4"]
+  assert "2.2000, 2.2000 @4" in solo_row and "2.6000, 2.6000 @4" in solo_row
+  assert "0.3000, 0.3000 @4" in solo_row  # the resumed lines replace the first ones
+  assert member_row.startswith(f"{workdir}:3 ") and f" {STEPS} " in member_row
+  assert f"{diverged[STEPS]:.4f}, {diverged[best_step]:.4f} @{best_step}" in member_row
+  png = tmp_path / "curves.png"
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"loss curves: {png}" in proc.stdout
+  for spec, said in (
+      (f"{workdir}:9", "holds members 0..3"),
+      (f"{solo}:0", "holds one model, not a population"),
+      (str(tmp_path / "none"), "no such run folder"),
+  ):
+    with pytest.raises(UserError, match=said):
+      compare.curves(spec)

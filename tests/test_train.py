@@ -105,6 +105,16 @@ def test_resume_is_bit_identical(experiment, tmp_path):
   out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "resumed from step 6" in out.stdout
+  # the console: step/total; the first step's time (compilation) instead of a rate of 0 tok/s,
+  # then tokens/s, steps/s and the time left
+  logged = [x for x in out.stdout.splitlines() if x.startswith("step ") and ": loss " in x]
+  assert logged[0].startswith("step 7/12: loss ") and "first step" in logged[0], logged[0]
+  assert "tok/s" not in logged[0] and not re.search(r"[^\d,]0 tok/s", out.stdout)
+  assert re.search(r"^step 8/12: .* [\d,]+ tok/s, .*steps/s, ETA \d+:\d\d$", logged[1]), logged[1]
+  assert logged[-1].startswith("step 12/12: ") and "ETA" not in logged[-1]
+  text = (split / "metrics.jsonl").read_text()
+  rows = {x["step"]: x for x in map(json.loads, text.splitlines()) if "loss" in x}
+  assert "tokens_per_s" not in rows[7] and rows[8]["tokens_per_s"] > 0  # never a rate of 0
   a, b = losses(straight), losses(split)
   assert [a[s] for s in range(k + 1, 2 * k + 1)] == [b[s] for s in range(k + 1, 2 * k + 1)]
   restored = [
@@ -136,6 +146,28 @@ def test_gradient_accumulation_equals_one_big_batch(experiment):
   assert m1["grad_norm"] == pytest.approx(m4["grad_norm"], rel=1e-5)
   for x, y in zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p4)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_the_pace_counts_training_steps_only(monkeypatch):
+  """Steps per second and the time left leave out the first step (compilation) and evaluations."""
+  from transformers_jax.train import events
+
+  now = [100.0]
+  monkeypatch.setattr(events.time, "perf_counter", lambda: now[0])
+  pace = events.Pace(start=0, end=100, total=200)  # stop_after=100 of 200 steps
+  now[0] = 112.0
+  pace.first_step_done(1)
+  assert pace.lap(1) is None
+  assert pace.describe(1, None) == "first step 12.0 s with compilation; rate from the next line"
+  now[0] = 122.0  # steps 2-10 took 10 s
+  evaluation_began = now[0]
+  now[0] = 152.0  # a 30 s evaluation
+  pace.leave_out(evaluation_began)
+  now[0] = 162.0  # steps 11-20 took 10 s
+  rate = pace.lap(20)
+  assert rate == pytest.approx(19 / 20)
+  assert pace.describe(20, rate) == "0.95 steps/s, ETA 1:24 to step 100"
+  assert events.duration(3725) == "1:02:05"
 
 
 def test_weight_decay_mask():

@@ -143,12 +143,18 @@ def _run_files(folder: pathlib.Path) -> str:
 
 
 def export_hf(workdir, target, overwrite: bool = False, member: int | None = None) -> str:
+  """Write run `workdir`'s latest parameters (population member `member`'s) as a Hugging Face
+  folder `target`; returns the Hugging Face architecture written."""
   run = Run(workdir)
   if not run.config_path.is_file():
     raise cli.UserError(f"{run.path} has no config.json: pass a run directory")
   _check_target(run.path, pathlib.Path(target), overwrite)
   model_cfg = run.model_config()
-  params, _ = run.load_params(member=member)
+  params, step = run.load_params(member=member)
+  if member is not None:  # say which model is exported
+    from transformers_jax.train.members import chosen
+
+    print(f"exporting {chosen(workdir, member)} of {run.path}, step {step}")
   # Hugging Face's layout is the looped one, whichever the checkpoint holds (a resume may
   # change model.scan_layers)
   params = scan_to_loop(jax.tree_util.tree_map(np.asarray, params))

@@ -258,4 +258,23 @@ def summary(config) -> dict:
       "active_per_token": analytic_count(c, active=True),
       "flops_per_token": flops_per_token(c, seq),
       "flops_seq_len": seq,
+      # the same at the model's own context (model.max_len; a ViT's patches), which a training
+      # seq_len below it (GPT-3's presets train at 128 on a CPU, its context is 2,048) hides
+      "context_len": c.seq_len_max,
+      "flops_per_token_at_context": flops_per_token(c, c.seq_len_max),
   }
+
+
+def flops_text(s: dict) -> str:
+  """summary()'s FLOPs per token in words, with the sequence length they are for: the config's
+  seq_len and, where that differs, the model's own context too."""
+  formula = "6N + 12*L*H*K*T, PaLM appendix B"
+  if s["flops_seq_len"] == s["context_len"]:
+    return (
+        f"{s['flops_per_token']:.4g} ({formula}, T = {s['flops_seq_len']:,}, the model's context)"
+    )
+  return (
+      f"{s['flops_per_token']:.4g} at T = {s['flops_seq_len']:,} (the config's seq_len), "
+      f"{s['flops_per_token_at_context']:.4g} at the model's context T = {s['context_len']:,} "
+      f"({formula})"
+  )

@@ -75,7 +75,14 @@ def main(argv):
     raise cli.UserError("--workdir is required: the directory of a training run")
   from transformers_jax import decode
 
-  cfg, params, tok, _ = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
+  cfg, params, tok, step = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
+  if FLAGS.member is not None:  # say which model answers (stderr: stdout is the text alone)
+    from transformers_jax.train.members import chosen
+
+    print(
+        f"generating with {chosen(FLAGS.workdir, FLAGS.member)} of {FLAGS.workdir}, step {step}",
+        file=sys.stderr,
+    )
   sampling_flags = any(FLAGS[f].present for f in ("temperature", "top_k", "top_p"))
   if sampling_flags and FLAGS.beam_size:  # beam search keeps the likeliest: it draws nothing
     raise cli.UserError(

@@ -50,10 +50,7 @@ def render(s: dict, name: str) -> str:
       f"  in the blocks: {s['blocks_share']:.1%} of all parameters; feed-forward is "
       f"{s['feed_forward_share_of_blocks']:.1%} of the blocks"
   )
-  lines.append(
-      f"  training FLOPs per token: {s['flops_per_token']:.4g} "
-      f"(6N + 12*L*H*K*T, PaLM appendix B, T = {s['flops_seq_len']})"
-  )
+  lines.append(f"  training FLOPs per token: {counting.flops_text(s)}")
   return "\n".join(lines)
 
 

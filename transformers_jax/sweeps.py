@@ -1,6 +1,6 @@
 """What the sweep scripts (ablate.py, lr_sensitivity.py) share: loading a sweep file, the config
 of one of its entries, and the OUT/*.jsonl file of finished entries that makes a rerun skip
-them."""
+them; and what every long script shares: a progress line per finished row (RowProgress)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 import pathlib
+import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -98,3 +100,44 @@ def append_record(path: pathlib.Path, record: dict) -> None:
     f.write(json.dumps(record) + "\n")
     f.flush()
     os.fsync(f.fileno())
+
+
+def clock(seconds: float) -> str:
+  """Seconds as 1h02m, 3m05s or 42s."""
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class RowProgress:
+  """A long script's progress as it goes, on stderr so that its stdout stays its results (JSON,
+  markdown): "[3/12] NAME ..." when a row starts and "[3/12] NAME: WHAT (took 40s) | 2m01s
+  elapsed, ~6m40s left" when it ends. The estimate scales the time of the rows done so far by
+  the `work` each row is given (equal by default; 0: not counted, e.g. a warm-up)."""
+
+  def __init__(self, work: list[float], stream=None):
+    self.work, self.stream = list(work), stream or sys.stderr
+    self.index, self.t0 = 0, time.perf_counter()
+    self.row_t0, self.counted_s = self.t0, 0.0
+
+  def start(self, name: str) -> None:
+    self.row_t0 = time.perf_counter()
+    self._say(f"[{self.index + 1}/{len(self.work)}] {name} ...")
+
+  def finish(self, name: str, said: str = "") -> None:
+    now = time.perf_counter()
+    took = now - self.row_t0
+    if self.work[self.index]:
+      self.counted_s += took
+    done_work = sum(self.work[: self.index + 1])
+    left = sum(self.work[self.index + 1 :]) * self.counted_s / done_work if done_work else None
+    self.index += 1
+    text = f"[{self.index}/{len(self.work)}] {name}{': ' + said if said else ' done'}"
+    text += f" (took {clock(took)})"
+    text += f" | {clock(now - self.t0)} elapsed"
+    if left is not None and self.index < len(self.work):
+      text += f", ~{clock(left)} left"
+    self._say(text)
+
+  def _say(self, text: str) -> None:
+    print(text, file=self.stream, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 
 import jax
 import numpy as np
@@ -70,11 +71,79 @@ def stop_if_not_finite(pending, checkpoints, last_saved, values=None):
     )
 
 
+def duration(seconds: float) -> str:
+  """Seconds as h:mm:ss (m:ss under an hour)."""
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Pace:
+  """Training speed for the console: steps per second over the steps timed since the last
+  report, and the time left to `end` at that speed. The clock starts when the first step of
+  the invocation is done (its time is mostly compilation) and skips evaluations."""
+
+  def __init__(self, start: int, end: int, total: int):
+    self.start, self.end, self.total = start, end, total
+    self.began = self.clock = time.perf_counter()
+    self.since = None  # the step the clock last started at; None until the first step is done
+    self.first_step_s = None
+
+  def first_step_done(self, done: int) -> None:
+    self.first_step_s = time.perf_counter() - self.began
+    self.clock, self.since = time.perf_counter(), done
+
+  def leave_out(self, since: float) -> None:
+    """Leave the time from `since` (a time.perf_counter() reading) to now out of the rate: work
+    that is not training, such as an evaluation."""
+    self.clock += time.perf_counter() - since
+
+  def lap(self, done: int) -> float | None:
+    """Steps per second since the last lap (None when no step was timed yet)."""
+    now = time.perf_counter()
+    timed = done - self.since if self.since is not None else 0
+    rate = timed / max(now - self.clock, 1e-9) if timed > 0 else None
+    if timed > 0:
+      self.clock, self.since = now, done
+    return rate
+
+  def describe(self, done: int, steps_per_s: float | None) -> str:
+    """E.g. "4.62 steps/s, ETA 0:38", or the first step's time, which includes compiling."""
+    if steps_per_s is None and self.first_step_s is None:
+      return "rate from the next line"
+    if steps_per_s is None:
+      return f"first step {self.first_step_s:.1f} s with compilation; rate from the next line"
+    text = f"{steps_per_s:.3g} steps/s"
+    if done < self.end:
+      text += f", ETA {duration((self.end - done) / steps_per_s)}"
+      if self.end < self.total:  # stop_after ends this invocation early
+        text += f" to step {self.end}"
+    return text
+
+
+def router_text(values: dict, prefix: str = "") -> str:
+  """A MoE model's router health in a few words: load-balancing loss, router z-loss (when
+  weighted), the share of routing choices dropped, and the busiest expert's share."""
+  if prefix + "moe_dropped_fraction" not in values:
+    return ""
+  parts = []
+  if prefix + "moe_aux_loss" in values:
+    parts.append(f"aux {values[prefix + 'moe_aux_loss']:.3f}")
+  if values.get(prefix + "moe_router_z_loss"):
+    parts.append(f"z {values[prefix + 'moe_router_z_loss']:.2f}")
+  parts.append(f"dropped {values[prefix + 'moe_dropped_fraction']:.1%}")
+  shares = [v for k, v in values.items() if k.startswith(prefix + "moe_expert_fraction_")]
+  if shares:
+    parts.append(f"busiest expert {max(shares):.1%} (even {1 / len(shares):.1%})")
+  return "router " + ", ".join(parts)
+
+
 class Progress:
-  """A tqdm bar on a terminal; plain log lines otherwise."""
+  """A tqdm bar on a terminal; plain log lines otherwise: `step 325/500: loss ... | tokens/s,
+  MFU, steps/s, ETA`."""
 
   def __init__(self, start, total, enabled=True):
-    self.enabled = enabled
+    self.enabled, self.total = enabled, total
     self.bar = None
     if enabled and sys.stderr.isatty():
       from tqdm import tqdm
@@ -82,25 +151,35 @@ class Progress:
       self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
     self.last = start
 
-  def update(self, step, v):
+  def update(self, step, v, pace_text=""):
     if not self.enabled:
       return
-    text = f"loss {v['loss']:.4f} acc {v['accuracy']:.3f} {v['tokens_per_s']:,.0f} tok/s"
+    text = f"loss {v['loss']:.4f} acc {v['accuracy']:.3f}"
+    router = router_text(v)
+    if router:
+      text += f"; {router}"
+    speed = [f"{v['tokens_per_s']:,.0f} tok/s"] if v.get("tokens_per_s") is not None else []
     if v.get("mfu") is not None:
-      text += f" mfu {v['mfu']:.1%}"
-    if self.bar is not None:
+      speed.append(f"mfu {v['mfu']:.1%}")
+    if self.bar is not None:  # the bar shows the rate and the time left itself
       self.bar.update(step - self.last)
-      self.bar.set_postfix_str(text)
+      self.bar.set_postfix_str(", ".join([text, *speed]))
     else:
-      print(f"step {step}: {text}", flush=True)
+      print(f"step {step}/{self.total}: {text} | {', '.join([*speed, pace_text])}", flush=True)
     self.last = step
 
   def note(self, step, ev):
     if not self.enabled:
       return
-    text = f"step {step}: eval loss {ev['eval_loss']:.4f} acc {ev['eval_accuracy']:.3f}"
+    text = f"step {step}/{self.total}: eval "
+    if "eval_exact_match" in ev:  # what decoding gets right, before teacher-forced figures
+      text += f"greedy exact match {ev['eval_exact_match']:.3f} BLEU {ev['eval_bleu']:.1f}; "
+      text += "teacher-forced "
+    text += f"loss {ev['eval_loss']:.4f} acc {ev['eval_accuracy']:.3f}"
     if "eval_perplexity" in ev:
       text += f" ppl {ev['eval_perplexity']:.2f}"
+    if "eval_moe_dropped_fraction" in ev:
+      text += f"; router dropped {ev['eval_moe_dropped_fraction']:.1%}"
     (self.bar.write if self.bar is not None else print)(text)
 
   def close(self):

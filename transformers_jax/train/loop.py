@@ -15,6 +15,7 @@ from transformers_jax.runs import Run
 from transformers_jax.train import evaluation, population, resume
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import (  # noqa: F401  (TrainingDiverged: the loop's error)
+    Pace,
     Progress,
     TrainingDiverged,
     run_steps,
@@ -125,12 +126,13 @@ def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
     )
   progress = Progress(start, config.steps, enabled=is_main)
   end = min(config.stop_after or config.steps, config.steps)
+  pace = Pace(start, end, config.steps)
   if data.train_stream:
     _check_stream_rows(mesh, config.batch_size)
   stream = data.train_stream(start, end) if data.train_stream else None
-  # the loop's own variables: the last checkpoint, the step whose finiteness is unchecked, the
-  # throughput clock (it starts after the first step: compilation is not throughput)
-  at = {"saved": start, "pending": None, "clock": time.perf_counter(), "since": start}
+  # the loop's own variables: the last checkpoint, the step whose finiteness is unchecked (the
+  # throughput clock, `pace`, starts after the first step: compilation is not throughput)
+  at = {"saved": start, "pending": None}
   result: dict = {}
 
   def next_batch(step):
@@ -145,29 +147,29 @@ def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       stop_if_not_finite(at["pending"], checkpoints, at["saved"])
     if done == start + 1:
       jax.block_until_ready(metrics)
-      at["clock"], at["since"] = time.perf_counter(), done
+      pace.first_step_done(done)
     at["pending"] = (done, metrics, rows)
     if log_now or eval_now or save_now:
       values = {k: float(v) for k, v in jax.device_get(metrics).items()}
       stop_if_not_finite(at["pending"], checkpoints, at["saved"], values)
       at["pending"] = None
     if log_now:
-      now = time.perf_counter()
-      rate = (done - at["since"]) * tokens_per_step / max(now - at["clock"], 1e-9)
-      values["tokens_per_s"] = rate
-      values["mfu"] = rate / tokens_per_step * flops_per_step / peak if peak else None
+      steps_per_s = pace.lap(done)  # None at the first step: nothing timed yet
+      if steps_per_s is not None:
+        values["tokens_per_s"] = steps_per_s * tokens_per_step
+        values["mfu"] = steps_per_s * flops_per_step / peak if peak else None
       if task.language_model:
         values["perplexity"] = math.exp(min(values["nll"], 50.0))
       writer.write(done, values)
-      progress.update(done, values)
-      at["clock"], at["since"] = now, done
+      progress.update(done, values, pace.describe(done, steps_per_s))
       result.update(values)
     if eval_now:
+      began = time.perf_counter()
       ev = _eval_metrics(setup, data, eval_step, state.params)
       writer.write(done, ev)
       progress.note(done, ev)
       result.update(ev)
-      at["clock"] = time.perf_counter()  # evaluation time is not training throughput
+      pace.leave_out(began)  # evaluation time is not training throughput
     if save_now:
       at["saved"] = done
 

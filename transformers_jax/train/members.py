@@ -96,6 +96,15 @@ def describe(member: dict) -> str:
   return ", ".join(f"{k} {member[k]:g}" for k in ("seed", *HPARAMS))
 
 
+def chosen(workdir, member: int) -> str:
+  """Which member `--member` / `init_member` took from the population's run in `workdir`, for
+  the user to see: "member 2 of 4 (seed 0, learning_rate 0.003, ...)"."""
+  from transformers_jax.runs import Run
+
+  table = members(Run(workdir).config())
+  return f"member {member} of {len(table)} ({describe(table[member])})"
+
+
 @flax.struct.dataclass
 class PopulationState:
   step: jax.Array  # updates done (shared)

@@ -12,6 +12,7 @@ init_from take one member of them (--member, --config.init_member).
 
 from __future__ import annotations
 
+import math
 import time
 
 import jax
@@ -21,7 +22,7 @@ from transformers_jax import parallel
 from transformers_jax.runs import Run
 from transformers_jax.train import evaluation, resume
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train.events import run_steps
+from transformers_jax.train.events import Pace, run_steps
 from transformers_jax.train.members import (  # noqa: F401  (the population's table, re-exported)
     LISTS,
     describe,
@@ -119,9 +120,12 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
   end = min(config.stop_after or config.steps, config.steps)
   feed = MemberBatches(setup, datas, start, end)
   eval_batches = [_shared(b, setup.eval_batch_sharding()) for b in data.eval_batches]
-  t0 = time.perf_counter()
+  pace = Pace(start, end, config.steps)  # its clock starts after the first step (compilation)
 
   def on_step(done, state, metrics, rows, log_now, eval_now, save_now):
+    if done == start + 1:
+      jax.block_until_ready(metrics)
+      pace.first_step_done(done)
     if log_now:
       values = _on_host(metrics)
       alive, diverged_at = _on_host((state.alive, state.diverged_at))
@@ -140,18 +144,29 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
               flush=True,
           )
         reported.add(int(i))
-      finite = [float(values["loss"][i]) for i in range(count) if alive[i]]
+      finite = {i: float(values["loss"][i]) for i in range(count) if alive[i]}
+      best = min(finite, key=finite.get) if finite else None
+      steps_per_s = pace.lap(done)
       if is_main:
         print(
-            f"step {done}: {int(alive.sum())}/{count} members training, best loss "
-            f"{min(finite) if finite else float('nan'):.4f}, "
-            f"{(time.perf_counter() - t0) / max(done - start, 1):.3f} s/step",
+            f"step {done}/{config.steps}: {int(alive.sum())}/{count} members training, best loss "
+            + (
+                f"{finite[best]:.4f} (member {best}: {describe(table[best])})"
+                if best is not None
+                else "nan"
+            )
+            + f" | {pace.describe(done, steps_per_s)}",
             flush=True,
         )
     if eval_now:
-      for i, ev in enumerate(_evaluate(setup, data, eval_step, state.params, eval_batches)):
+      began = time.perf_counter()
+      evals = _evaluate(setup, data, eval_step, state.params, eval_batches)
+      for i, ev in enumerate(evals):
         writer.write(done, {**table[i], **ev}, tb_prefix=f"member_{i:03d}/")
         results[i].update(ev)
+      if is_main:
+        print(f"step {done}/{config.steps}: eval {best_member(evals, table)}", flush=True)
+      pace.leave_out(began)  # evaluation time is not training throughput
 
   run_steps(
       config,
@@ -173,6 +188,20 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
         "checkpoints/)"
     )
   return {"members": results, "step": max(start, end), "member_devices": split}
+
+
+def best_member(evals: list[dict], table: list[dict]) -> str:
+  """Which member has the lowest held-out loss, with its figures (and its greedy exact match
+  and BLEU where the task decodes)."""
+  finite = [i for i, ev in enumerate(evals) if math.isfinite(ev["eval_loss"])]
+  if not finite:
+    return "no member has a finite loss"
+  i = min(finite, key=lambda i: evals[i]["eval_loss"])
+  ev = evals[i]
+  text = f"best loss {ev['eval_loss']:.4f} acc {ev['eval_accuracy']:.3f}"
+  if "eval_exact_match" in ev:
+    text += f" (greedy exact match {ev['eval_exact_match']:.3f} BLEU {ev['eval_bleu']:.1f})"
+  return text + f" by member {i}: {describe(table[i])}"
 
 
 def _shared(batch: dict, sharding) -> dict:

@@ -197,14 +197,21 @@ def copy_matching(params, source):
   return jax.tree_util.tree_map_with_path(take, params), loaded, fresh
 
 
+def init_from_run(path: str) -> pathlib.Path:
+  """The run folder `init_from` names: a run's folder, its checkpoints/ or one step in it."""
+  source = pathlib.Path(path)
+  if source.name.isdigit() and source.parent.name == "checkpoints":
+    source = source.parent
+  return source.parent if source.name == "checkpoints" else source
+
+
 def load_init_from(path: str, member: int = -1):
   """(parameters as host arrays, step) of the latest intact checkpoint of run `path` (or of its
   checkpoints/ folder), or of the one step folder `path` names (RUN/checkpoints/<step>); of
   population member `member` when `path` holds a population."""
-  source, step = pathlib.Path(path), None
-  if source.name.isdigit() and source.parent.name == "checkpoints":
-    source, step = source.parent, int(source.name)
-  run = Run(source.parent if source.name == "checkpoints" else source)
+  source = pathlib.Path(path)
+  step = int(source.name) if source.name.isdigit() and source.parent.name == "checkpoints" else None
+  run = Run(init_from_run(path))
   if run.latest_step() is None:
     raise UserError(
         f"init_from={path}: no checkpoint found there: give a run's folder, its checkpoints/ "

@@ -192,8 +192,12 @@ class Setup:
             f"init_from={source}: none of its {len(jax.tree_util.tree_leaves(params))} tensors "
             "matches this model's names and shapes: give a run of the same model family"
         )
+      member = self.config.get("init_member", -1)
+      taken = f"step {src_step}"
+      if member >= 0:  # say which member of the population was taken
+        taken += f", {members_lib.chosen(resume.init_from_run(source), member)}"
       note = (
-          f"initialised {len(loaded)} tensors from {source} (step {src_step}); "
+          f"initialised {len(loaded)} tensors from {source} ({taken}); "
           f"{len(fresh)} new: {fresh_names}"
       )
       return state, 0, note
