@@ -108,6 +108,7 @@ COSTLIEST_FIRST = (
     "test_scale.py",
     "test_population.py",
     "test_checkpoint_meshes.py",
+    "test_norm_zoo.py",
     "test_model.py",
     "test_pods.py",
     "test_slurm.py",
