@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, json=output_paths.FILE)  # checked before any work
 flags.DEFINE_integer("steps", 1000, "Training steps of every model.", flag_values=FLAGS)
-flags.DEFINE_integer("depth", 2, "Blocks per model (the sweep has 2 and 4).", flag_values=FLAGS)
+flags.DEFINE_integer("depth", 2, "Blocks per model: 2 or 4 (the sweep's).", flag_values=FLAGS)
 flags.DEFINE_string("json", "", "Also write the result to this file.", flag_values=FLAGS)
 LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
 
@@ -77,8 +77,11 @@ def configs(steps: int, depth: int, cache: pathlib.Path):
 
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
-  if FLAGS.steps < 1 or FLAGS.depth < 1:
-    raise cli.UserError("--steps and --depth must be positive integers")
+  if FLAGS.steps < 1 or FLAGS.depth not in (2, 4):
+    raise cli.UserError(
+        f"--steps={FLAGS.steps} --depth={FLAGS.depth}: steps must be a positive integer and "
+        "depth 2 or 4 (the depths of experiments/lr_sensitivity.py's populations)"
+    )
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)

@@ -138,6 +138,15 @@ def test_member_with_from_hf_and_a_script_output_folder_for_a_file_are_one_line(
       timeout=60,
   )
   assert f"--json={tmp_path} is a folder: give the path of a file" in _one_error_line(out)
+  # a depth the sweep has no population for was a StopIteration traceback
+  out = subprocess.run(
+      [sys.executable, "scripts/bench_population.py", "--depth=3"],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=60,
+  )
+  assert "depth 2 or 4" in _one_error_line(out)
 
 
 # ----------------------------------------------------------------------------- 7. output paths

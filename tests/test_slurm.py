@@ -114,7 +114,7 @@ def ended(env, job_id) -> dict:
 
 
 def logged(out, step: int):
-  return lambda: out.exists() and f"0: step {step}:" in out.read_text()
+  return lambda: out.exists() and f"0: step {step}/" in out.read_text()
 
 
 def losses(workdir) -> dict:

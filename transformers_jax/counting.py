@@ -146,7 +146,7 @@ def block_placement_params(c: ModelConfig, cross: bool) -> dict[str, int]:
   entry here."""
   block = Block(c.replace(scan_layers=False, remat="none"), cross=cross)
   x = jnp.zeros((1, 2, c.d_model), dtype_of(c.dtype))
-  kwargs = dict(context=x, layer=0) if cross else dict(layer=0)
+  kwargs = dict(positions=jnp.arange(2)[None], layer=0, **(dict(context=x) if cross else {}))
   shapes = jax.eval_shape(lambda: block.init(jax.random.PRNGKey(0), x, **kwargs))["params"]
   parts = tree_breakdown(nn.unbox(shapes))
   return {k: parts[k] for k in ("norms", "gains") if parts.get(k)}

@@ -226,7 +226,7 @@ class Attention(nn.Module):
   decode: bool = False
   # A norm placement's initialisers of query/key/value/out (placement_base.Init), as
   # ((projection, rule), ...), and the features it adds here (placement_base.FEATURES).
-  init: tuple = ()
+  init_rules: tuple = ()
   features: tuple[str, ...] = ()
 
   @nn.compact
@@ -236,10 +236,10 @@ class Attention(nn.Module):
     is_cross = context is not None
     q_names = (("embed", "heads", "head_dim"), ("heads", "head_dim"))
     kv_names = (("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"))
-    rules = dict(self.init)
-    query = DenseWeights(c, (H, K), *q_names, init=rules.get("query"), name="query")
-    key = DenseWeights(c, (G, K), *kv_names, init=rules.get("key"), name="key")
-    value = DenseWeights(c, (G, K), *kv_names, init=rules.get("value"), name="value")
+    rules = dict(self.init_rules)
+    query = DenseWeights(c, (H, K), *q_names, rule=rules.get("query"), name="query")
+    key = DenseWeights(c, (G, K), *kv_names, rule=rules.get("key"), name="key")
+    value = DenseWeights(c, (G, K), *kv_names, rule=rules.get("value"), name="value")
     # Projections of one input with one shape run as one matmul (fused_dense).
     self_kv = None
     if not is_cross and G == H:
@@ -314,7 +314,7 @@ class Attention(nn.Module):
     if ATTENTION_OUT_NORM in self.features:
       out = norm_over_heads(c, out, "heads_out_norm")
     out_weights = DenseWeights(
-        c, (D,), ("heads", "head_dim", "embed"), ("embed",), init=rules.get("out"), name="out"
+        c, (D,), ("heads", "head_dim", "embed"), ("embed",), rule=rules.get("out"), name="out"
     )
     kernel, bias = out_weights((H, K))
     y = jnp.einsum("bthk,hkd->btd", out.astype(kernel.dtype), kernel)

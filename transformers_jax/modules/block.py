@@ -63,7 +63,7 @@ class Block(nn.Module):
 
     def parts(sublayer):  # what the placement sets inside each sublayer
       rules = placement.projection_init(c, depth, sublayer)
-      return dict(init=tuple(sorted(rules.items())), features=placement.features)
+      return dict(init_rules=tuple(sorted(rules.items())), features=placement.features)
 
     kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
     sublayers = [

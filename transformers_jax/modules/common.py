@@ -50,8 +50,8 @@ def activation(name: str):
   return functools.partial(getattr(jax.nn, function), **kwargs)
 
 
-def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, init=None):
-  """nn.DenseGeneral with the config's dtypes, initialiser (or `init`, see kernel_init) and
+def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, rule=None):
+  """nn.DenseGeneral with the config's dtypes, initialiser (or `rule`, see kernel_init) and
   logical axis names."""
   return nn.DenseGeneral(
       features=features,
@@ -59,7 +59,7 @@ def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, in
       use_bias=cfg.use_bias if use_bias is None else use_bias,
       dtype=dtype_of(cfg.dtype),
       param_dtype=dtype_of(cfg.param_dtype),
-      kernel_init=kernel_init(cfg, init, kernel_names),
+      kernel_init=kernel_init(cfg, rule, kernel_names),
       bias_init=zeros(bias_names),
       name=name,
   )
@@ -76,7 +76,7 @@ class DenseWeights(nn.Module):
   features: tuple[int, ...]
   kernel_names: tuple[str | None, ...]
   bias_names: tuple[str | None, ...]
-  init: object = None  # a norm placement's initialiser rule (see kernel_init); None = normal
+  rule: object = None  # a norm placement's initialiser rule (see kernel_init); None = normal
 
   @nn.compact
   def __call__(self, in_shape):
@@ -93,7 +93,7 @@ class DenseWeights(nn.Module):
 
     kernel = self.param(
         "kernel",
-        as_dense_general(kernel_init(c, self.init, self.kernel_names), (n_in, n_out)),
+        as_dense_general(kernel_init(c, self.rule, self.kernel_names), (n_in, n_out)),
         (*in_shape, *self.features),
         dtype_of(c.param_dtype),
     )

@@ -25,18 +25,18 @@ from transformers_jax.modules.splash import target_platform
 
 class FeedForward(nn.Module):
   """D -> F -> D. Gated variants (swiglu, geglu) multiply act(x W0) by x W1 before narrowing.
-  A norm placement may set the projections' initialisers (`init`, as in Attention) and add a
+  A norm placement may set the projections' initialisers (`init_rules`, as in Attention) and add a
   norm on the hidden activations before `wo` (`features`: placement_base.FFN_MID_NORM)."""
 
   cfg: "ModelConfig"  # noqa: F821
-  init: tuple = ()
+  init_rules: tuple = ()
   features: tuple[str, ...] = ()
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
     act = activation(c.activation)
-    rules = dict(self.init)
+    rules = dict(self.init_rules)
     if c.gated:
       gate, up = (
           DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
@@ -45,12 +45,12 @@ class FeedForward(nn.Module):
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])])
       h = act(h0) * h1
     else:
-      wi = dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi", init=rules.get("wi"))
+      wi = dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi", rule=rules.get("wi"))
       h = act(wi(x))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
       h = Norm(c, axis="mlp", name="mid_norm")(h)
-    return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo", init=rules.get("wo"))(h)
+    return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo", rule=rules.get("wo"))(h)
 
 
 def route(router_probs, top_k: int, capacity: int):
@@ -90,7 +90,7 @@ class MoE(nn.Module):
   """
 
   cfg: "ModelConfig"  # noqa: F821
-  init: tuple = ()  # as FeedForward's: each expert's matrices get the rule of wi / wi_1 / wo
+  init_rules: tuple = ()  # as FeedForward's: each expert's matrices get the rule of wi / wi_1 / wo
   features: tuple[str, ...] = ()  # FFN_MID_NORM: one norm (shared by the experts) before wo
 
   @nn.compact
@@ -103,7 +103,7 @@ class MoE(nn.Module):
     probs = jax.nn.softmax(logits, axis=-1)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
-    rules = dict(self.init)
+    rules = dict(self.init_rules)
 
     def weight(name, shape, names):  # in the parameter dtype: `ragged` casts before gathering
       init = kernel_init(c, rules.get(name), names, in_axis=-2, out_axis=-1, batch_axis=(0,))
