@@ -14,7 +14,16 @@ take about 1.6 CPU-hours. `--scale` is the same grid at d_model 256 and depths 1
 accelerator. docs/norm_zoo.md says what each scheme is and what the study reads from it.
 """
 
+import importlib.util
+import pathlib
+
 from transformers_jax.modules.placements import PLACEMENTS
+
+_spec = importlib.util.spec_from_file_location(
+    "deep_postnorm", pathlib.Path(__file__).with_name("deep_postnorm.py")
+)
+_deep_postnorm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_deep_postnorm)
 
 BASE = "gpt2.py:tiny"
 
@@ -30,33 +39,10 @@ SCHEMES = [
     for norm in ("dyt", "scalenorm")
 ]
 
-COMMON = {
-    "steps": 2000,
-    "batch_size": 4,
-    "seq_len": 16,
-    "lr_schedule": "cosine",
-    "weight_decay": 0.1,
-    "log_every": 100,
-    "eval_every": 250,
-    "eval_batches": 16,
-    "checkpoint_every": 0,
-    "keep_checkpoints": 1,
-    "sample.max_new_tokens": 0,
-    "model.d_model": 16,
-    "model.num_heads": 2,
-    "model.max_len": 32,
-    "model.scan_layers": True,
-}
-SCALE = {
-    "steps": 5000,
-    "batch_size": 32,
-    "seq_len": 128,
-    "eval_every": 500,
-    "eval_batches": 8,
-    "model.d_model": 256,
-    "model.num_heads": 8,
-    "model.max_len": 128,
-}
+# the deep post-norm study's LM protocol (experiments/deep_postnorm.py), layers scanned so that
+# each depth-12 population compiles one block
+COMMON = {**_deep_postnorm.COMMON, "model.scan_layers": True}
+SCALE = {**_deep_postnorm.SCALE}
 DEPTHS = (12,)
 SCALE_DEPTHS = (12, 24)
 
