@@ -65,6 +65,19 @@ flags.DEFINE_bool(
 PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green"}
 
 
+def scheme_label(placement: str, norm: str) -> str:
+  """The placement, with the norm kind when it is not layernorm (the zoo's pre-dyt)."""
+  return placement if norm == "layernorm" else f"{placement}-{norm}"
+
+
+def color_of(label: str) -> str:
+  """pre/post/sandwich in their usual colours; every other scheme one of matplotlib's cycle,
+  by its name (the same in every figure)."""
+  if label in PLACEMENT_COLORS:
+    return PLACEMENT_COLORS[label]
+  return f"C{3 + sum(map(ord, label)) % 7}"
+
+
 def load_sweep(path):
   return sweeps.load_sweep(path, ("BASE", "populations"))
 
@@ -134,7 +147,7 @@ def run_population(sweep, entry, out: pathlib.Path) -> dict:
   wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
   record = {
       "name": entry["name"],
-      "placement": config.model.norm_placement,
+      "placement": scheme_label(config.model.norm_placement, config.model.norm),
       "qk_norm": bool(config.model.qk_norm),
       "depth": config.model.num_layers,
       "steps": config.steps,
@@ -230,7 +243,7 @@ def plot(records, out: pathlib.Path) -> None:
       mean = [sum(by_lr[lr]) / len(by_lr[lr]) for lr in lrs]
       style = "-" if r["qk_norm"] else "--"
       label = f"{r['placement']}, qk_norm {'on' if r['qk_norm'] else 'off'}"
-      color = PLACEMENT_COLORS[r["placement"]]
+      color = color_of(r["placement"])
       ax.plot(lrs, mean, style, color=color, marker="o", ms=3, label=label)
       ax.fill_between(
           lrs,
@@ -269,7 +282,7 @@ def plot(records, out: pathlib.Path) -> None:
           steps,
           mean,
           "-" if r["qk_norm"] else "--",
-          color=PLACEMENT_COLORS[r["placement"]],
+          color=color_of(r["placement"]),
           alpha=1.0 if warmup else 0.5,
           label=f"{r['placement']}, qk {'on' if r['qk_norm'] else 'off'}, warmup {warmup}",
       )
