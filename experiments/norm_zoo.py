@@ -9,8 +9,8 @@ Every entry of modules/placements.py (and pre-LN with the two new norm kinds, Dy
 ScaleNorm) in the protocol of experiments/deep_postnorm.py: one population per scheme of 7
 peak rates (3e-4 ... 3e-1) x warmup {0, 10% of steps} x 3 seeds = 42 members, on tiny
 byte-level decoders at depth 12 (d_model 16, 2 heads, batches of 4 x 16 bytes of the bundled
-corpus, 2,000 steps). A population takes about 5 CPU-minutes on the 2-core machine, so the 19
-take about 1.6 CPU-hours. `--scale` is the same grid at d_model 256 and depths 12 and 24 for an
+corpus, 2,000 steps). A population took 590 CPU-s on the 2-core machine, so the 19 take about
+3.1 CPU-hours. `--scale` is the same grid at d_model 256 and depths 12 and 24 for an
 accelerator. docs/norm_zoo.md says what each scheme is and what the study reads from it.
 """
 
