@@ -18,13 +18,12 @@ experiments/results/moe/tpu.json (what --compile_only printed, per row) and tpu.
 from __future__ import annotations
 
 import json
-import pathlib
 import subprocess
 import sys
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths, sweeps
+from transformers_jax import bench_report, cli, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -197,31 +196,19 @@ def main(argv=None):
         f"--only={','.join(FLAGS.only)}: {unmatched[0]!r} names no row; rows are "
         f"{', '.join(r['name'] for r in ROWS)}"
     )
-  out = pathlib.Path(FLAGS.out)
-  out.mkdir(parents=True, exist_ok=True)
-  path = out / "tpu.json"
-  done = {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-  todo = [
-      r
-      for r in ROWS
-      if (not FLAGS.only or any(text in r["name"] for text in FLAGS.only))
-      and (r["name"] not in done or FLAGS.redo)
-  ]
-  progress = sweeps.RowProgress([1] * len(todo))  # on stderr: stdout is the table
-  for r in todo:
-    progress.start(f"compiling {r['name']}")
-    done[r["name"]] = result = compile_row(r)
-    progress.finish(
-        r["name"],
-        f"peak={fmt(result.get('per_device_peak_estimate_gib'))} GiB "
-        f"flops ratio={fmt(result.get('xla_flops_per_model_flop'), 3)} "
-        f"compile={result.get('compile_s')} s {result.get('error', '')}".rstrip(),
-    )
-    ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
-    path.write_text(json.dumps(ordered, indent=1) + "\n")
-    (out / "tpu.md").write_text(markdown(ordered))
-  ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
-  (out / "tpu.md").write_text(markdown(ordered))
+  ordered = bench_report.compile_table(
+      ROWS,
+      compile_row,
+      FLAGS.out,
+      FLAGS.only,
+      FLAGS.redo,
+      markdown,
+      lambda result: (
+          f"peak={fmt(result.get('per_device_peak_estimate_gib'))} GiB "
+          f"flops ratio={fmt(result.get('xla_flops_per_model_flop'), 3)} "
+          f"compile={result.get('compile_s')} s {result.get('error', '')}".rstrip()
+      ),
+  )
   print(markdown(ordered))
 
 

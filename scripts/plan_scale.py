@@ -13,12 +13,10 @@ chips' data-sheet bf16 peak: a yardstick, not a measurement. Needs the `tpu` ext
 
 from __future__ import annotations
 
-import json
-import pathlib
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths, sweeps
+from transformers_jax import bench_report, cli, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -249,31 +247,18 @@ def main(argv=None):
   problem = check_flags()
   if problem:
     raise cli.UserError(problem)
-  out = pathlib.Path(FLAGS.out)
-  out.mkdir(parents=True, exist_ok=True)
-  path = out / "tpu.json"
-  done = {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-  todo = [
-      r
-      for r in ROWS
-      if (not FLAGS.only or any(text in r["name"] for text in FLAGS.only))
-      and (r["name"] not in done or FLAGS.redo)
-  ]
-  progress = sweeps.RowProgress([1] * len(todo))  # on stderr: stdout is the table
-  for r in todo:
-    progress.start(f"compiling {r['name']}")
-    done[r["name"]] = compile_row(r)
-    result = done[r["name"]]
-    progress.finish(
-        r["name"],
-        f"fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
-        f"GiB compile={result.get('compile_s')} s {result.get('error', '')}".rstrip(),
-    )
-    ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
-    path.write_text(json.dumps(ordered, indent=1) + "\n")
-    (out / "tpu.md").write_text(markdown(ordered))
-  ordered = [done[x["name"]] for x in ROWS if x["name"] in done]
-  (out / "tpu.md").write_text(markdown(ordered))
+  ordered = bench_report.compile_table(
+      ROWS,
+      compile_row,
+      FLAGS.out,
+      FLAGS.only,
+      FLAGS.redo,
+      markdown,
+      lambda result: (
+          f"fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
+          f"GiB compile={result.get('compile_s')} s {result.get('error', '')}".rstrip()
+      ),
+  )
   print(markdown(ordered))
 
 

@@ -278,3 +278,26 @@ def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, o
   assert not (tmp_path / "out" / "runs").exists()
   with pytest.raises(ValueError, match="--max_points=-1"):
     run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max_points", "-1")
+
+
+def test_compile_table_skips_rows_it_holds_and_keeps_the_rows_order(tmp_path):
+  """plan_scale.py and moe_capacity.py share bench_report.compile_table: a second run compiles
+  only what the first did not (or every selected row with redo), results in the rows' order."""
+  from transformers_jax import bench_report
+
+  rows = [{"name": "a"}, {"name": "b"}]
+  markdown = lambda results: ",".join(f"{r['name']}{r['v']}" for r in results)
+  compiled = []
+
+  def compile_row(version):
+    return lambda row: compiled.append(row["name"]) or {"name": row["name"], "v": version}
+
+  args = (markdown, lambda result: "ok")
+  assert bench_report.compile_table(rows, compile_row(1), tmp_path, ["b"], False, *args) == [
+      {"name": "b", "v": 1}
+  ]
+  bench_report.compile_table(rows, compile_row(2), tmp_path, [], False, *args)
+  assert compiled == ["b", "a"]
+  assert (tmp_path / "tpu.md").read_text() == "a2,b1"
+  bench_report.compile_table(rows, compile_row(3), tmp_path, ["a"], True, *args)
+  assert (tmp_path / "tpu.md").read_text() == "a3,b1"
