@@ -227,10 +227,10 @@ def test_deepnorm_alpha_beta_and_init_gains(role, n, m, alpha, beta):
     assert float(np.std(kernel)) == pytest.approx(xavier_std(*fans, gain), rel=0.05), path
 
 
-def test_admin_omega_is_the_root_of_the_branch_variances_before_it():
-  c = tiny("decoder", "admin", num_layers=3)
-  init = initializer(c)
-  params = nn.unbox(init(KEY))
+@pytest.mark.parametrize("family,scan", [("decoder", False), ("encoder_decoder", True)])
+def test_admin_omega_is_the_root_of_the_branch_variances_before_it(family, scan):
+  c = tiny(family, "admin", scan, num_layers=3)
+  params = nn.unbox(initializer(c)(KEY))
   unprofiled = jax.tree_util.tree_map_with_path(
       lambda path, v: jnp.ones_like(v) if str(path[-1].key).endswith("_gain") else v, params
   )
@@ -238,13 +238,16 @@ def test_admin_omega_is_the_root_of_the_branch_variances_before_it():
 
   probe = profile_inputs(c, jax.random.fold_in(KEY, 1))
   _, sown = build_model(c).apply({"params": unprofiled}, *probe, mutable=["profile"])
-  sown = sown["profile"]["decoder"]
-  total = float(sown["input_var"][0])
+  subs = ("self_attn", "cross_attn", "ffn") if family == "encoder_decoder" else ("self_attn", "ffn")
+  stack = "decoder"  # the last stack: in an encoder-decoder, its own sum starts again
+  block = lambda tree, i: tree["layers"] if scan else tree[f"layer_{i}"]
+  pick = lambda value, i: value[i] if scan else value
+  total = float(sown["profile"][stack]["input_var"][0])
   for i in range(3):
-    for sub in ("self_attn", "ffn"):
-      omega = params["decoder"][f"layer_{i}"][f"{sub}_skip_gain"]
+    for sub in subs:
+      omega = pick(block(params[stack], i)[f"{sub}_skip_gain"], i)
       np.testing.assert_allclose(omega, np.full(c.d_model, math.sqrt(total)), rtol=1e-5)
-      total += float(sown[f"layer_{i}"][f"{sub}_branch_var"][0])
+      total += float(pick(block(sown["profile"][stack], i)[f"{sub}_branch_var"][0], i))
 
 
 def reference_attention(x, p, c, qkv_norm=False, head_gain=False, out_norm=False):

@@ -170,9 +170,7 @@ def loop_to_scan(tree):
   """Inverse of `scan_to_loop`: stack `layer_0` … `layer_{L-1}` into one `layers` subtree."""
   if not isinstance(tree, dict):
     return tree
-  layer_keys = sorted(
-      (k for k in tree if k.startswith("layer_") and k[6:].isdigit()), key=lambda k: int(k[6:])
-  )
+  layer_keys = sorted((k for k in tree if _is_layer_name(k)), key=lambda k: int(k[6:]))
   out = {k: loop_to_scan(v) for k, v in tree.items() if k not in layer_keys}
   if layer_keys:
     if [int(k[6:]) for k in layer_keys] != list(range(len(layer_keys))):

@@ -114,33 +114,26 @@ class Admin(Placement):
 
   def profile(self, params, profiled, cfg):
     params = dict(params)
-    for stack in stack_depths(cfg):
-      prof, tree = profiled[stack], dict(params[stack])
-      total = prof["input_var"][0]
+    for stack, (layers, _, _) in stack_depths(cfg).items():
+      sown, tree = profiled[stack], dict(params[stack])
       scanned = "layers" in tree
-      layers = range(len(prof["layers"][f"{SUBLAYER_ORDER[0]}_branch_var"][0]) if scanned else 0)
-      if not scanned:
-        layers = range(sum(k.startswith("layer_") for k in tree))
-      omegas = {}  # (layer, sublayer) -> omega
-      for i in layers:
-        for sub in SUBLAYER_ORDER:
-          here = prof["layers"] if scanned else prof[f"layer_{i}"]
-          key = f"{sub}_branch_var"
-          if key in here:
-            omegas[i, sub] = jnp.sqrt(total)
-            total = total + (here[key][0][i] if scanned else here[key][0])
-      for sub in SUBLAYER_ORDER:
+      blocks = [sown["layers"]] if scanned else [sown[f"layer_{i}"] for i in range(layers)]
+      subs = [s for s in SUBLAYER_ORDER if f"{s}_branch_var" in blocks[0]]
+      # Var[f_j] per (block, sublayer), in the order the residual stream meets them
+      var = jnp.stack(
+          [jnp.stack([jnp.ravel(b[f"{s}_branch_var"][0]) for s in subs], -1) for b in blocks]
+      ).reshape(layers, len(subs))
+      before = sown["input_var"][0] + jnp.cumsum(var.ravel()) - var.ravel()  # sum over j < i
+      omega = jnp.sqrt(before).reshape(layers, len(subs))
+      for j, sub in enumerate(subs):
         name = f"{sub}_skip_gain"
-        if scanned and name in tree["layers"]:
-          layer_tree = dict(tree["layers"])
-          values = jnp.stack([omegas[i, sub] for i in layers])
-          layer_tree[name] = replace_value(layer_tree[name], values[:, None])
-          tree["layers"] = layer_tree
-        for i in [] if scanned else layers:
-          block = dict(tree[f"layer_{i}"])
-          if name in block:
-            block[name] = replace_value(block[name], omegas[i, sub])
-            tree[f"layer_{i}"] = block
+        if scanned:  # [L, D]: block i's row is omega[i]
+          block = tree["layers"]
+          tree["layers"] = {**block, name: replace_value(block[name], omega[:, j, None])}
+          continue
+        for i in range(layers):
+          block = tree[f"layer_{i}"]
+          tree[f"layer_{i}"] = {**block, name: replace_value(block[name], omega[i, j])}
       params[stack] = tree
     return params
 
