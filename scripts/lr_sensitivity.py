@@ -60,6 +60,13 @@ flags.DEFINE_list(
     flag_values=FLAGS,
 )
 flags.DEFINE_bool(
+    "keep_checkpoints",
+    False,
+    "Keep each population's last checkpoint in OUT/runs/NAME (for probes of the trained "
+    "models, e.g. scripts/block_contribution.py); by default it is removed.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
     "report_only", False, "Rewrite table and plots from populations.jsonl.", flag_values=FLAGS
 )
 PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green"}
@@ -114,6 +121,10 @@ def summarize(workdir: pathlib.Path, config) -> list[dict]:
         m["diverged_at"] = x["diverged_at"]
     if "eval_loss" in x:
       m["eval_loss"] = x["eval_loss"]
+      m.setdefault("eval_losses", []).append(x["eval_loss"])
+      rms = x.get("residual_rms", {}).get("decoder")
+      if rms:  # the residual stream's RMS leaving each block, at the last evaluation
+        m["residual_rms"] = rms
       for key in ("eval_bleu", "eval_exact_match"):  # translation's own metrics
         if key in x:
           m[key] = x[key]
@@ -156,7 +167,8 @@ def run_population(sweep, entry, out: pathlib.Path) -> dict:
       "cpu_s": round(cpu, 1),
       "members": summarize(workdir, config),
   }
-  shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
+  if not FLAGS.keep_checkpoints:
+    shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
   return record
 
 
