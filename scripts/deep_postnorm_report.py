@@ -156,6 +156,7 @@ def write_table(
     margin: float,
     name: str = "table.md",
     title: str = "final loss against peak learning rate, by placement and warmup",
+    heading: str = "Deep post-norm",
 ) -> None:
   rows = [
       "| task | depth | placement | warmup | best LR | best loss (seed min-max) | trainable "
@@ -180,7 +181,7 @@ def write_table(
       )
   wall = sum(r["wall_s"] for r in records)
   text = (
-      f"# Deep post-norm: {title}\n\n"
+      f"# {heading}: {title}\n\n"
       + "\n".join(rows)
       + "\n\nFinal loss = last held-out loss (nats per token); a diverged member, or one "
       "ending above ln(vocab), counts as ln(vocab). Trainable rates = the grid's rates whose "
@@ -193,7 +194,7 @@ def write_table(
   (out / name).write_text(text)
 
 
-def write_bleu(records: list[dict], out: pathlib.Path) -> None:
+def write_bleu(records: list[dict], out: pathlib.Path, heading: str = "Deep post-norm") -> None:
   runs = [r for r in records if r["task"] == "translation"]
   if not runs:
     return
@@ -226,7 +227,7 @@ def write_bleu(records: list[dict], out: pathlib.Path) -> None:
         )
     sections.append("\n".join(rows))
   text = (
-      "# Deep post-norm: translation BLEU and exact match against peak learning rate\n\n"
+      f"# {heading}: translation BLEU and exact match against peak learning rate\n\n"
       + "\n\n".join(sections)
       + "\n\nEach member's greedy translations of the first held-out numbers "
       "(data.eval_translations of them) at the last step: corpus BLEU-4 (sacrebleu's default 13a tokenisation; 'twenty-one' is one word) "

@@ -125,7 +125,7 @@ def summarize(workdir: pathlib.Path, config) -> list[dict]:
       rms = x.get("residual_rms", {}).get("decoder")
       if rms:  # the residual stream's RMS leaving each block, at the last evaluation
         m["residual_rms"] = rms
-      for key in ("eval_bleu", "eval_exact_match"):  # translation's own metrics
+      for key in ("eval_bleu", "eval_exact_match", "eval_accuracy"):  # per-task metrics
         if key in x:
           m[key] = x[key]
       m.setdefault("eval_steps", []).append(x["step"])
