@@ -31,7 +31,8 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.scripting import output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -135,7 +136,7 @@ def summarize(
 
 
 def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
-  from transformers_jax.runs import Checkpoints
+  from transformers_jax.run_folder.runs import Checkpoints
   from transformers_jax.train.loop import TrainingDiverged, train
 
   config = point_config(sweep, point, out)

@@ -25,7 +25,8 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
@@ -94,7 +95,7 @@ def attention_core(impl: str, length: int):
 
 def train_step(impl: str, length: int):
   """GPT-2 tiny's train step at `length` tokens, batch 1."""
-  from transformers_jax import parallel
+  from transformers_jax.machine import parallel
   from transformers_jax.config import load_config_module
   from transformers_jax.train import optim
   from transformers_jax.train.compile import build_step

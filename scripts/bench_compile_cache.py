@@ -21,7 +21,8 @@ import time
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import cli
+from transformers_jax.scripting import bench_report, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,8 @@ import optax
 from absl import flags
 from flax import linen as nn
 
-from transformers_jax import cli, parallel
+from transformers_jax import cli
+from transformers_jax.machine import parallel
 from transformers_jax.train.compile import build_step
 
 FLAGS = cli.ScriptFlags(__doc__)

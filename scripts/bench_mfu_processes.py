@@ -24,7 +24,9 @@ import tempfile
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, local_cluster, output_paths
+from transformers_jax import cli
+from transformers_jax.machine import local_cluster
+from transformers_jax.scripting import bench_report, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

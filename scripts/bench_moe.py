@@ -46,7 +46,8 @@ def main(argv=None):
 def timed(config):
   import jax
 
-  from transformers_jax import counting, parallel
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import counting
   from transformers_jax.train.compile import build_step
 
   runs = {}

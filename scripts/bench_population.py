@@ -27,7 +27,8 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.scripting import output_paths, sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

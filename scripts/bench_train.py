@@ -8,7 +8,7 @@
 Times the jit-compiled train step alone (synthetic batches already on the devices, no data
 pipeline, no logging) after compiling it; each step is timed on its own and the median is
 reported (a shared host's noise moves the mean). MFU is model FLOPs (6N + attention, see
-counting.py) over the device peak (for a CPU: the best of 20 float32 1024^3 matmuls).
+models/counting.py) over the device peak (for a CPU: the best of 20 float32 1024^3 matmuls).
 `--free_attention_core` times the step without its attention core, a floor for any attention
 implementation.
 """
@@ -75,7 +75,8 @@ def main(argv=None):
 def timed(config):
   import jax
 
-  from transformers_jax import counting, parallel
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import counting
   from transformers_jax.train import metrics as metrics_lib
   from transformers_jax.train.compile import build_step
 

@@ -21,7 +21,7 @@ FILES = ("gpt2", "gpt3", "bert", "transformer", "vit", "mixtral")
 
 
 def rows():
-  from transformers_jax import counting
+  from transformers_jax.models import counting
   from transformers_jax.config import ModelConfig, load_config_module
 
   for name in FILES:

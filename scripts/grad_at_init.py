@@ -34,7 +34,8 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.scripting import output_paths, sweeps
 from transformers_jax.modules.placements import PLACEMENTS
 
 FLAGS = cli.ScriptFlags(__doc__)

@@ -21,7 +21,8 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -48,7 +49,7 @@ FAMILIES = {  # file: (family, what it learns, what its accuracy counts)
 
 def run_family(file: str, workdir: pathlib.Path, steps: int = 0) -> dict:
   from absl import logging
-  from transformers_jax import counting
+  from transformers_jax.models import counting
   from transformers_jax.config import load_config_module
   from transformers_jax.train.loop import train
 

@@ -40,7 +40,7 @@ def preset_config(file: str, preset: str):
 
 
 def preset_count(file: str, preset: str) -> int:
-  from transformers_jax import counting
+  from transformers_jax.models import counting
 
   return counting.count(preset_config(file, preset).model)
 
@@ -48,7 +48,7 @@ def preset_count(file: str, preset: str) -> int:
 def main(argv=None) -> None:
   if cli.parse_script_flags(FLAGS, argv):
     raise cli.UserError("unexpected arguments: this script takes none")
-  from transformers_jax import counting
+  from transformers_jax.models import counting
 
   for name, layers, d in GPT2_SIZES:
     print(

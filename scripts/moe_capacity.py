@@ -23,7 +23,8 @@ import sys
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import cli
+from transformers_jax.scripting import bench_report, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -102,7 +103,7 @@ def loop_free_flops(r) -> dict:
   elementwise work on [M, width] arrays E - 1 times (about 0.1% of the matmuls')."""
   import re
 
-  from transformers_jax import hardware
+  from transformers_jax.machine import hardware
   from transformers_jax.config import load_config_module
   from transformers_jax.modules import moe_weights
   from transformers_jax.train import compile as compile_step

@@ -96,7 +96,8 @@ def main(argv=None):
     raise cli.UserError("unexpected arguments: pass options as --flag=value")
   import jax
 
-  from transformers_jax import counting, parallel
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import counting
   from transformers_jax.train import metrics as metrics_lib
   from transformers_jax.train.compile import build_step
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from transformers_jax import parallel  # noqa: E402
+from transformers_jax.machine import parallel  # noqa: E402
 from transformers_jax.cli import UserError  # noqa: E402
 from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
 

@@ -15,7 +15,7 @@ from transformers_jax.convert import export_hf, import_hf
 from transformers_jax.interop import load_hf
 from transformers_jax.models import build_model
 from transformers_jax.modules.block import scan_to_loop
-from transformers_jax.runs import Checkpoints
+from transformers_jax.run_folder.runs import Checkpoints
 
 from conftest import ROOT
 
@@ -132,7 +132,7 @@ def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
 
 
 def test_training_in_a_converted_run_starts_from_its_parameters(tmp_path):
-  from transformers_jax.runs import PARAMS_ONLY, Run
+  from transformers_jax.run_folder.runs import PARAMS_ONLY, Run
   from transformers_jax.train.loop import train
 
   import_hf(FIXTURES / "vit_classifier", tmp_path / "run")

@@ -231,7 +231,7 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
   config.data.cache_dir, config.data.tokenize_workers = str(tmp_path / "cache"), 1
   config.batch_size, config.seq_len, config.eval_batches = 6, 16, 1
   data = streamed_text_data(config, ModelConfig.from_dict(config.model), tmp_path / "w", "lm")
-  from transformers_jax import local_cluster
+  from transformers_jax.machine import local_cluster
 
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
   procs = local_cluster.start_processes(

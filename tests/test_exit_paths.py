@@ -16,7 +16,7 @@ from conftest import ROOT, subprocess_env
 
 
 def test_a_checkpoint_of_other_shapes_is_refused_before_reading(tmp_path, capfd):
-  from transformers_jax import runs
+  from transformers_jax.run_folder import runs
 
   saved = {f"w{i:02d}": jnp.full((2, 64), i, jnp.float32) for i in range(40)}
   checkpoints = runs.Checkpoints(tmp_path / "ck", async_save=False)

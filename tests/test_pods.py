@@ -17,11 +17,11 @@ import jax
 import numpy as np
 import pytest
 
-from transformers_jax import compile_cache
-from transformers_jax import local_cluster
-from transformers_jax.local_cluster import free_port
+from transformers_jax.machine import compile_cache
+from transformers_jax.machine import local_cluster
+from transformers_jax.machine.local_cluster import free_port
 from transformers_jax.cli import UserError
-from transformers_jax.runs import Checkpoints, Run, RunError, non_finite_values
+from transformers_jax.run_folder.runs import Checkpoints, Run, RunError, non_finite_values
 from transformers_jax.train import loop, metrics
 from transformers_jax.train.loop import train
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformers_jax import counting
+from transformers_jax.models import counting
 from transformers_jax.cli import UserError
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
@@ -387,7 +387,7 @@ def test_a_member_equals_its_solo_run_on_packed_jsonl_over_fsdp(tmp_path):
 
 # ----------------------------------------------------------------------------- other tools
 def test_other_tools_take_one_member_of_a_population(experiment, population_run, tmp_path, capsys):
-  from transformers_jax.runs import Run, RunError, load_run
+  from transformers_jax.run_folder.runs import Run, RunError, load_run
 
   workdir, _ = population_run
   with pytest.raises(RunError, match=r"population of 4 members: pass --member=I with I in 0..3"):

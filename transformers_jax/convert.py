@@ -28,7 +28,7 @@ from transformers_jax.config import DTYPES, ModelConfig
 from transformers_jax.train_config import experiment_config
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
-from transformers_jax.runs import Run
+from transformers_jax.run_folder.runs import Run
 
 flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")

@@ -19,7 +19,7 @@ from absl import flags
 
 from transformers_jax import cli
 from transformers_jax.cli import parse_ids
-from transformers_jax.runs import load_run
+from transformers_jax.run_folder.runs import load_run
 
 flags.DEFINE_string("workdir", None, "A training run's directory (config.json, checkpoints/).")
 flags.DEFINE_string("prompt", None, "Decoder-only: text to continue.")

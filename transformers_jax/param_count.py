@@ -10,7 +10,9 @@ import json
 
 from absl import flags
 
-from transformers_jax import cli, counting, field_checks
+from transformers_jax import cli
+from transformers_jax.models import counting
+from transformers_jax.train import field_checks
 
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 cli.define_config_flag()

@@ -76,7 +76,7 @@ def main(argv):
     raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if FLAGS.config is None:
     raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
-  from transformers_jax import compile_cache, parallel
+  from transformers_jax.machine import compile_cache, parallel
 
   # A step compiled for a TPU topology has no devices here to load into, so JAX cannot read it
   # back from the cache (it warns on every rerun): such compiles leave the cache alone.

@@ -9,9 +9,11 @@ import time
 import jax
 import numpy as np
 
-from transformers_jax import counting, parallel, runs
+from transformers_jax.machine import parallel
+from transformers_jax.models import counting
+from transformers_jax.run_folder import runs
 from transformers_jax.errors import UserError
-from transformers_jax.runs import Run
+from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation, population, resume
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import (  # noqa: F401  (TrainingDiverged: the loop's error)

@@ -27,7 +27,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.errors import UserError
 from transformers_jax.train import optim, resume
 from transformers_jax.train.state import boxed_init
@@ -99,7 +99,7 @@ def describe(member: dict) -> str:
 def chosen(workdir, member: int) -> str:
   """Which member `--member` / `init_member` took from the population's run in `workdir`, for
   the user to see: "member 2 of 4 (seed 0, learning_rate 0.003, ...)"."""
-  from transformers_jax.runs import Run
+  from transformers_jax.run_folder.runs import Run
 
   table = members(Run(workdir).config())
   return f"member {member} of {len(table)} ({describe(table[member])})"

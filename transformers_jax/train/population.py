@@ -18,8 +18,8 @@ import time
 import jax
 import numpy as np
 
-from transformers_jax import parallel
-from transformers_jax.runs import Run
+from transformers_jax.machine import parallel
+from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation, resume
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import Pace, run_steps

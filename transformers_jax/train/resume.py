@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax import runs
+from transformers_jax.run_folder import runs
 from transformers_jax.errors import UserError
-from transformers_jax.runs import Run, config_differences
+from transformers_jax.run_folder.runs import Run, config_differences
 from transformers_jax.train_config import asks_for_population
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.models import initializer
 
 

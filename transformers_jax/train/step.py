@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.models import build_model
 from transformers_jax.tasks import cross_entropy
 from transformers_jax.train import optim
