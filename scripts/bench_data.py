@@ -33,6 +33,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   for name in ("big_mb", "small_mb", "tokenize_mb", "bpe_mb"):
     if FLAGS[name].value < 1:
-      raise cli.UserError(f"--{name}={FLAGS[name].value}: give a positive size in MB")
+      raise UserError(f"--{name}={FLAGS[name].value}: give a positive size in MB")
   args = FLAGS
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_data-"))
   try:

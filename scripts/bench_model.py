@@ -18,6 +18,7 @@ import time
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -74,7 +75,7 @@ def compile_seconds(layers: int, scan: bool) -> float:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   depths = FLAGS.layers
   import jax
 

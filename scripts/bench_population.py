@@ -28,6 +28,7 @@ import time
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.scripting import output_paths, sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def configs(steps: int, depth: int, cache: pathlib.Path):
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if FLAGS.steps < 1 or FLAGS.depth not in (2, 4):
-    raise cli.UserError(
+    raise UserError(
         f"--steps={FLAGS.steps} --depth={FLAGS.depth}: steps must be a positive integer and "
         "depth 2 or 4 (the depths of experiments/lr_sensitivity.py's populations)"
     )

@@ -24,6 +24,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 cli.define_config_flag(flag_values=FLAGS)
@@ -59,12 +60,12 @@ def free_attention_core():
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   if FLAGS.config is None:
-    raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:tiny")
+    raise UserError("--config is required, e.g. --config experiments/gpt2.py:tiny")
   config = FLAGS.config
   if FLAGS.free_attention_core and config.model.family != "decoder":
-    raise cli.UserError(
+    raise UserError(
         "--free_attention_core: decoder family only (its attention is "
         "self-attention, where v has the output's shape)"
     )

@@ -22,6 +22,7 @@ import time
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -121,7 +122,7 @@ def main(argv=None) -> None:
   files = names or list(FAMILIES)
   unknown = [f for f in files if f not in FAMILIES]
   if unknown:
-    raise cli.UserError(f"unknown family {unknown[0]!r}: choose from {', '.join(FAMILIES)}")
+    raise UserError(f"unknown family {unknown[0]!r}: choose from {', '.join(FAMILIES)}")
   results = []
   with contextlib.ExitStack() as stack:
     base = pathlib.Path(FLAGS.workdir or stack.enter_context(tempfile.TemporaryDirectory()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pathlib
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)  # no flags of its own: --help prints the docstring
 
@@ -47,7 +48,7 @@ def preset_count(file: str, preset: str) -> int:
 
 def main(argv=None) -> None:
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: this script takes none")
+    raise UserError("unexpected arguments: this script takes none")
   from transformers_jax.models import counting
 
   for name, layers, d in GPT2_SIZES:

@@ -38,6 +38,7 @@ import time
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.scripting import output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -300,7 +301,7 @@ def plot(records, out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.sweep or not FLAGS.out:
-    raise cli.UserError(
+    raise UserError(
         "--sweep and --out are required, e.g. --sweep experiments/lr_sensitivity.py "
         "--out experiments/results/lr_sensitivity"
     )
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
   done = sweeps.read_records(out / "populations.jsonl")
   unknown = sorted(set(FLAGS.only) - {e["name"] for e in entries})
   if unknown:
-    raise cli.UserError(
+    raise UserError(
         f"--only {','.join(unknown)}: not a population of {FLAGS.sweep}; its populations are "
         + ", ".join(e["name"] for e in entries)
     )

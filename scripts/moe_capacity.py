@@ -24,6 +24,7 @@ import sys
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.scripting import bench_report, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -184,16 +185,16 @@ def markdown(results: list[dict]) -> str:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   if FLAGS.count_flops:
     wanted = [r for r in ROWS if r["name"] == FLAGS.count_flops]
     if not wanted:
-      raise cli.UserError(f"--count_flops={FLAGS.count_flops!r} names no row")
+      raise UserError(f"--count_flops={FLAGS.count_flops!r} names no row")
     print(json.dumps(loop_free_flops(wanted[0])))
     return
   unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in ROWS)]
   if unmatched:
-    raise cli.UserError(
+    raise UserError(
         f"--only={','.join(FLAGS.only)}: {unmatched[0]!r} names no row; rows are "
         f"{', '.join(r['name'] for r in ROWS)}"
     )

@@ -18,6 +18,7 @@ import tempfile
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.config import load_config_module
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -51,7 +52,7 @@ def run(corpus: pathlib.Path, workdir: pathlib.Path, packing: bool) -> dict:
 def main(argv) -> int:
   cli.parse_script_flags(FLAGS, argv, "packing_long_document.py")
   if not _MEGABYTES.value > 0 or _STEPS.value < 1:
-    raise cli.UserError("--megabytes and --steps must be positive")
+    raise UserError("--megabytes and --steps must be positive")
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     corpus = tmp / "one_document.txt"

@@ -31,7 +31,8 @@ from transformers_jax.config import ModelConfig, load_config_module  # noqa: E40
 from transformers_jax.tasks import task_data, task_for  # noqa: E402
 from transformers_jax.train import compile as compile_step  # noqa: E402
 from transformers_jax.train import optim  # noqa: E402
-from transformers_jax.train.step import create_state, make_train_step  # noqa: E402
+from transformers_jax.train.step import make_train_step  # noqa: E402
+from transformers_jax.train.state import create_state  # noqa: E402
 
 MESHES = {"whole": {"data": 8}, "context4": {"fsdp": 2, "context": 4}}
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from transformers_jax.machine import parallel  # noqa: E402
-from transformers_jax.cli import UserError  # noqa: E402
+from transformers_jax.machine import cluster_join, parallel  # noqa: E402
+from transformers_jax.errors import UserError  # noqa: E402
 from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def config_of(family: str, **fields):
 
 def main():
   address, pid, out = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
-  parallel.initialize_distributed(address, 2, pid, timeout_s=120)
+  cluster_join.initialize_distributed(address, 2, pid, timeout_s=120)
   import jax
 
   from transformers_jax.tasks import task_data, task_for

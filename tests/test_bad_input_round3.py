@@ -65,13 +65,13 @@ FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
 def test_export_never_overwrites_another_run(tmp_path):
-  from transformers_jax import cli
+  from transformers_jax.errors import UserError
   from transformers_jax.convert import export_hf, import_hf
 
   import_hf(FIXTURES / "gpt2", tmp_path / "a")
   import_hf(FIXTURES / "gpt2", tmp_path / "b")
   before = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
-  with pytest.raises(cli.UserError, match="holds a run"):
+  with pytest.raises(UserError, match="holds a run"):
     export_hf(tmp_path / "a", tmp_path / "b", overwrite=True)
   after = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
   assert after == before
@@ -464,7 +464,8 @@ def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
 def test_a_damaged_config_json_is_one_line_for_every_reader(tmp_path, text, needle):
   """generate and convert read config.json through Run.config (a KeyError or TypeError before),
   training through Run.saved_config: both name the file and the fix."""
-  from transformers_jax.run_folder.runs import Run, RunError
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.errors import RunError
 
   (tmp_path / "config.json").write_text(text)
   for read in (Run(tmp_path).config, Run(tmp_path).saved_config):
@@ -474,7 +475,8 @@ def test_a_damaged_config_json_is_one_line_for_every_reader(tmp_path, text, need
 
 
 def test_a_garbage_run_history_names_the_file(tmp_path):
-  from transformers_jax.run_folder.runs import Run, RunError
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.errors import RunError
 
   (tmp_path / "run_history.jsonl").write_text('{"step": 2, "changes": {}}\n{"chan\n')
   with pytest.raises(RunError, match=r"run_history.jsonl: line 2 is not a recorded change"):

@@ -305,7 +305,8 @@ def test_sharded_decoding_equals_one_device():
 def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   from transformers_jax.train_config import experiment_config
   from transformers_jax.run_folder.runs import load_run
-  from transformers_jax.run_folder.runs import Checkpoints, RunError
+  from transformers_jax.errors import RunError
+  from transformers_jax.run_folder.checkpoints import Checkpoints
 
   cfg, params = lm
   (tmp_path / "config.json").write_text(experiment_config(**cfg.to_dict()).to_json())
@@ -341,11 +342,11 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
 
 
 def test_load_run_errors_name_the_fix(lm, tmp_path):
-  from transformers_jax.cli import UserError
+  from transformers_jax.errors import UserError
   from transformers_jax.train_config import experiment_config
   from transformers_jax.cli import parse_ids
   from transformers_jax.run_folder.runs import load_run
-  from transformers_jax.run_folder.runs import RunError
+  from transformers_jax.errors import RunError
 
   assert parse_ids("1, 2,3", "prompt_ids") == [1, 2, 3]
   with pytest.raises(UserError, match="comma-separated integers"):

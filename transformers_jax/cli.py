@@ -11,7 +11,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformers_jax.errors import (  # noqa: F401  (UserError: raised by every command line)
+from transformers_jax.errors import (
     EXIT_SAVED_AND_STOPPED,
     AbortedBeforeStart,
     Interrupted,

@@ -27,20 +27,14 @@ from __future__ import annotations
 import json
 import pathlib
 
-from transformers_jax.run_folder.checkpoints import (  # noqa: F401  (the run folder's checkpoint API)
-    FULL_STATE,
+from transformers_jax.run_folder.checkpoints import (
     PARAMS_ONLY,
     CheckpointDamaged,
     Checkpoints,
-    file_checksums,
     non_finite_values,
 )
 from transformers_jax.run_folder import records
 from transformers_jax.errors import RunError
-from transformers_jax.run_folder.workdir_lock import (  # noqa: F401  (one run per folder)
-    WorkdirBusy,
-    WorkdirLock,
-)
 
 
 class Run:

@@ -11,15 +11,14 @@ import numpy as np
 
 from transformers_jax.machine import parallel
 from transformers_jax.models import counting
-from transformers_jax.run_folder import runs
 from transformers_jax.errors import UserError
 from transformers_jax.run_folder.runs import Run
+from transformers_jax.run_folder.workdir_lock import WorkdirBusy, WorkdirLock
 from transformers_jax.train import evaluation, population, resume
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train.events import (  # noqa: F401  (TrainingDiverged: the loop's error)
+from transformers_jax.train.events import (
     Pace,
     Progress,
-    TrainingDiverged,
     run_steps,
     stop_if_not_finite,
 )
@@ -78,14 +77,14 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
   with an error naming the first."""
   run = Run(workdir)
   is_main = jax.process_index() == 0
-  lock = runs.WorkdirLock(run.path)
+  lock = WorkdirLock(run.path)
   problem = None
   if is_main:
     try:
       lock_note = lock.acquire()
       if lock_note:
         print(lock_note, flush=True)
-    except (runs.WorkdirBusy, OSError) as e:  # busy; or a workdir that cannot be made
+    except (WorkdirBusy, OSError) as e:  # busy; or a workdir that cannot be made
       problem = e
   if not parallel.agree(problem is None):
     raise problem or UserError(f"process 0 could not lock {run.path}: see its error")

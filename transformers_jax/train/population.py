@@ -23,13 +23,11 @@ from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation, resume
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import Pace, run_steps
-from transformers_jax.train.members import (  # noqa: F401  (the population's table, re-exported)
+from transformers_jax.train.members import (
     LISTS,
     describe,
-    enabled,
     list_values,
     member,
-    members,
     put_stacked,
 )
 from transformers_jax.train.optim import schedule
