@@ -168,7 +168,8 @@ def probe(
   import jax
   from flax import linen as nn
 
-  from transformers_jax.train import state as state_lib, step as step_lib
+  from transformers_jax.models import initializer
+  from transformers_jax.train import step as step_lib
   from transformers_jax.train.setup import Setup
 
   config = task_config(task, placement, depth, 0, d_model, batch_size, init_std)
@@ -181,7 +182,7 @@ def probe(
     objective, sums = loss_fn(params, batch, rng)
     return objective / sums["weight"]
 
-  boxed_params = state_lib.boxed_init(setup.model_cfg)
+  boxed_params = initializer(setup.model_cfg)
 
   @jax.jit
   def init_and_probe(seed, batch):
