@@ -139,7 +139,7 @@ def summarize(
 def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
   from transformers_jax.run_folder.checkpoints import Checkpoints
   from transformers_jax.train.events import TrainingDiverged
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   config = point_config(sweep, point, out)
   workdir = out / "runs" / point["name"]

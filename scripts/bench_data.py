@@ -162,7 +162,7 @@ CHILD = PEAK + r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
 from transformers_jax.config import load_config_module
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 config = load_config_module(sys.argv[3] + "/experiments/gpt2.py").get_config("tiny")
 for key, value in json.loads(sys.argv[4]).items():
   config.model[key] = value

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)

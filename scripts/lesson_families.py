@@ -52,7 +52,7 @@ def run_family(file: str, workdir: pathlib.Path, steps: int = 0) -> dict:
   from absl import logging
   from transformers_jax.models import counting
   from transformers_jax.config import load_config_module
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   logging.set_verbosity(logging.WARNING)
   config = load_config_module(str(ROOT / "experiments" / f"{file}.py")).get_config("tiny")

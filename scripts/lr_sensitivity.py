@@ -140,7 +140,7 @@ def _rounded(x):
 
 
 def run_population(sweep, entry, out: pathlib.Path) -> dict:
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   config = population_config(sweep, entry, out)
   workdir = out / "runs" / entry["name"]

@@ -39,7 +39,7 @@ def one_document(path: pathlib.Path, size: int) -> None:
 
 
 def run(corpus: pathlib.Path, workdir: pathlib.Path, packing: bool) -> dict:
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   config = load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config(_PRESET.value)
   config.data.path, config.data.packing, config.data.tokenize_workers = str(corpus), packing, 1

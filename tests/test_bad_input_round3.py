@@ -511,7 +511,7 @@ def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_pa
   from transformers_jax.errors import UserError
   from transformers_jax.run_folder.runs import Run
   from transformers_jax.train.resume import check_resumed_settings
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 300)

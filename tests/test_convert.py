@@ -134,7 +134,7 @@ def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
 def test_training_in_a_converted_run_starts_from_its_parameters(tmp_path):
   from transformers_jax.run_folder.runs import Run
   from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   import_hf(FIXTURES / "vit_classifier", tmp_path / "run")
   run = Run(tmp_path / "run")

@@ -47,7 +47,7 @@ def jsonl(path):
 
 def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
   ablate = script("ablate")
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   sweep_file = tmp_path / "toy.py"
   sweep_file.write_text(TOY_SWEEP)

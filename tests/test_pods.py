@@ -25,7 +25,7 @@ from transformers_jax.errors import RunError
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.run_folder.checkpoints import Checkpoints, non_finite_values
 from transformers_jax.train import events, metrics
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 
 from conftest import ROOT
 from test_train import assert_one_line_error, configure, losses, run_cli

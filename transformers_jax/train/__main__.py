@@ -118,7 +118,7 @@ def main(argv):
     )
   if not FLAGS.workdir:
     raise UserError("--workdir is required: where the run's files go (e.g. runs/x)")
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   train(FLAGS.config, FLAGS.workdir, allow_data_change=FLAGS.allow_data_change)
 

@@ -30,15 +30,8 @@ from transformers_jax.train.members import (
     member,
     put_stacked,
 )
-from transformers_jax.train.optim import schedule
 from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.profiling import StepProfiler
-
-
-def member_schedule(config, peak, warmup):
-  """The config's learning-rate schedule with a member's peak and warmup (traced scalars):
-  optim.schedule itself, which takes either."""
-  return schedule(config, peak, warmup)
 
 
 class MemberBatches:
