@@ -30,7 +30,9 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -132,7 +134,7 @@ def record_at_step(workdir: pathlib.Path, step: int) -> dict:
       m["eval_loss"], m["eval_step"] = x["eval_loss"], x["step"]
   reached = {m.get("eval_step") for m in members.values()}
   if reached != {step}:
-    raise cli.UserError(
+    raise UserError(
         f"--at_step {step}: {workdir} has evaluations at steps up to {max(reached - {None}, default=0)}"
         " for some members; give a step every run folder reached"
     )
@@ -290,11 +292,11 @@ def plot(records: list[dict], out: pathlib.Path, key: str, name: str, ylabel: st
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError("--out is required, e.g. --out experiments/results/deep_postnorm")
+    raise UserError("--out is required, e.g. --out experiments/results/deep_postnorm")
   out = pathlib.Path(FLAGS.out)
   records = read(out)
   if not records:
-    raise cli.UserError(
+    raise UserError(
         f"--out {out}: no lm/populations.jsonl or translation/populations.jsonl there; run "
         "scripts/lr_sensitivity.py with the study's sweep files first"
     )

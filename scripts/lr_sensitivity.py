@@ -37,7 +37,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -149,7 +151,7 @@ def _rounded(x):
 
 
 def run_population(sweep, entry, out: pathlib.Path) -> dict:
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   config = population_config(sweep, entry, out)
   workdir = out / "runs" / entry["name"]
@@ -311,7 +313,7 @@ def plot(records, out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.sweep or not FLAGS.out:
-    raise cli.UserError(
+    raise UserError(
         "--sweep and --out are required, e.g. --sweep experiments/lr_sensitivity.py "
         "--out experiments/results/lr_sensitivity"
     )
@@ -328,7 +330,7 @@ def main(argv=None) -> int:
   done = sweeps.read_records(out / "populations.jsonl")
   unknown = sorted(set(FLAGS.only) - {e["name"] for e in entries})
   if unknown:
-    raise cli.UserError(
+    raise UserError(
         f"--only {','.join(unknown)}: not a population of {FLAGS.sweep}; its populations are "
         + ", ".join(e["name"] for e in entries)
     )

@@ -17,11 +17,12 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformers_jax import field_checks, parallel
+from transformers_jax.machine import parallel
+from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.modules import block
-from transformers_jax.runs import PARAMS_ONLY
+from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
 from transformers_jax.tasks import task_data, task_for
 from transformers_jax.train import members as members_lib
 from transformers_jax.train import optim, resume, state as state_lib, step as step_lib

@@ -10,16 +10,10 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.models import build_model
 from transformers_jax.tasks import cross_entropy
 from transformers_jax.train import optim
-from transformers_jax.train.state import (  # noqa: F401  (the state the steps update)
-    TrainState,
-    abstract_state,
-    create_state,
-    state_shardings,
-)
 
 
 def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
