@@ -30,7 +30,9 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 from transformers_jax.modules.placements import PLACEMENTS
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -168,7 +170,7 @@ def write_table(records: list[dict], out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError("--out is required, e.g. --out experiments/results/norm_zoo/amplification")
+    raise UserError("--out is required, e.g. --out experiments/results/norm_zoo/amplification")
   placements = (
       [n for n, p in PLACEMENTS.items() if not p.unavailable]
       if FLAGS.placements == ["all"]
@@ -176,7 +178,7 @@ def main(argv=None) -> int:
   )
   unknown = [p for p in placements if p not in PLACEMENTS or PLACEMENTS[p].unavailable]
   if unknown:
-    raise cli.UserError(
+    raise UserError(
         f"--placements {','.join(unknown)}: not a built placement; built: "
         + ", ".join(n for n, p in PLACEMENTS.items() if not p.unavailable)
     )

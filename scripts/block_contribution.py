@@ -32,7 +32,9 @@ import tempfile
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -46,7 +48,7 @@ BRANCH_OUTPUTS = (("self_attn", "out"), ("ffn", "wo"))
 
 def held_out_batches(workdir: pathlib.Path):
   """The run's own held-out LM batches ([B, T + 1] token rows), as its training evaluated."""
-  from transformers_jax import runs
+  from transformers_jax.run_folder import runs
   from transformers_jax.train.setup import Setup
 
   config = runs.Run(workdir).config()
@@ -111,7 +113,7 @@ def measure_member(model_cfg, params, batches) -> dict:
 
 def measure_run(workdir: pathlib.Path) -> list[dict]:
   """One record per member (one for a solo run)."""
-  from transformers_jax import runs
+  from transformers_jax.run_folder import runs
   from transformers_jax.train import members as members_lib
 
   config = runs.Run(workdir).config()
@@ -170,7 +172,7 @@ def write_table(records: list[dict], out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out or (not FLAGS.runs and not FLAGS.report_only):
-    raise cli.UserError("--runs and --out are required, e.g. --runs RUN_A,RUN_B --out FOLDER")
+    raise UserError("--runs and --out are required, e.g. --runs RUN_A,RUN_B --out FOLDER")
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   path = out / "contribution.jsonl"

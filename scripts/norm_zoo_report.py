@@ -29,7 +29,9 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -201,13 +203,13 @@ def dyt(lm: dict, out: pathlib.Path) -> list[str]:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError("--out is required, e.g. --out experiments/results/norm_zoo")
+    raise UserError("--out is required, e.g. --out experiments/results/norm_zoo")
   out = pathlib.Path(FLAGS.out)
   lm = records_of(out / "lm")
   translation = records_of(out / "translation", "translation")
   zoo = list(lm.values()) + list(translation.values())
   if not zoo:
-    raise cli.UserError(
+    raise UserError(
         f"--out {out}: no lm/populations.jsonl or translation/populations.jsonl there; run the "
         "study's commands (docs/norm_zoo.md) first"
     )
