@@ -78,8 +78,9 @@ def model_config(placement: str, depth: int, init_std: float):
   return config.model
 
 
-def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: float) -> list[dict]:
-  """One record per seed: the relative logit change under the perturbation."""
+def change_fn(placement: str, depth: int, init_std: float):
+  """The jitted (seed, epsilon) -> relative logit change of this placement and depth: one
+  compilation for every seed and noise level."""
   import jax
   import jax.numpy as jnp
   from flax import linen as nn
@@ -90,7 +91,7 @@ def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: fl
   model = models.build_model(cfg)
   init = models.initializer(cfg)
 
-  def perturb(params, key):
+  def perturb(params, key, epsilon):
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     keys = jax.random.split(key, len(leaves))
     out = []
@@ -103,22 +104,29 @@ def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: fl
     return jax.tree_util.tree_unflatten(treedef, out)
 
   @jax.jit
-  def change(seed):
+  def change(seed, epsilon):
     key = jax.random.PRNGKey(seed)
     params = nn.unbox(init(jax.random.fold_in(key, 0)))
     tokens = jax.random.randint(jax.random.fold_in(key, 1), (ROWS, LENGTH), 0, cfg.vocab_size)
+    perturbed = perturb(params, jax.random.fold_in(key, 2), epsilon)
     before = model.apply({"params": params}, tokens)["logits"]
-    after = model.apply({"params": perturb(params, jax.random.fold_in(key, 2))}, tokens)["logits"]
+    after = model.apply({"params": perturbed}, tokens)["logits"]
     return jnp.linalg.norm(after - before) / jnp.linalg.norm(before)
 
+  return change, cfg.init_std
+
+
+def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: float) -> list[dict]:
+  """One record per seed: the relative logit change under the perturbation."""
+  change, std = change_fn(placement, depth, init_std)
   return [
       {
           "placement": placement,
           "depth": depth,
-          "init_std": cfg.init_std,
+          "init_std": std,
           "seed": seed,
           "epsilon": epsilon,
-          "relative_change": float(change(seed)),
+          "relative_change": float(change(seed, epsilon)),
       }
       for seed in range(seeds)
   ]
