@@ -163,13 +163,16 @@ def write_table(records: list[dict], out: pathlib.Path) -> None:
       means.append(sum(xs) / len(xs) if xs else float("nan"))
     cells = " | ".join(f"{m:.2e}" for m in means)
     lines.append(
-        f"| {p} | {cells} | {means[-1] / means[0]:.2f} | {fit_exponent(depths, means):.2f} |"
+        f"| {p} | {std:g} | {cells} | {means[-1] / means[0]:.2f} | "
+        f"{fit_exponent(depths, means):.2f} |"
     )
   lines += [
       "",
       f"Relative logit change ||F(x, W + delta) - F(x, W)|| / ||F(x, W)|| at initialisation, "
       f"delta Gaussian with {epsilon:g} x each block kernel's RMS; seed mean over "
       f"{len({r['seed'] for r in records})} seeds. a: exponent of a fit change ~ N^a. "
+      "Init std: model.init_std, which placements with their own initialisation rule "
+      "(deepnorm's and subln's Xavier gains, tfixup) do not use. "
       "Command: `python scripts/amplification.py` (see its docstring).",
   ]
   (out / "table.md").write_text("\n".join(lines) + "\n")
