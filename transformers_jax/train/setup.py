@@ -36,7 +36,7 @@ class Setup:
   def __init__(self, config, task=None, devices=None):
     self.config = config
     self.model_cfg = ModelConfig.from_dict(config.model)
-    self.task = task or task_for(self.model_cfg)
+    self.task = task or task_for(self.model_cfg, config)
     self.mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
     self.members = members_lib.members(config) if members_lib.enabled(config) else None
     count = len(self.members) if self.members else 1
@@ -44,8 +44,8 @@ class Setup:
     rules = parallel.rules(config.rules.to_dict())
     self.rule_table = members_lib.without_axis(rules, self.member_axis)
     batch_axes = [a for a in parallel.BATCH_AXES if a != self.member_axis]
-    validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes))
-    field_checks.check_training(config, self.model_cfg, self.task.name, self.mesh.devices.flat)
+    validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes), self.task)
+    field_checks.check_training(config, self.model_cfg, self.task, self.mesh.devices.flat)
     self.tx = optim.make_optimizer(config)
     abstract, shardings = state_lib.state_shardings(
         self.model_cfg, self.tx, self.mesh, self.rule_table, config.seed
@@ -56,6 +56,14 @@ class Setup:
           abstract, shardings, self.members, self.member_axis
       )
     self.abstract, self.shardings = abstract, shardings
+
+  @property
+  def frozen(self):
+    """The Task's frozen arrays on this run's mesh (Task.frozen: a teacher's parameters), made
+    on first use; None for most objectives."""
+    if not hasattr(self, "_frozen"):
+      self._frozen = self.task.frozen(self)
+    return self._frozen
 
   @property
   def member_count(self) -> int:
@@ -118,13 +126,14 @@ class Setup:
         self.mesh,
         self.rule_table,
         self.shardings,
+        self.frozen,
     )
 
   def eval_step(self):
     if self.members:
       return members_lib.make_eval_step(self)
     return step_lib.make_eval_step(
-        self.task, self.model_cfg, self.mesh, self.rule_table, self.shardings
+        self.task, self.model_cfg, self.mesh, self.rule_table, self.shardings, self.frozen
     )
 
   # ------------------------------------------------------------------ data and state
