@@ -5,6 +5,7 @@ mlm             encoder, head=mlm     masked LM (80/10/10 mask/random/keep)
 classify_text   encoder, classifier   one label per text
 classify_image  vit, classifier       one label per image
 seq2seq         encoder_decoder       teacher forcing; greedy BLEU at evaluation
+span_corruption encoder_decoder       T5 span corruption of text (pre-training)
 
 `--config.task=NAME` picks one by name (`--config_help` lists them); "" takes the model's own
 (task_for). A new objective is its module and one line below (docs/objectives.md).
@@ -20,6 +21,7 @@ from transformers_jax.tasks.classify import ImageClassification, TextClassificat
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
 from transformers_jax.tasks.seq2seq import Translation
+from transformers_jax.tasks.span_corruption import SpanCorruption
 
 # The registry: --config.task=NAME -> the objective. One line per objective.
 TASKS = {
@@ -30,6 +32,7 @@ TASKS = {
         TextClassification(),
         ImageClassification(),
         Translation(),
+        SpanCorruption(),
     )
 }
 
