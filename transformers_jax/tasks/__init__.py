@@ -6,6 +6,7 @@ classify_text   encoder, classifier   one label per text
 classify_image  vit, classifier       one label per image
 seq2seq         encoder_decoder       teacher forcing; greedy BLEU at evaluation
 span_corruption encoder_decoder       T5 span corruption of text (pre-training)
+distill         decoder, encoder mlm  knowledge distillation from a teacher run
 
 `--config.task=NAME` picks one by name (`--config_help` lists them); "" takes the model's own
 (task_for). A new objective is its module and one line below (docs/objectives.md).
@@ -18,6 +19,7 @@ import ml_collections
 from transformers_jax.errors import UserError
 from transformers_jax.tasks.base import Task, TaskData, cross_entropy
 from transformers_jax.tasks.classify import ImageClassification, TextClassification
+from transformers_jax.tasks.distill import Distillation
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
 from transformers_jax.tasks.seq2seq import Translation
@@ -33,6 +35,7 @@ TASKS = {
         ImageClassification(),
         Translation(),
         SpanCorruption(),
+        Distillation(),
     )
 }
 
