@@ -12,7 +12,7 @@ near the output large and flat in depth at this init, and pre-norm's shrinking a
 longer 1/sqrt(d_model): set INIT_STD to 0.0625 there.
 """
 
-from transformers_jax import sweeps
+from transformers_jax.scripting import sweeps
 
 LM = sweeps.load_sweep(sweeps.ROOT / "experiments" / "deep_postnorm.py", ("BASE", "populations"))
 BASE = LM.BASE

@@ -9,8 +9,9 @@ Every entry of modules/placements.py (and pre-LN with the two new norm kinds, Dy
 ScaleNorm) in the protocol of experiments/deep_postnorm.py: one population per scheme of 7
 peak rates (3e-4 ... 3e-1) x warmup {0, 10% of steps} x 3 seeds = 42 members, on tiny
 byte-level decoders at depth 12 (d_model 16, 2 heads, batches of 4 x 16 bytes of the bundled
-corpus, 2,000 steps). A population took 590 CPU-s on the 2-core machine, so the 19 take about
-3.1 CPU-hours. `--scale` is the same grid at d_model 256 and depths 12 and 24 for an
+corpus), trained for 1,000 steps rather than deep_postnorm's 2,000 (at 2,000 a population took
+590 CPU-s on the 2-core machine and the 19 would take 3.1 of the study's 4 CPU-hours), and
+evaluated every 100 steps so that steps-to-a-loss (ReZero's claim) can be read from the curves. `--scale` is the same grid at d_model 256 and depths 12 and 24 for an
 accelerator. docs/norm_zoo.md says what each scheme is and what the study reads from it.
 """
 
@@ -41,7 +42,12 @@ SCHEMES = [
 
 # the deep post-norm study's LM protocol (experiments/deep_postnorm.py), layers scanned so that
 # each depth-12 population compiles one block
-COMMON = {**_deep_postnorm.COMMON, "model.scan_layers": True}
+COMMON = {
+    **_deep_postnorm.COMMON,
+    "steps": 1000,
+    "eval_every": 100,
+    "model.scan_layers": True,
+}
 SCALE = {**_deep_postnorm.SCALE}
 DEPTHS = (12,)
 SCALE_DEPTHS = (12, 24)

@@ -26,13 +26,15 @@ _zoo = importlib.util.module_from_spec(_lm)
 _lm.loader.exec_module(_zoo)
 
 BASE = _translation.BASE
-LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+LEARNING_RATES = (3e-3, 1e-2, 3e-2)
+STEPS = 600
 SEEDS = 3
 DEPTHS = (12,)
 
 
 def populations(scale: bool = False) -> list[dict]:
-  common = {**_translation.COMMON, **(_translation.SCALE if scale else {})}
+  common = {**_translation.COMMON, "steps": STEPS, "eval_every": STEPS}
+  common = {**common, **(_translation.SCALE if scale else {})}
   out = []
   for depth in DEPTHS:
     for name, scheme in _zoo.SCHEMES:

@@ -31,7 +31,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -135,8 +137,9 @@ def summarize(
 
 
 def run_point(sweep, point: dict, out: pathlib.Path, keep_checkpoints: bool) -> dict:
-  from transformers_jax.runs import Checkpoints
-  from transformers_jax.train.loop import TrainingDiverged, train
+  from transformers_jax.run_folder.checkpoints import Checkpoints
+  from transformers_jax.train.events import TrainingDiverged
+  from transformers_jax.train.entry import train
 
   config = point_config(sweep, point, out)
   workdir = out / "runs" / point["name"]
@@ -372,7 +375,7 @@ def _work(point) -> float:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.sweep or not FLAGS.out:
-    raise cli.UserError(
+    raise UserError(
         "--sweep and --out are required, e.g. --sweep "
         "experiments/norm_ablation.py --out experiments/results/norm_ablation"
     )

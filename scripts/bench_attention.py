@@ -25,7 +25,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
@@ -94,11 +96,11 @@ def attention_core(impl: str, length: int):
 
 def train_step(impl: str, length: int):
   """GPT-2 tiny's train step at `length` tokens, batch 1."""
-  from transformers_jax import parallel
+  from transformers_jax.machine import parallel
   from transformers_jax.config import load_config_module
   from transformers_jax.train import optim
   from transformers_jax.train.compile import build_step
-  from transformers_jax.train.step import create_state
+  from transformers_jax.train.state import create_state
 
   config = load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config("tiny")
   config.model.update(
@@ -197,16 +199,16 @@ def plot(rows: list[dict], impls: list[str], path: pathlib.Path, title: str) -> 
 
 def main(argv=None) -> None:
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   from transformers_jax.config import ATTENTION_IMPLS
 
   impls = [i.strip() for i in FLAGS.impls]
   for impl in impls:
     if impl not in ATTENTION_IMPLS:
-      raise cli.UserError(f"--impls: {impl!r} is not one of {', '.join(ATTENTION_IMPLS)}")
+      raise UserError(f"--impls: {impl!r} is not one of {', '.join(ATTENTION_IMPLS)}")
   lengths = FLAGS.lengths
   if any(n < 8 for n in lengths):
-    raise cli.UserError(f"--lengths={','.join(map(str, lengths))}: every length must be >= 8")
+    raise UserError(f"--lengths={','.join(map(str, lengths))}: every length must be >= 8")
   import jax
 
   device = jax.devices()[0]

@@ -21,7 +21,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import bench_report, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -61,7 +63,7 @@ def time_to_first_step(workdir, cache: str, data_cache) -> float:
         return time.perf_counter() - start
       if time.perf_counter() - start > FLAGS.timeout_s:
         break
-    raise cli.UserError(
+    raise UserError(
         f"the run never logged its first step: {proc.stderr.read()[-500:] if proc.poll() else ''}"
     )
   finally:

@@ -32,7 +32,9 @@ import numpy as np
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -161,7 +163,7 @@ CHILD = PEAK + r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
 from transformers_jax.config import load_config_module
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 config = load_config_module(sys.argv[3] + "/experiments/gpt2.py").get_config("tiny")
 for key, value in json.loads(sys.argv[4]).items():
   config.model[key] = value
@@ -264,7 +266,7 @@ def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   for name in ("big_mb", "small_mb", "tokenize_mb", "bpe_mb"):
     if FLAGS[name].value < 1:
-      raise cli.UserError(f"--{name}={FLAGS[name].value}: give a positive size in MB")
+      raise UserError(f"--{name}={FLAGS[name].value}: give a positive size in MB")
   args = FLAGS
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_data-"))
   try:

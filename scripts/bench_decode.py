@@ -26,6 +26,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 cli.define_integer_list(
@@ -94,12 +95,12 @@ def best_time(fn, repeats: int) -> float:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   n = FLAGS.new_tokens
   positions, batches = FLAGS.positions, FLAGS.batches
   longest = max(positions + [64]) + 1 + n  # the prompt, then 1 + n tokens
   if longest > FLAGS.max_len:
-    raise cli.UserError(
+    raise UserError(
         f"--positions={max(positions)} with --new_tokens={n} reaches position {longest}, "
         f"past --max_len={FLAGS.max_len}: raise --max_len or lower --positions"
     )

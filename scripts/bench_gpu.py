@@ -22,7 +22,9 @@ import sys
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
@@ -48,7 +50,7 @@ flags.DEFINE_bool(
 
 
 def fail(message: str) -> None:
-  raise cli.UserError(message)
+  raise UserError(message)
 
 
 def main(argv=None) -> None:

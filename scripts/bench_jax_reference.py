@@ -28,7 +28,9 @@ import optax
 from absl import flags
 from flax import linen as nn
 
-from transformers_jax import cli, parallel
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.machine import parallel
 from transformers_jax.train.compile import build_step
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -121,7 +123,7 @@ def project_step():
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   runs = {"reference": list(reference_step()), "project": list(project_step())}
   times = {name: [] for name in runs}
   for round_ in range(FLAGS.rounds + 2):  # two untimed rounds: compile, then warm up

@@ -24,7 +24,10 @@ import tempfile
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, local_cluster, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.machine import local_cluster
+from transformers_jax.scripting import bench_report, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -86,7 +89,7 @@ def last_logged(workdir) -> dict:
 def main(argv=None) -> None:
   cli.parse_script_flags(FLAGS, argv)
   if FLAGS.devices < 2 or FLAGS.devices % 2:
-    raise cli.UserError(f"--devices={FLAGS.devices}: give an even number, at least 2")
+    raise UserError(f"--devices={FLAGS.devices}: give an even number, at least 2")
   peak = FLAGS.device_peak_flops
   if not peak:
     from transformers_jax.train import metrics
@@ -98,7 +101,7 @@ def main(argv=None) -> None:
         command(tmp / "one", peak), capture_output=True, text=True, cwd=ROOT, env=env(FLAGS.devices)
     )
     if one.returncode:
-      raise cli.UserError(f"the one-process run failed: {one.stderr.strip()[-500:]}")
+      raise UserError(f"the one-process run failed: {one.stderr.strip()[-500:]}")
     procs = local_cluster.start_processes(
         lambda i, address: command(tmp / "two", peak, *local_cluster.cluster_flags(i, address, 2)),
         2,
@@ -107,7 +110,7 @@ def main(argv=None) -> None:
     )
     outs = [p.communicate() for p in procs]
     if any(p.returncode for p in procs):
-      raise cli.UserError(f"the two-process run failed: {outs[0][1].strip()[-500:]}")
+      raise UserError(f"the two-process run failed: {outs[0][1].strip()[-500:]}")
     a, b = last_logged(tmp / "one"), last_logged(tmp / "two")
   tokens_ratio = b["tokens_per_s"] / a["tokens_per_s"]
   mfu_ratio = b["mfu"] / a["mfu"]

@@ -17,7 +17,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
@@ -28,7 +30,7 @@ COUNT_175B = r"""
 import json, resource, sys, time
 sys.path.insert(0, ".")
 import jax
-from transformers_jax import counting
+from transformers_jax.models import counting
 from transformers_jax.config import load_config_module
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cfg = load_config_module("experiments/gpt3.py").get_config("175b")
@@ -73,7 +75,7 @@ def compile_seconds(layers: int, scan: bool) -> float:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   depths = FLAGS.layers
   import jax
 

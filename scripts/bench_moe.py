@@ -20,6 +20,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 cli.define_config_flag(flag_values=FLAGS, default="experiments/mixtral.py:cpu")
@@ -31,22 +32,23 @@ flags.DEFINE_list("impls", ["dense", "ragged"], "model.moe_impl values to time."
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   from transformers_jax.config import MOE_IMPLS
 
   config = FLAGS.config
   if config.model.feed_forward != "moe":
-    raise cli.UserError("--config: a mixture-of-experts model is needed (model.feed_forward=moe)")
+    raise UserError("--config: a mixture-of-experts model is needed (model.feed_forward=moe)")
   unknown = [i for i in FLAGS.impls if i not in MOE_IMPLS]
   if unknown or not FLAGS.impls:
-    raise cli.UserError(f"--impls={','.join(FLAGS.impls)}: choose from {', '.join(MOE_IMPLS)}")
+    raise UserError(f"--impls={','.join(FLAGS.impls)}: choose from {', '.join(MOE_IMPLS)}")
   return timed(config)
 
 
 def timed(config):
   import jax
 
-  from transformers_jax import counting, parallel
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import counting
   from transformers_jax.train.compile import build_step
 
   runs = {}

@@ -27,7 +27,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -78,14 +80,14 @@ def configs(steps: int, depth: int, cache: pathlib.Path):
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if FLAGS.steps < 1 or FLAGS.depth not in (2, 4):
-    raise cli.UserError(
+    raise UserError(
         f"--steps={FLAGS.steps} --depth={FLAGS.depth}: steps must be a positive integer and "
         "depth 2 or 4 (the depths of experiments/lr_sensitivity.py's populations)"
     )
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)

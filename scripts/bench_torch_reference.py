@@ -21,6 +21,7 @@ import time
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 for _name, _default, _help in [
@@ -81,13 +82,11 @@ def gpt_class():
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   try:
     import torch
   except ImportError:
-    raise cli.UserError(
-        "this script needs PyTorch: pip install torch==2.13.0 (CPU build)"
-    ) from None
+    raise UserError("this script needs PyTorch: pip install torch==2.13.0 (CPU build)") from None
   a = FLAGS
   torch.manual_seed(0)
   model = gpt_class()(a.vocab, a.seq_len, a.d_model, a.layers, a.heads)

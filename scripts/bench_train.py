@@ -8,7 +8,7 @@
 Times the jit-compiled train step alone (synthetic batches already on the devices, no data
 pipeline, no logging) after compiling it; each step is timed on its own and the median is
 reported (a shared host's noise moves the mean). MFU is model FLOPs (6N + attention, see
-counting.py) over the device peak (for a CPU: the best of 20 float32 1024^3 matmuls).
+models/counting.py) over the device peak (for a CPU: the best of 20 float32 1024^3 matmuls).
 `--free_attention_core` times the step without its attention core, a floor for any attention
 implementation.
 """
@@ -24,6 +24,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 cli.define_config_flag(flag_values=FLAGS)
@@ -59,12 +60,12 @@ def free_attention_core():
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   if FLAGS.config is None:
-    raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:tiny")
+    raise UserError("--config is required, e.g. --config experiments/gpt2.py:tiny")
   config = FLAGS.config
   if FLAGS.free_attention_core and config.model.family != "decoder":
-    raise cli.UserError(
+    raise UserError(
         "--free_attention_core: decoder family only (its attention is "
         "self-attention, where v has the output's shape)"
     )
@@ -75,7 +76,8 @@ def main(argv=None):
 def timed(config):
   import jax
 
-  from transformers_jax import counting, parallel
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import counting
   from transformers_jax.train import metrics as metrics_lib
   from transformers_jax.train.compile import build_step
 

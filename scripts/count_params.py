@@ -13,6 +13,7 @@ import pathlib
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_bool("json", False, "Print JSON instead of the markdown table.", flag_values=FLAGS)
@@ -21,7 +22,7 @@ FILES = ("gpt2", "gpt3", "bert", "transformer", "vit", "mixtral")
 
 
 def rows():
-  from transformers_jax import counting
+  from transformers_jax.models import counting
   from transformers_jax.config import ModelConfig, load_config_module
 
   for name in FILES:
@@ -50,7 +51,7 @@ def rows():
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   table = list(rows())
   if FLAGS.json:
     print(json.dumps(table))

@@ -30,7 +30,9 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -132,7 +134,7 @@ def record_at_step(workdir: pathlib.Path, step: int) -> dict:
       m["eval_loss"], m["eval_step"] = x["eval_loss"], x["step"]
   reached = {m.get("eval_step") for m in members.values()}
   if reached != {step}:
-    raise cli.UserError(
+    raise UserError(
         f"--at_step {step}: {workdir} has evaluations at steps up to {max(reached - {None}, default=0)}"
         " for some members; give a step every run folder reached"
     )
@@ -156,6 +158,7 @@ def write_table(
     margin: float,
     name: str = "table.md",
     title: str = "final loss against peak learning rate, by placement and warmup",
+    heading: str = "Deep post-norm",
 ) -> None:
   rows = [
       "| task | depth | placement | warmup | best LR | best loss (seed min-max) | trainable "
@@ -180,7 +183,7 @@ def write_table(
       )
   wall = sum(r["wall_s"] for r in records)
   text = (
-      f"# Deep post-norm: {title}\n\n"
+      f"# {heading}: {title}\n\n"
       + "\n".join(rows)
       + "\n\nFinal loss = last held-out loss (nats per token); a diverged member, or one "
       "ending above ln(vocab), counts as ln(vocab). Trainable rates = the grid's rates whose "
@@ -193,7 +196,7 @@ def write_table(
   (out / name).write_text(text)
 
 
-def write_bleu(records: list[dict], out: pathlib.Path) -> None:
+def write_bleu(records: list[dict], out: pathlib.Path, heading: str = "Deep post-norm") -> None:
   runs = [r for r in records if r["task"] == "translation"]
   if not runs:
     return
@@ -226,7 +229,7 @@ def write_bleu(records: list[dict], out: pathlib.Path) -> None:
         )
     sections.append("\n".join(rows))
   text = (
-      "# Deep post-norm: translation BLEU and exact match against peak learning rate\n\n"
+      f"# {heading}: translation BLEU and exact match against peak learning rate\n\n"
       + "\n\n".join(sections)
       + "\n\nEach member's greedy translations of the first held-out numbers "
       "(data.eval_translations of them) at the last step: corpus BLEU-4 (sacrebleu's default 13a tokenisation; 'twenty-one' is one word) "
@@ -289,11 +292,11 @@ def plot(records: list[dict], out: pathlib.Path, key: str, name: str, ylabel: st
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError("--out is required, e.g. --out experiments/results/deep_postnorm")
+    raise UserError("--out is required, e.g. --out experiments/results/deep_postnorm")
   out = pathlib.Path(FLAGS.out)
   records = read(out)
   if not records:
-    raise cli.UserError(
+    raise UserError(
         f"--out {out}: no lm/populations.jsonl or translation/populations.jsonl there; run "
         "scripts/lr_sensitivity.py with the study's sweep files first"
     )

@@ -34,7 +34,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 from transformers_jax.modules.placements import PLACEMENTS
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -166,7 +168,8 @@ def probe(
   import jax
   from flax import linen as nn
 
-  from transformers_jax.train import state as state_lib, step as step_lib
+  from transformers_jax.models import initializer
+  from transformers_jax.train import step as step_lib
   from transformers_jax.train.setup import Setup
 
   config = task_config(task, placement, depth, 0, d_model, batch_size, init_std)
@@ -179,7 +182,7 @@ def probe(
     objective, sums = loss_fn(params, batch, rng)
     return objective / sums["weight"]
 
-  boxed_params = state_lib.boxed_init(setup.model_cfg)
+  boxed_params = initializer(setup.model_cfg)
 
   @jax.jit
   def init_and_probe(seed, batch):
@@ -315,28 +318,26 @@ def plot(records, out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError(
-        "--out is required, e.g. --out experiments/results/deep_postnorm/grad_at_init"
-    )
+    raise UserError("--out is required, e.g. --out experiments/results/deep_postnorm/grad_at_init")
   depths = []
   for d in FLAGS.depths:
     if not d.isdigit() or int(d) < 1:
-      raise cli.UserError(f"--depths {','.join(FLAGS.depths)}: give positive integers, e.g. 6,12")
+      raise UserError(f"--depths {','.join(FLAGS.depths)}: give positive integers, e.g. 6,12")
     depths.append(int(d))
   if FLAGS.placements == ["all"]:
     FLAGS.placements = list(PLACEMENT_COLORS)
   bad = [p for p in FLAGS.placements if p not in PLACEMENT_COLORS]
   if bad:
-    raise cli.UserError(
+    raise UserError(
         f"--placements: {bad[0]!r} is not one of {', '.join(PLACEMENT_COLORS)} (or all)"
     )
   bad = [t for t in FLAGS.tasks if t not in ("lm", "translation")]
   if bad:
-    raise cli.UserError(f"--tasks: {bad[0]!r} is not one of lm, translation")
+    raise UserError(f"--tasks: {bad[0]!r} is not one of lm, translation")
   if FLAGS.init_std < 0:
-    raise cli.UserError(f"--init_std {FLAGS.init_std}: give 0 (the sweeps') or a positive std")
+    raise UserError(f"--init_std {FLAGS.init_std}: give 0 (the sweeps') or a positive std")
   if FLAGS.seeds < 1:
-    raise cli.UserError(f"--seeds {FLAGS.seeds}: give at least 1")
+    raise UserError(f"--seeds {FLAGS.seeds}: give at least 1")
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)

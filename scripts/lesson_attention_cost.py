@@ -25,7 +25,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -133,7 +135,7 @@ def main(argv=None) -> None:
   from transformers_jax.config import ATTENTION_IMPLS
 
   if FLAGS.impl not in ATTENTION_IMPLS:
-    raise cli.UserError(f"--impl={FLAGS.impl}: choose one of {', '.join(ATTENTION_IMPLS)}")
+    raise UserError(f"--impl={FLAGS.impl}: choose one of {', '.join(ATTENTION_IMPLS)}")
   print(
       f"one causal attention layer ({FLAGS.impl}), d_model {FLAGS.d_model}, {FLAGS.heads} heads, "
       f"batch 1, {device.platform} ({device.device_kind})"

@@ -21,7 +21,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -48,9 +50,9 @@ FAMILIES = {  # file: (family, what it learns, what its accuracy counts)
 
 def run_family(file: str, workdir: pathlib.Path, steps: int = 0) -> dict:
   from absl import logging
-  from transformers_jax import counting
+  from transformers_jax.models import counting
   from transformers_jax.config import load_config_module
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   logging.set_verbosity(logging.WARNING)
   config = load_config_module(str(ROOT / "experiments" / f"{file}.py")).get_config("tiny")
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
   files = names or list(FAMILIES)
   unknown = [f for f in files if f not in FAMILIES]
   if unknown:
-    raise cli.UserError(f"unknown family {unknown[0]!r}: choose from {', '.join(FAMILIES)}")
+    raise UserError(f"unknown family {unknown[0]!r}: choose from {', '.join(FAMILIES)}")
   results = []
   with contextlib.ExitStack() as stack:
     base = pathlib.Path(FLAGS.workdir or stack.enter_context(tempfile.TemporaryDirectory()))

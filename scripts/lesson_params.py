@@ -10,6 +10,7 @@ from __future__ import annotations
 import pathlib
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)  # no flags of its own: --help prints the docstring
 
@@ -40,15 +41,15 @@ def preset_config(file: str, preset: str):
 
 
 def preset_count(file: str, preset: str) -> int:
-  from transformers_jax import counting
+  from transformers_jax.models import counting
 
   return counting.count(preset_config(file, preset).model)
 
 
 def main(argv=None) -> None:
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: this script takes none")
-  from transformers_jax import counting
+    raise UserError("unexpected arguments: this script takes none")
+  from transformers_jax.models import counting
 
   for name, layers, d in GPT2_SIZES:
     print(

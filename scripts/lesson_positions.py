@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)  # no flags of its own: --help prints the docstring
 
@@ -146,7 +147,7 @@ def encoder_shuffle_gap(positions: str) -> float:
 
 def main(argv=None) -> None:
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: this script takes none")
+    raise UserError("unexpected arguments: this script takes none")
   print_sinusoids()
   print()
   print_rope()

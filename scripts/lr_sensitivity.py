@@ -37,7 +37,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -57,6 +59,13 @@ flags.DEFINE_list(
     [],
     "Run only these populations (names, comma-separated); several processes with different "
     "--only lists can share one --out.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "keep_checkpoints",
+    False,
+    "Keep each population's last checkpoint in OUT/runs/NAME (for probes of the trained "
+    "models, e.g. scripts/block_contribution.py); by default it is removed.",
     flag_values=FLAGS,
 )
 flags.DEFINE_bool(
@@ -114,7 +123,11 @@ def summarize(workdir: pathlib.Path, config) -> list[dict]:
         m["diverged_at"] = x["diverged_at"]
     if "eval_loss" in x:
       m["eval_loss"] = x["eval_loss"]
-      for key in ("eval_bleu", "eval_exact_match"):  # translation's own metrics
+      m.setdefault("eval_losses", []).append(x["eval_loss"])
+      rms = x.get("residual_rms", {}).get("decoder")
+      if rms:  # the residual stream's RMS leaving each block, at the last evaluation
+        m["residual_rms"] = rms
+      for key in ("eval_bleu", "eval_exact_match", "eval_accuracy"):  # per-task metrics
         if key in x:
           m[key] = x[key]
       m.setdefault("eval_steps", []).append(x["step"])
@@ -138,7 +151,7 @@ def _rounded(x):
 
 
 def run_population(sweep, entry, out: pathlib.Path) -> dict:
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   config = population_config(sweep, entry, out)
   workdir = out / "runs" / entry["name"]
@@ -156,7 +169,8 @@ def run_population(sweep, entry, out: pathlib.Path) -> dict:
       "cpu_s": round(cpu, 1),
       "members": summarize(workdir, config),
   }
-  shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
+  if not FLAGS.keep_checkpoints:
+    shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
   return record
 
 
@@ -299,7 +313,7 @@ def plot(records, out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.sweep or not FLAGS.out:
-    raise cli.UserError(
+    raise UserError(
         "--sweep and --out are required, e.g. --sweep experiments/lr_sensitivity.py "
         "--out experiments/results/lr_sensitivity"
     )
@@ -316,7 +330,7 @@ def main(argv=None) -> int:
   done = sweeps.read_records(out / "populations.jsonl")
   unknown = sorted(set(FLAGS.only) - {e["name"] for e in entries})
   if unknown:
-    raise cli.UserError(
+    raise UserError(
         f"--only {','.join(unknown)}: not a population of {FLAGS.sweep}; its populations are "
         + ", ".join(e["name"] for e in entries)
     )

@@ -22,6 +22,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 try:  # the `hf` extra; without it the script says so in one line
   import torch
@@ -198,9 +199,9 @@ def check_export(name: str, directory: pathlib.Path) -> None:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   if torch is None:
-    raise cli.UserError('this script needs torch and transformers: pip install -e ".[hf]"')
+    raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier"):
     directory = write(name)

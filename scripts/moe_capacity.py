@@ -23,7 +23,9 @@ import sys
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import bench_report, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -102,7 +104,7 @@ def loop_free_flops(r) -> dict:
   elementwise work on [M, width] arrays E - 1 times (about 0.1% of the matmuls')."""
   import re
 
-  from transformers_jax import hardware
+  from transformers_jax.machine import hardware
   from transformers_jax.config import load_config_module
   from transformers_jax.modules import moe_weights
   from transformers_jax.train import compile as compile_step
@@ -183,16 +185,16 @@ def markdown(results: list[dict]) -> str:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   if FLAGS.count_flops:
     wanted = [r for r in ROWS if r["name"] == FLAGS.count_flops]
     if not wanted:
-      raise cli.UserError(f"--count_flops={FLAGS.count_flops!r} names no row")
+      raise UserError(f"--count_flops={FLAGS.count_flops!r} names no row")
     print(json.dumps(loop_free_flops(wanted[0])))
     return
   unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in ROWS)]
   if unmatched:
-    raise cli.UserError(
+    raise UserError(
         f"--only={','.join(FLAGS.only)}: {unmatched[0]!r} names no row; rows are "
         f"{', '.join(r['name'] for r in ROWS)}"
     )

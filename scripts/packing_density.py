@@ -17,6 +17,7 @@ import tempfile
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FLAGS = cli.ScriptFlags(__doc__)
@@ -70,7 +71,7 @@ def measure(packing: bool, workdir: pathlib.Path) -> dict:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   with tempfile.TemporaryDirectory() as tmp:
     out = {
         "data": f"numbers digits_to_words up to {_MAX_NUMBER.value:,}",

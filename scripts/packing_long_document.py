@@ -18,6 +18,7 @@ import tempfile
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.config import load_config_module
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ def one_document(path: pathlib.Path, size: int) -> None:
 
 
 def run(corpus: pathlib.Path, workdir: pathlib.Path, packing: bool) -> dict:
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   config = load_config_module(str(ROOT / "experiments" / "gpt2.py")).get_config(_PRESET.value)
   config.data.path, config.data.packing, config.data.tokenize_workers = str(corpus), packing, 1
@@ -51,7 +52,7 @@ def run(corpus: pathlib.Path, workdir: pathlib.Path, packing: bool) -> dict:
 def main(argv) -> int:
   cli.parse_script_flags(FLAGS, argv, "packing_long_document.py")
   if not _MEGABYTES.value > 0 or _STEPS.value < 1:
-    raise cli.UserError("--megabytes and --steps must be positive")
+    raise UserError("--megabytes and --steps must be positive")
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     corpus = tmp / "one_document.txt"

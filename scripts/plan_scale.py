@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from absl import flags
 
-from transformers_jax import bench_report, cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import bench_report, output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -243,10 +245,10 @@ def check_flags() -> str:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   problem = check_flags()
   if problem:
-    raise cli.UserError(problem)
+    raise UserError(problem)
   ordered = bench_report.compile_table(
       ROWS,
       compile_row,

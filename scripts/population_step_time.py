@@ -23,7 +23,9 @@ import time
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(
@@ -44,7 +46,7 @@ def overrides(pairs: list[str]) -> dict:
   for pair in pairs:
     key, sep, text = pair.partition("=")
     if not sep or not key:
-      raise cli.UserError(f"--set {pair!r}: give key=value, e.g. --set data.source_len=8")
+      raise UserError(f"--set {pair!r}: give key=value, e.g. --set data.source_len=8")
     try:
       out[key] = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -55,7 +57,7 @@ def overrides(pairs: list[str]) -> dict:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.sweep or not FLAGS.population or FLAGS.steps < 1:
-    raise cli.UserError(
+    raise UserError(
         "--sweep and --population are required and --steps must be >= 1, e.g. --sweep "
         "experiments/deep_postnorm_translation.py --population post-L12+12"
     )
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
   sweep = sweeps.load_sweep(FLAGS.sweep, ("BASE", "populations"))
   entries = {e["name"]: e for e in sweep.populations(False)}
   if FLAGS.population not in entries:
-    raise cli.UserError(
+    raise UserError(
         f"--population {FLAGS.population}: not in {FLAGS.sweep}; its populations are "
         + ", ".join(entries)
     )

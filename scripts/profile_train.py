@@ -31,6 +31,7 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
 cli.define_config_flag("experiments/gpt2.py:tiny", flag_values=FLAGS)
@@ -93,10 +94,11 @@ def classify(line: str, bodies: dict[str, str]) -> tuple[str, str]:
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
-    raise cli.UserError("unexpected arguments: pass options as --flag=value")
+    raise UserError("unexpected arguments: pass options as --flag=value")
   import jax
 
-  from transformers_jax import counting, parallel
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import counting
   from transformers_jax.train import metrics as metrics_lib
   from transformers_jax.train.compile import build_step
 
@@ -149,7 +151,7 @@ def main(argv=None):
   busy = {key: covered(v) * 1e-6 / FLAGS.steps for key, v in spans.items()}
   total = sum(by_op.values())
   if not total:
-    raise cli.UserError(
+    raise UserError(
         "no operation of the compiled step was found in the profiler's trace: "
         "this script reads XLA:CPU's per-operation events (run it on a CPU)"
     )

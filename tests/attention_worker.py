@@ -26,7 +26,7 @@ from flax import linen as nn  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformers_jax import parallel  # noqa: E402
+from transformers_jax.machine import parallel  # noqa: E402
 from transformers_jax.modules.attention import attend  # noqa: E402
 from transformers_jax.modules.masks import AttentionMask  # noqa: E402
 

@@ -26,12 +26,13 @@ import jax  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformers_jax import parallel  # noqa: E402
+from transformers_jax.machine import parallel  # noqa: E402
 from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
 from transformers_jax.tasks import task_data, task_for  # noqa: E402
 from transformers_jax.train import compile as compile_step  # noqa: E402
 from transformers_jax.train import optim  # noqa: E402
-from transformers_jax.train.step import create_state, make_train_step  # noqa: E402
+from transformers_jax.train.step import make_train_step  # noqa: E402
+from transformers_jax.train.state import create_state  # noqa: E402
 
 MESHES = {"whole": {"data": 8}, "context4": {"fsdp": 2, "context": 4}}
 

@@ -35,8 +35,8 @@ from conftest import param_digest  # noqa: E402
 
 from transformers_jax import generate  # noqa: E402
 from transformers_jax.config import load_config_module  # noqa: E402
-from transformers_jax.runs import Run, load_run  # noqa: E402
-from transformers_jax.train.loop import train  # noqa: E402
+from transformers_jax.run_folder.runs import Run, load_run  # noqa: E402
+from transformers_jax.train.entry import train  # noqa: E402
 from transformers_jax.train.setup import Setup  # noqa: E402
 
 COMMON = {

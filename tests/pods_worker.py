@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from transformers_jax import parallel  # noqa: E402
-from transformers_jax.cli import UserError  # noqa: E402
+from transformers_jax.machine import cluster_join, parallel  # noqa: E402
+from transformers_jax.errors import UserError  # noqa: E402
 from transformers_jax.config import ModelConfig, load_config_module  # noqa: E402
 
 
@@ -49,11 +49,11 @@ def config_of(family: str, **fields):
 
 def main():
   address, pid, out = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
-  parallel.initialize_distributed(address, 2, pid, timeout_s=120)
+  cluster_join.initialize_distributed(address, 2, pid, timeout_s=120)
   import jax
 
   from transformers_jax.tasks import task_data, task_for
-  from transformers_jax.train import loop
+  from transformers_jax.train import entry, loop
 
   result = {"process_index": jax.process_index(), "devices": jax.device_count(), "seconds": {}}
   clock = [time.perf_counter()]
@@ -84,7 +84,7 @@ def main():
       sample=dict(max_new_tokens=0),
       population=dict(learning_rates=f"({rate!r}, {2 * rate!r})"),
   )
-  result["population_step"] = loop.train(pop, out / "population")["step"]
+  result["population_step"] = entry.train(pop, out / "population")["step"]
   lap("population")
 
   # 3. SIGTERM to process 1 alone during step 2; then resume to the end, with the sample
@@ -100,13 +100,13 @@ def main():
   loop.process_batch = process_batch
   lm = config_of("gpt2", steps=8, seq_len=32, sample=dict(max_new_tokens=6))
   try:
-    loop.train(lm, out / "lm")
+    entry.train(lm, out / "lm")
     result["interrupted"] = None
   except UserError as e:
     result["interrupted"] = str(e)
   lap("lm_interrupted")
   loop.process_batch = real_process_batch
-  resumed = loop.train(lm, out / "lm")
+  resumed = entry.train(lm, out / "lm")
   result["lm_step"], result["sample"] = resumed["step"], resumed.get("sample")
   lap("lm_resumed_and_sampled")
 
@@ -119,7 +119,7 @@ def main():
       data=dict(max_number=999),
       sample=dict(max_new_tokens=0),
   )
-  translated = loop.train(mt, out / "mt")
+  translated = entry.train(mt, out / "mt")
   result["eval_bleu"] = translated.get("eval_bleu")
   result["eval_exact_match"] = translated.get("eval_exact_match")
   lap("mt_with_bleu")

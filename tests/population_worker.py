@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from transformers_jax.config import load_config_module  # noqa: E402
-from transformers_jax.train.loop import train  # noqa: E402
+from transformers_jax.train.entry import train  # noqa: E402
 
 STEPS = 20
 

@@ -66,13 +66,13 @@ FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
 def test_export_never_overwrites_another_run(tmp_path):
-  from transformers_jax import cli
+  from transformers_jax.errors import UserError
   from transformers_jax.convert import export_hf, import_hf
 
   import_hf(FIXTURES / "gpt2", tmp_path / "a")
   import_hf(FIXTURES / "gpt2", tmp_path / "b")
   before = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
-  with pytest.raises(cli.UserError, match="holds a run"):
+  with pytest.raises(UserError, match="holds a run"):
     export_hf(tmp_path / "a", tmp_path / "b", overwrite=True)
   after = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
   assert after == before
@@ -339,7 +339,7 @@ def test_resumed_metrics_do_not_glue_onto_a_torn_last_line(tmp_path):
 def test_process_flags_that_cannot_join_are_refused_before_joining(kwargs, needle):
   """An id past the count waited out the join timeout (300 s) before saying so; an address
   without a port was an IndexError from inside JAX; a count without an address was ignored."""
-  from transformers_jax.cluster_join import initialize_distributed
+  from transformers_jax.machine.cluster_join import initialize_distributed
   from transformers_jax.errors import UserError
 
   with pytest.raises(UserError, match=re.escape(needle)):
@@ -350,7 +350,7 @@ def test_process_flags_that_cannot_join_are_refused_before_joining(kwargs, needl
 @pytest.fixture(scope="module")
 def two_steps(tmp_path_factory):
   """A checkpoint folder with steps 2 and 4 of a small train-state-like tree."""
-  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.run_folder.checkpoints import Checkpoints
 
   folder = tmp_path_factory.mktemp("ckpt") / "checkpoints"
   checkpoints = Checkpoints(folder, async_save=False)
@@ -372,7 +372,7 @@ def _copy(folder, tmp_path):
 def test_a_checkpoint_missing_a_file_falls_back_to_the_older_one(two_steps, tmp_path, lost):
   import shutil
 
-  from transformers_jax.checkpoints import FULL_STATE, Checkpoints
+  from transformers_jax.run_folder.checkpoints import FULL_STATE, Checkpoints
 
   folder = _copy(two_steps, tmp_path)
   path = folder / "4" / lost
@@ -388,7 +388,7 @@ def test_a_checkpoint_missing_a_file_falls_back_to_the_older_one(two_steps, tmp_
 
 @pytest.mark.parametrize("record", [None, "not json {", "[1, 2]"])
 def test_lost_checksums_leave_checkpoints_unverifiable_not_trusted(two_steps, tmp_path, record):
-  from transformers_jax.checkpoints import CheckpointDamaged, Checkpoints
+  from transformers_jax.run_folder.checkpoints import CheckpointDamaged, Checkpoints
 
   folder = _copy(two_steps, tmp_path)
   path = folder / "checksums.json"
@@ -408,7 +408,7 @@ def test_lost_checksums_leave_checkpoints_unverifiable_not_trusted(two_steps, tm
 def test_a_folder_whose_checkpoints_were_all_set_aside_does_not_start_over(two_steps, tmp_path):
   """The start that finds every checkpoint damaged refuses; so does the next one, which finds
   only the set-aside folders (it began a second lineage from step 0 in the same run folder)."""
-  from transformers_jax.checkpoints import CheckpointDamaged, Checkpoints
+  from transformers_jax.run_folder.checkpoints import CheckpointDamaged, Checkpoints
 
   folder = _copy(two_steps, tmp_path)
   for step in (2, 4):
@@ -429,7 +429,7 @@ def test_a_folder_whose_checkpoints_were_all_set_aside_does_not_start_over(two_s
 
 def test_init_from_takes_a_run_its_checkpoints_or_one_step_folder(two_steps, tmp_path, experiment):
   from transformers_jax.errors import UserError
-  from transformers_jax.runs import Run
+  from transformers_jax.run_folder.runs import Run
   from transformers_jax.train.resume import load_init_from
 
   folder = _copy(two_steps, tmp_path)  # RUN/checkpoints with steps 2 and 4
@@ -442,7 +442,7 @@ def test_init_from_takes_a_run_its_checkpoints_or_one_step_folder(two_steps, tmp
 
 
 def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
-  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.run_folder.checkpoints import Checkpoints
 
   folder = _copy(two_steps, tmp_path)
   (folder / "4" / "notes.txt").write_text("saved before the long weekend")
@@ -465,7 +465,8 @@ def test_an_extra_file_in_a_checkpoint_is_not_damage(two_steps, tmp_path):
 def test_a_damaged_config_json_is_one_line_for_every_reader(tmp_path, text, needle):
   """generate and convert read config.json through Run.config (a KeyError or TypeError before),
   training through Run.saved_config: both name the file and the fix."""
-  from transformers_jax.runs import Run, RunError
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.errors import RunError
 
   (tmp_path / "config.json").write_text(text)
   for read in (Run(tmp_path).config, Run(tmp_path).saved_config):
@@ -475,7 +476,8 @@ def test_a_damaged_config_json_is_one_line_for_every_reader(tmp_path, text, need
 
 
 def test_a_garbage_run_history_names_the_file(tmp_path):
-  from transformers_jax.runs import Run, RunError
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.errors import RunError
 
   (tmp_path / "run_history.jsonl").write_text('{"step": 2, "changes": {}}\n{"chan\n')
   with pytest.raises(RunError, match=r"run_history.jsonl: line 2 is not a recorded change"):
@@ -505,12 +507,12 @@ def test_a_corpus_rewritten_in_the_middle_gets_another_token_cache(tmp_path, siz
 
 
 def test_a_resume_notices_changed_data_files_and_allows_harmless_settings(tmp_path):
-  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.run_folder.checkpoints import Checkpoints
   from transformers_jax.config import load_config_module
   from transformers_jax.errors import UserError
-  from transformers_jax.runs import Run
+  from transformers_jax.run_folder.runs import Run
   from transformers_jax.train.resume import check_resumed_settings
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 300)
@@ -686,7 +688,7 @@ def test_a_parquet_column_that_is_not_text_is_refused(tmp_path, column):
 def test_compile_cache_off_in_any_case_is_off(tmp_path, monkeypatch):
   import jax
 
-  from transformers_jax import compile_cache
+  from transformers_jax.machine import compile_cache
 
   monkeypatch.chdir(tmp_path)
   before = jax.config.jax_compilation_cache_dir

@@ -57,7 +57,7 @@ def test_moe_every_past_the_depth_and_moe_fields_on_a_dense_model_are_refused(ex
   """moe_every=4 on 2 blocks trained a dense model until `KeyError: 'moe_stats'`, and
   param_count counted it dense; moe_impl=ragged on a dense model was ignored."""
   from transformers_jax.config import ModelConfig
-  from transformers_jax.field_checks import check_model
+  from transformers_jax.train.field_checks import check_model
   from transformers_jax.train.setup import Setup
 
   config = experiment("gpt2", "tiny")  # 2 blocks
@@ -151,7 +151,7 @@ def test_member_with_from_hf_and_a_script_output_folder_for_a_file_are_one_line(
 
 # ----------------------------------------------------------------------------- 7. output paths
 def test_every_script_checks_its_output_paths_before_its_work(tmp_path, monkeypatch):
-  from transformers_jax import output_paths
+  from transformers_jax.scripting import output_paths
   from transformers_jax.errors import UserError
 
   # every flag that names where a script writes is declared, so parse_script_flags checks it
@@ -225,7 +225,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp
   import jax.numpy as jnp
   from orbax.checkpoint._src.serialization import serialization
 
-  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.run_folder.checkpoints import Checkpoints
   from transformers_jax.errors import UserError
 
   folder = tmp_path / "checkpoints"
@@ -306,7 +306,7 @@ def test_a_full_token_cache_names_the_folder_and_leaves_no_partial_file(tmp_path
 # ----------------------------------------------------------------------------- 4. messages
 @pytest.mark.parametrize("shape", ["0x0", "2x2x2x2", "-2x2", "2x", "2by2"])
 def test_a_topology_shape_libtpu_would_not_parse_gets_the_form_and_an_example(shape):
-  from transformers_jax.hardware import topology_devices
+  from transformers_jax.machine.hardware import topology_devices
 
   with pytest.raises(ValueError) as error:
     topology_devices(f"v5e:{shape}")
@@ -321,7 +321,7 @@ def test_a_damaged_newest_checkpoint_of_a_read_only_run_is_left_and_the_older_re
 ):
   """generate on a read-only run said "Read-only file system": setting the damaged checkpoint
   aside (a rename) failed."""
-  from transformers_jax.checkpoints import Checkpoints
+  from transformers_jax.run_folder.checkpoints import Checkpoints
 
   folder = tmp_path / "checkpoints"
   checkpoints = Checkpoints(folder, async_save=False)

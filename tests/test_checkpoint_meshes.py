@@ -13,8 +13,9 @@ from conftest import param_digest, run_worker
 from transformers_jax.convert import export_hf
 from transformers_jax.interop import load_hf
 from transformers_jax.modules.block import scan_to_loop, stacked_blocks
-from transformers_jax.runs import Checkpoints, Run, load_run
-from transformers_jax.train.loop import train
+from transformers_jax.run_folder.runs import Run, load_run
+from transformers_jax.run_folder.checkpoints import Checkpoints
+from transformers_jax.train.entry import train
 from transformers_jax.train.setup import Setup
 from transformers_jax.train_config import config_from_json
 

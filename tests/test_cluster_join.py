@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, subprocess_env
 from test_train import assert_one_line_error, run_cli
-from transformers_jax import cluster_join, local_cluster
+from transformers_jax.machine import cluster_join, local_cluster
 
 GPT2_TINY = str(ROOT / "experiments/gpt2.py") + ":tiny"
 

@@ -8,14 +8,14 @@ import jax
 import numpy as np
 import pytest
 
-from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.config import ModelConfig, load_config_module
 from transformers_jax.train_config import config_from_json
 from transformers_jax.convert import export_hf, import_hf
 from transformers_jax.interop import load_hf
 from transformers_jax.models import build_model
 from transformers_jax.modules.block import scan_to_loop
-from transformers_jax.runs import Checkpoints
+from transformers_jax.run_folder.checkpoints import Checkpoints
 
 from conftest import ROOT
 
@@ -52,7 +52,7 @@ def test_import_writes_a_run_and_export_gives_the_same_weights(tmp_path):
   # an export never replaces files it was not asked to: not the run's own, not another model's
   config_before = (tmp_path / "run" / "config.json").read_text()
   for target in (tmp_path / "run", tmp_path / "run" / "inner", tmp_path / "back"):
-    with pytest.raises(cli.UserError, match="own folder|already holds files"):
+    with pytest.raises(UserError, match="own folder|already holds files"):
       export_hf(tmp_path / "run", target)
   assert (tmp_path / "run" / "config.json").read_text() == config_before
   assert export_hf(tmp_path / "run", tmp_path / "back", overwrite=True) == "GPT2LMHeadModel"
@@ -132,8 +132,9 @@ def test_bert_export_writes_the_run_tokenizers_pad_id(tmp_path):
 
 
 def test_training_in_a_converted_run_starts_from_its_parameters(tmp_path):
-  from transformers_jax.runs import PARAMS_ONLY, Run
-  from transformers_jax.train.loop import train
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
+  from transformers_jax.train.entry import train
 
   import_hf(FIXTURES / "vit_classifier", tmp_path / "run")
   run = Run(tmp_path / "run")

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from transformers_jax import counting, models
+from transformers_jax import models
+from transformers_jax.models import counting
 from transformers_jax.config import ModelConfig, load_config_module
 from transformers_jax.models import as_model_config
 

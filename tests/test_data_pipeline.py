@@ -239,7 +239,7 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
       lambda tok: NextTokenRows(),
       False,
   )
-  from transformers_jax import local_cluster
+  from transformers_jax.machine import local_cluster
 
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
   procs = local_cluster.start_processes(
@@ -270,7 +270,7 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
 
 def test_training_on_packed_jsonl_resumes_bit_exactly_and_reports_bits_per_byte(corpus, tmp_path):
   from transformers_jax.config import load_config_module
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   root, _ = corpus
 

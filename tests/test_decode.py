@@ -261,7 +261,8 @@ def test_wrong_family_and_bad_sources_are_refused(lm):
 # ------------------------------------------------------------------ sharded, and the CLI
 SHARDED = """
 import jax, numpy as np
-from transformers_jax import decode, parallel
+from transformers_jax import decode
+from transformers_jax.machine import parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import param_shapes
 mesh = parallel.make_mesh({"data": 2, "tensor": 2})
@@ -303,8 +304,9 @@ def test_sharded_decoding_equals_one_device():
 
 def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   from transformers_jax.train_config import experiment_config
-  from transformers_jax.runs import load_run
-  from transformers_jax.runs import Checkpoints, RunError
+  from transformers_jax.run_folder.runs import load_run
+  from transformers_jax.errors import RunError
+  from transformers_jax.run_folder.checkpoints import Checkpoints
 
   cfg, params = lm
   (tmp_path / "config.json").write_text(experiment_config(**cfg.to_dict()).to_json())
@@ -340,11 +342,11 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
 
 
 def test_load_run_errors_name_the_fix(lm, tmp_path):
-  from transformers_jax.cli import UserError
+  from transformers_jax.errors import UserError
   from transformers_jax.train_config import experiment_config
   from transformers_jax.cli import parse_ids
-  from transformers_jax.runs import load_run
-  from transformers_jax.runs import RunError
+  from transformers_jax.run_folder.runs import load_run
+  from transformers_jax.errors import RunError
 
   assert parse_ids("1, 2,3", "prompt_ids") == [1, 2, 3]
   with pytest.raises(UserError, match="comma-separated integers"):

@@ -86,7 +86,7 @@ def test_the_parameter_count_table_is_what_count_params_prints(monkeypatch):
   import importlib.util
   import io
 
-  from transformers_jax import counting
+  from transformers_jax.models import counting
 
   # the analytic count, which tests/test_counting.py holds equal to eval_shape for every preset,
   # in a fraction of the time

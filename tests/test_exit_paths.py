@@ -16,10 +16,10 @@ from conftest import ROOT, subprocess_env
 
 
 def test_a_checkpoint_of_other_shapes_is_refused_before_reading(tmp_path, capfd):
-  from transformers_jax import runs
+  from transformers_jax.run_folder import checkpoints as checkpoints_lib
 
   saved = {f"w{i:02d}": jnp.full((2, 64), i, jnp.float32) for i in range(40)}
-  checkpoints = runs.Checkpoints(tmp_path / "ck", async_save=False)
+  checkpoints = checkpoints_lib.Checkpoints(tmp_path / "ck", async_save=False)
   checkpoints.save(1, saved)
   checkpoints.wait()
   wanted = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in saved.items()}

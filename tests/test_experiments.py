@@ -47,7 +47,7 @@ def jsonl(path):
 
 def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
   ablate = script("ablate")
-  from transformers_jax.train.loop import train
+  from transformers_jax.train.entry import train
 
   sweep_file = tmp_path / "toy.py"
   sweep_file.write_text(TOY_SWEEP)
@@ -92,7 +92,7 @@ def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
 def test_row_progress_says_each_row_and_the_time_left(monkeypatch):
   """Long scripts' progress (plan_scale, bench_population, moe_capacity, lr_sensitivity): a line
   as each row starts and ends, the time left scaled by the rows' work (a warm-up counts none)."""
-  from transformers_jax import sweeps
+  from transformers_jax.scripting import sweeps
 
   times = iter([0.0, 0.0, 5.0, 5.0, 15.0, 15.0, 45.0])  # the clock at each call
   monkeypatch.setattr(sweeps.time, "perf_counter", lambda: next(times))
@@ -283,7 +283,7 @@ def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, o
 def test_compile_table_skips_rows_it_holds_and_keeps_the_rows_order(tmp_path):
   """plan_scale.py and moe_capacity.py share bench_report.compile_table: a second run compiles
   only what the first did not (or every selected row with redo), results in the rows' order."""
-  from transformers_jax import bench_report
+  from transformers_jax.scripting import bench_report
 
   rows = [{"name": "a"}, {"name": "b"}]
   markdown = lambda results: ",".join(f"{r['name']}{r['v']}" for r in results)

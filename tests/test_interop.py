@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformers_jax import counting
+from transformers_jax.models import counting
 from transformers_jax.config import ModelConfig
 from transformers_jax import interop
 from transformers_jax.interop import load_hf, save_hf

@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import linen as nn
 
-from transformers_jax import counting
+from transformers_jax.models import counting
 from transformers_jax.config import FAMILIES, ModelConfig
 from transformers_jax.interop.common import UnsupportedConfig
 from transformers_jax.interop.hf_export import save_hf

@@ -12,7 +12,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import TASKS, task_data, task_for
 from transformers_jax.tasks.distill import soft_kl
 from transformers_jax.tasks.span_corruption import SpanRows, corrupt, noise_counts, window_length
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 from transformers_jax.train_config import validate
 
 TOP = 299  # the highest id: sentinel 0

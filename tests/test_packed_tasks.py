@@ -9,7 +9,7 @@ import pytest
 from transformers_jax import models
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import TASKS, task_data, task_for
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 from transformers_jax.train_config import validate
 
 SHORT_TEXTS = [

@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from transformers_jax import local_cluster, parallel
+from transformers_jax.machine import local_cluster, parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 

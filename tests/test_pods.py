@@ -17,13 +17,15 @@ import jax
 import numpy as np
 import pytest
 
-from transformers_jax import compile_cache
-from transformers_jax import local_cluster
-from transformers_jax.local_cluster import free_port
-from transformers_jax.cli import UserError
-from transformers_jax.runs import Checkpoints, Run, RunError, non_finite_values
-from transformers_jax.train import loop, metrics
-from transformers_jax.train.loop import train
+from transformers_jax.machine import compile_cache
+from transformers_jax.machine import local_cluster
+from transformers_jax.machine.local_cluster import free_port
+from transformers_jax.errors import UserError
+from transformers_jax.errors import RunError
+from transformers_jax.run_folder.runs import Run
+from transformers_jax.run_folder.checkpoints import Checkpoints, non_finite_values
+from transformers_jax.train import events, metrics
+from transformers_jax.train.entry import train
 
 from conftest import ROOT
 from test_train import assert_one_line_error, configure, losses, run_cli
@@ -392,7 +394,7 @@ def test_loading_parameters_verifies_checkpoints_like_a_resume(two_checkpoints, 
 def test_the_nan_guard_names_non_finite_inputs_or_the_learning_rate():
   ckpt = types.SimpleNamespace(wait=lambda: None, directory="ckpt")
   nan = {"loss": float("nan"), "grad_norm": float("nan")}
-  with pytest.raises(loop.TrainingDiverged, match="step 3 holds non-finite values in images"):
-    loop.stop_if_not_finite((3, nan, {"images": np.array([0.0, np.inf])}), ckpt, 2)
-  with pytest.raises(loop.TrainingDiverged, match="learning rate is too high"):
-    loop.stop_if_not_finite((3, nan, {"tokens": np.array([1, 2])}), ckpt, 2)
+  with pytest.raises(events.TrainingDiverged, match="step 3 holds non-finite values in images"):
+    events.stop_if_not_finite((3, nan, {"images": np.array([0.0, np.inf])}), ckpt, 2)
+  with pytest.raises(events.TrainingDiverged, match="learning rate is too high"):
+    events.stop_if_not_finite((3, nan, {"tokens": np.array([1, 2])}), ckpt, 2)

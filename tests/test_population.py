@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformers_jax import counting
-from transformers_jax.cli import UserError
+from transformers_jax.models import counting
+from transformers_jax.errors import UserError
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 from transformers_jax.tasks import cross_entropy
+from transformers_jax.train import members as members_lib
 from transformers_jax.train import optim, population
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 
 from conftest import ROOT
 
@@ -77,7 +78,7 @@ def test_members_are_the_product_of_seeds_and_lists(experiment):
           "population.warmup_steps": "(0, 4)",
       },
   )
-  table = population.members(config)
+  table = members_lib.members(config)
   assert len(table) == 3 * 2 * 2
   assert {(m["seed"], m["learning_rate"], m["warmup_steps"]) for m in table} == {
       (s, lr, w) for s in (0, 1, 2) for lr in (1e-3, 1e-2) for w in (0, 4)
@@ -90,14 +91,15 @@ def test_members_are_the_product_of_seeds_and_lists(experiment):
 def test_bad_population_lists_are_refused(experiment, text):
   config = make_config(experiment, **{"population.learning_rates": text})
   with pytest.raises(UserError, match="population.learning_rates"):
-    population.members(config)
+    members_lib.members(config)
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear", "constant", "rsqrt"])
 def test_member_schedule_equals_the_solo_schedule(experiment, kind):
   config = make_config(experiment, lr_schedule=kind, steps=50, warmup_steps=7)
   solo = optim.schedule(config)
-  member = population.member_schedule(config, jnp.float32(3e-3), jnp.float32(7))
+  # a member's schedule: the same function with the member's peak and warmup as traced scalars
+  member = optim.schedule(config, jnp.float32(3e-3), jnp.float32(7))
   steps = jnp.arange(0, 60)
   np.testing.assert_allclose(jax.vmap(member)(steps), jax.vmap(solo)(steps), rtol=1e-6, atol=1e-12)
 
@@ -127,7 +129,7 @@ def test_each_member_starts_from_its_solo_runs_initial_state(experiment):
   for member, seed in ((0, 0), (3, 1)):  # members 0-1 have seed 0, 2-3 seed 1
     solo = jax.device_get(Setup(make_config(experiment, seed=seed)).init_state())
     for part in ("params", "opt_state", "rng"):
-      mine = population.member(getattr(pop, part), member)
+      mine = members_lib.member(getattr(pop, part), member)
       assert jax.tree_util.tree_all(
           jax.tree_util.tree_map(np.array_equal, mine, getattr(solo, part))
       ), part
@@ -311,7 +313,7 @@ def test_lr_sensitivity_grid_covers_the_study():
       (p, q, d) for p in ("pre", "post", "sandwich") for q in (False, True) for d in (2, 4)
   }
   for c in configs:
-    table = population.members(c)
+    table = members_lib.members(c)
     rates = sorted({m["learning_rate"] for m in table})
     assert len(rates) >= 7 and rates[0] <= 1e-4 and rates[-1] >= 1e-1
     assert len({m["seed"] for m in table}) >= 3 and c.steps >= 1000
@@ -387,7 +389,8 @@ def test_a_member_equals_its_solo_run_on_packed_jsonl_over_fsdp(tmp_path):
 
 # ----------------------------------------------------------------------------- other tools
 def test_other_tools_take_one_member_of_a_population(experiment, population_run, tmp_path, capsys):
-  from transformers_jax.runs import Run, RunError, load_run
+  from transformers_jax.run_folder.runs import Run, load_run
+  from transformers_jax.errors import RunError
 
   workdir, _ = population_run
   with pytest.raises(RunError, match=r"population of 4 members: pass --member=I with I in 0..3"):

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformers_jax import counting, hardware
+from transformers_jax.machine import hardware
+from transformers_jax.models import counting
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, example_inputs
 from transformers_jax.models.common import mask_padded_vocab
@@ -105,7 +106,7 @@ def test_a_step_that_cannot_fit_is_refused_with_exit_3():
 # reports fits: false.
 _SMALL_CHIP = """
 import dataclasses, runpy, sys
-from transformers_jax import hardware
+from transformers_jax.machine import hardware
 real = hardware.chip_for_topology
 hardware.chip_for_topology = lambda t: dataclasses.replace(real(t), hbm_gib=1 / 1024)
 sys.argv = ["train", "--config", "experiments/gpt2.py:tiny", "--compile_only",
@@ -168,7 +169,7 @@ def test_unknown_or_missing_topologies_are_one_line_errors():
 
 def test_the_mesh_lies_along_the_physical_torus():
   devices = hardware.topology_devices("v5p:4x4x4")
-  from transformers_jax import parallel
+  from transformers_jax.machine import parallel
 
   mesh = parallel.make_mesh({"data": 1, "fsdp": 16, "tensor": 4}, devices)
   # Each tensor-parallel group of 4 chips is one whole torus axis: its chips differ in one

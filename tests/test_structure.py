@@ -1,5 +1,6 @@
 """The package's shape: no import cycles among its modules (at module level or inside
-functions), no private name imported from another module, and no file over 400 lines."""
+functions), no private name imported from another module, no file over 400 lines, at most 10
+modules at the package root, and every import pointing down the layers of docs/architecture.md."""
 
 import ast
 import pathlib
@@ -83,6 +84,64 @@ def test_no_file_over_400_lines():
       if (n := len(p.read_text().splitlines())) > 400
   }
   assert not long, long
+
+
+def test_the_package_root_holds_at_most_10_modules():
+  """The root holds the commands and what everything shares; the rest lives in the packages
+  whose names say what they are (docs/architecture.md)."""
+  root_modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+  assert len(root_modules) <= 10, root_modules
+
+
+# The layers of docs/architecture.md, bottom first: a module imports from its own layer and
+# those below it, never from a layer above. A module belongs to the layer of the longest prefix
+# of its dotted name (within the package) listed here; the package root itself is in the first.
+LAYERS = [
+    ("base", ["", "errors", "machine", "run_folder.records"]),
+    ("model definition", ["config", "modules"]),
+    ("models", ["models"]),
+    ("data", ["data"]),
+    # train_config's checks ask the run's objective (Task.check), and every config holds the
+    # objectives' own fields (Task.config_defaults): it sits with the objectives
+    ("objectives and decoding", ["tasks", "decode", "interop", "train_config"]),
+    ("run folder", ["run_folder"]),
+    ("training", ["train"]),
+    (
+        "commands",
+        ["train.__main__", "cli", "config_reference", "scripting"]
+        + ["generate", "convert", "compare", "param_count"],
+    ),
+]
+
+
+def layer_of(module: str) -> int:
+  """The index in LAYERS of `module` (a dotted name starting with the package's)."""
+  inner = module.partition(".")[2]
+  best = None
+  for index, (_, prefixes) in enumerate(LAYERS):
+    for prefix in prefixes:
+      if (
+          inner == prefix
+          or (prefix and inner.startswith(prefix + "."))
+          or (not prefix and not inner)
+      ):
+        if best is None or len(prefix) > best[0]:
+          best = (len(prefix), index)
+  assert best is not None, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
+  return best[1]
+
+
+def test_imports_point_down_the_layers():
+  imports, _ = package_imports()
+  upward = [
+      f"{m}:{line} ({LAYERS[layer_of(m)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+      for m, found in imports.items()
+      for target, _, line in found
+      if layer_of(target) > layer_of(m)
+  ]
+  assert not upward, "\n".join(upward)
+  assert layer_of("transformers_jax.train.__main__") > layer_of("transformers_jax.train.loop")
+  assert layer_of("transformers_jax.run_folder.records") < layer_of("transformers_jax.run_folder")
 
 
 def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):

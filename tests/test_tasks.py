@@ -8,7 +8,7 @@ import pytest
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import TASKS, Task, TaskData, task_data, task_for
 from transformers_jax.train import compile as compile_step
-from transformers_jax.train.loop import train
+from transformers_jax.train.entry import train
 
 PRESETS = {
     "lm": ("gpt2", "tiny"),

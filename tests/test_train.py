@@ -12,14 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import init_params
 from transformers_jax.tasks import TASKS
 from transformers_jax.train import optim
-from transformers_jax.runs import Checkpoints
-from transformers_jax.train.loop import train
-from transformers_jax.train.step import create_state, make_train_step
+from transformers_jax.run_folder.checkpoints import Checkpoints
+from transformers_jax.train.entry import train
+from transformers_jax.train.step import make_train_step
+from transformers_jax.train.state import create_state
 
 from conftest import ROOT
 

@@ -11,7 +11,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformers_jax.errors import (  # noqa: F401  (UserError: raised by every command line)
+from transformers_jax.errors import (
     EXIT_SAVED_AND_STOPPED,
     AbortedBeforeStart,
     Interrupted,
@@ -166,7 +166,7 @@ def user_errors(main, start_backends: bool = True):
     def call():
       apply_cpu_devices()
       if start_backends:  # (train starts them itself, after joining a multi-process cluster)
-        from transformers_jax import hardware
+        from transformers_jax.machine import hardware
 
         hardware.start_backends()
       return main(argv)
@@ -372,7 +372,7 @@ def parse_script_flags(
   if "config_help" in flag_values and flag_values.config_help:
     print_config_help(flag_values)
   apply_cpu_devices(flag_values)
-  from transformers_jax import output_paths
+  from transformers_jax.scripting import output_paths
 
   output_paths.check_declared(flag_values)  # before the work: a bad path is not found at the end
   return rest[1:]

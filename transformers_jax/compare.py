@@ -18,6 +18,7 @@ import pathlib
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 flags.DEFINE_string("plot", "compare.png", "Where to write the loss curves (PNG); '' for none.")
 FLAGS = flags.FLAGS
@@ -32,9 +33,9 @@ HPARAMS = ("seed", "learning_rate", "weight_decay", "warmup_steps", "z_loss")
 def _records(folder: pathlib.Path) -> list[dict]:
   path = folder / "metrics.jsonl"
   if not folder.is_dir():
-    raise cli.UserError(f"{folder}: no such run folder: give the --workdir of a training run")
+    raise UserError(f"{folder}: no such run folder: give the --workdir of a training run")
   if not path.is_file():
-    raise cli.UserError(
+    raise UserError(
         f"{folder} has no metrics.jsonl: give the --workdir of a training run (it writes its "
         "first line after log_every steps)"
     )
@@ -59,7 +60,7 @@ def curves(spec: str) -> list[tuple[str, dict[str, dict[int, float]]]]:
   members = sorted({r["member"] for r in rows if isinstance(r.get("member"), int)})
   if member is not None and member not in members:
     held = f"members 0..{members[-1]}" if members else "one model, not a population"
-    raise cli.UserError(f"{spec}: {folder} holds {held}: give RUN:I with I among them, or RUN")
+    raise UserError(f"{spec}: {folder} holds {held}: give RUN:I with I among them, or RUN")
   picked = [member] if member is not None else members or [None]
   varying = [k for k in HPARAMS if len({r.get(k) for r in rows if "member" in r}) > 1]
   out = []
@@ -131,9 +132,9 @@ def plot(runs: list[tuple[str, dict]], path: str) -> None:
 def main(argv):
   specs = argv[1:]
   if not specs:
-    raise cli.UserError("give one or more run folders: compare RUN_A RUN_B [RUN:MEMBER ...]")
+    raise UserError("give one or more run folders: compare RUN_A RUN_B [RUN:MEMBER ...]")
   if FLAGS.plot and not pathlib.Path(FLAGS.plot).resolve().parent.is_dir():
-    raise cli.UserError(f"--plot={FLAGS.plot}: its folder does not exist: create it first")
+    raise UserError(f"--plot={FLAGS.plot}: its folder does not exist: create it first")
   runs = [run for spec in specs for run in curves(spec)]
   print(table(runs))
   if FLAGS.plot:

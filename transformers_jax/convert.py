@@ -24,11 +24,12 @@ import numpy as np
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.config import DTYPES, ModelConfig
 from transformers_jax.train_config import experiment_config
 from transformers_jax.interop import load_hf, save_hf
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
-from transformers_jax.runs import Run
+from transformers_jax.run_folder.runs import Run
 
 flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")
@@ -73,7 +74,7 @@ def _check_tokenizer(path: pathlib.Path) -> None:
     load_tokenizer(path)
   except Exception as e:  # DataError, or the tokenizers library's own  # noqa: BLE001
     said = str(e.__cause__ or e).strip().splitlines()
-    raise cli.UserError(
+    raise UserError(
         f"{path} is not a tokenizer this project reads ({said[0] if said else type(e).__name__})"
         ": replace it with the model's tokenizer.json, or remove it to import without one "
         "(generate --prompt_ids works without)"
@@ -93,7 +94,7 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   config.seq_len = min(config.seq_len, model_cfg.max_len)
   run = Run(workdir)
   if run.checkpoint_dir.exists() and any(run.checkpoint_dir.iterdir()):
-    raise cli.UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
+    raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
   run.save_params(params, step=0)
   run.write_config(config)
   (run.path / "config.py").write_text(CONFIG_PY)
@@ -108,20 +109,20 @@ def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> N
   would replace a run's own."""
   run, target = run.resolve(), target.resolve()
   if target == run or run in target.parents or target in run.parents:
-    raise cli.UserError(
+    raise UserError(
         f"--to_hf {target} is the run's own folder (or contains or lies in "
         f"it): export into a separate folder"
     )
   if target.exists() and not target.is_dir():
-    raise cli.UserError(f"--to_hf {target} is a file: give a folder")
+    raise UserError(f"--to_hf {target} is a file: give a folder")
   held = _run_files(target)
   if held:
-    raise cli.UserError(
+    raise UserError(
         f"--to_hf {target} holds a run of this project ({held}): --overwrite never replaces "
         "a run's files; export into another folder"
     )
   if target.is_dir() and any(target.iterdir()) and not overwrite:
-    raise cli.UserError(
+    raise UserError(
         f"--to_hf {target} already holds files: give an empty or new folder, "
         "or pass --overwrite to replace them"
     )
@@ -147,7 +148,7 @@ def export_hf(workdir, target, overwrite: bool = False, member: int | None = Non
   folder `target`; returns the Hugging Face architecture written."""
   run = Run(workdir)
   if not run.config_path.is_file():
-    raise cli.UserError(f"{run.path} has no config.json: pass a run directory")
+    raise UserError(f"{run.path} has no config.json: pass a run directory")
   _check_target(run.path, pathlib.Path(target), overwrite)
   model_cfg = run.model_config()
   params, step = run.load_params(member=member)
@@ -171,12 +172,12 @@ def export_hf(workdir, target, overwrite: bool = False, member: int | None = Non
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+    raise UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if not FLAGS.workdir or bool(FLAGS.from_hf) == bool(FLAGS.to_hf):
-    raise cli.UserError("give --workdir and exactly one of --from_hf DIR or --to_hf DIR")
+    raise UserError("give --workdir and exactly one of --from_hf DIR or --to_hf DIR")
   if FLAGS.from_hf:
     if FLAGS.member is not None:
-      raise cli.UserError(
+      raise UserError(
           f"--member={FLAGS.member}: picks the member of a population's run to export with "
           "--to_hf; --from_hf imports one model: leave --member out"
       )

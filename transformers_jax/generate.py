@@ -18,8 +18,9 @@ import sys
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 from transformers_jax.cli import parse_ids
-from transformers_jax.runs import load_run
+from transformers_jax.run_folder.runs import load_run
 
 flags.DEFINE_string("workdir", None, "A training run's directory (config.json, checkpoints/).")
 flags.DEFINE_string("prompt", None, "Decoder-only: text to continue.")
@@ -60,19 +61,19 @@ FLAGS = flags.FLAGS
 def _input_ids(tok, text_flag: str, ids_flag: str) -> list[int]:
   text, ids = FLAGS[text_flag].value, FLAGS[ids_flag].value
   if (text is None) == (ids is None):
-    raise cli.UserError(f"give exactly one of --{text_flag} and --{ids_flag}")
+    raise UserError(f"give exactly one of --{text_flag} and --{ids_flag}")
   if ids is not None:
     return parse_ids(ids, ids_flag)
   if tok is None:
-    raise cli.UserError(f"the run has no tokenizer.json: pass --{ids_flag}")
+    raise UserError(f"the run has no tokenizer.json: pass --{ids_flag}")
   return tok.encode(text)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+    raise UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if not FLAGS.workdir:
-    raise cli.UserError("--workdir is required: the directory of a training run")
+    raise UserError("--workdir is required: the directory of a training run")
   from transformers_jax import decode
 
   cfg, params, tok, step = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
@@ -85,7 +86,7 @@ def main(argv):
     )
   sampling_flags = any(FLAGS[f].present for f in ("temperature", "top_k", "top_p"))
   if sampling_flags and FLAGS.beam_size:  # beam search keeps the likeliest: it draws nothing
-    raise cli.UserError(
+    raise UserError(
         f"--beam_size={FLAGS.beam_size} with --temperature/--top_k/--top_p: beam search is "
         "deterministic and would ignore the sampling flags; give one or the other"
     )
@@ -98,7 +99,7 @@ def main(argv):
   )
   if cfg.family == "decoder":
     if FLAGS.source is not None or FLAGS.source_ids is not None:
-      raise cli.UserError(
+      raise UserError(
           "this run is a decoder-only model: --source/--source_ids are an encoder-decoder's; "
           "give only --prompt or --prompt_ids"
       )
@@ -118,22 +119,22 @@ def main(argv):
     )
   elif cfg.family == "encoder_decoder":
     if FLAGS.prompt is not None or FLAGS.prompt_ids is not None:
-      raise cli.UserError(
+      raise UserError(
           "this run is an encoder-decoder model: --prompt/--prompt_ids are a decoder-only "
           "model's; give only --source or --source_ids"
       )
     source = _input_ids(tok, "source", "source_ids")
     if tok is None or tok.bos_id is None or tok.eos_id is None:
-      raise cli.UserError("the run's tokenizer has no bos/eos ids, which translation needs")
+      raise UserError("the run's tokenizer has no bos/eos ids, which translation needs")
     if FLAGS.stop_ids is not None:
-      raise cli.UserError("--stop_ids: the encoder-decoder stops at the tokenizer's eos")
+      raise UserError("--stop_ids: the encoder-decoder stops at the tokenizer's eos")
     beam = FLAGS.beam_size if FLAGS.beam_size is not None else (0 if sampling_flags else 4)
     new = FLAGS.max_new_tokens if FLAGS["max_new_tokens"].present else None
     out = decode.translate(
         cfg, params, [source], tok.bos_id, tok.eos_id, new, beam_size=beam, **common
     )
   else:
-    raise cli.UserError(
+    raise UserError(
         f"a model.family={cfg.family} model does not generate text: use a "
         "decoder or encoder_decoder run"
     )

@@ -10,7 +10,10 @@ import json
 
 from absl import flags
 
-from transformers_jax import cli, counting, field_checks
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.models import counting
+from transformers_jax.train import field_checks
 
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 cli.define_config_flag()
@@ -56,9 +59,9 @@ def render(s: dict, name: str) -> str:
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+    raise UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if FLAGS.config is None:
-    raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:small")
+    raise UserError("--config is required, e.g. --config experiments/gpt2.py:small")
   field_checks.check_model(counting.as_model_config(FLAGS.config.model))
   s = counting.summary(FLAGS.config)
   if FLAGS.json:

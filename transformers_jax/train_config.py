@@ -12,8 +12,8 @@ from typing import Any
 import ml_collections
 
 from transformers_jax.config import flatten_dict, model_config_dict
-from transformers_jax.parallel import rule_names
-from transformers_jax.records import read_config
+from transformers_jax.machine.parallel import rule_names
+from transformers_jax.run_folder.records import read_config
 
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
@@ -108,7 +108,7 @@ def training_fields() -> ml_collections.ConfigDict:
           "topology": "",
       }
   )
-  # logical-axis rule overrides, one field per logical name (transformers_jax/parallel.py):
+  # logical-axis rule overrides, one field per logical name (transformers_jax/machine/parallel.py):
   # unset = the default rule, "" = replicated, "fsdp" or "data,fsdp" = the mesh axes to split over;
   # e.g. --config.rules.mlp='' keeps the feed-forward hidden dimension whole on every device
   c.rules = ml_collections.ConfigDict(

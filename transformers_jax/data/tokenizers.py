@@ -10,7 +10,7 @@ import pathlib
 from collections.abc import Iterable, Sequence
 
 from transformers_jax.data.errors import DataError
-from transformers_jax.records import write_text_atomically
+from transformers_jax.run_folder.records import write_text_atomically
 
 BPE_SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]")
 

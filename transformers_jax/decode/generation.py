@@ -199,7 +199,7 @@ def _place(mesh, args, rows: int):
   if mesh is None:
     return args
   from jax.sharding import NamedSharding, PartitionSpec
-  from transformers_jax import parallel
+  from transformers_jax.machine import parallel
 
   shards = int(np.prod([mesh.shape[a] for a in parallel.BATCH_AXES]))
   split = NamedSharding(mesh, PartitionSpec(parallel.BATCH_AXES))

@@ -11,7 +11,9 @@ from transformers_jax.interop.common import (
     UnsupportedArchitecture,
     UnsupportedConfig,
 )
-from transformers_jax.interop.hf import SUPPORTED_ARCHITECTURES, load_hf, save_hf
+from transformers_jax.interop.families import SUPPORTED_ARCHITECTURES
+from transformers_jax.interop.hf import load_hf
+from transformers_jax.interop.hf_export import save_hf
 
 __all__ = [
     "load_hf",

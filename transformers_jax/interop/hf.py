@@ -46,7 +46,7 @@ from transformers_jax.interop.common import (
     hf_shapes,
     to_ours,
 )
-from transformers_jax.interop.families import (  # noqa: F401  (SUPPORTED_ARCHITECTURES: the API)
+from transformers_jax.interop.families import (
     FAMILY_OF,
     INDEX,
     MODEL_TYPE_DEFAULT,
@@ -54,7 +54,6 @@ from transformers_jax.interop.families import (  # noqa: F401  (SUPPORTED_ARCHIT
     WEIGHTS,
     expected_shapes,
 )
-from transformers_jax.interop.hf_export import save_hf  # noqa: F401  (the other direction)
 
 
 # ----------------------------------------------------------------------------- files

@@ -107,9 +107,8 @@ __all__ = [
 def param_shardings(model_cfg, mesh, rule_table=None):
   """NamedShardings of a model's parameters on `mesh` as the logical-axis rules say (default:
   the training rules, parallel.rules()), from shapes alone."""
-  from transformers_jax import parallel
+  from transformers_jax.machine import parallel
 
-  model = build_model(model_cfg)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model_cfg)))
+  boxed = jax.eval_shape(initializer(model_cfg), jax.random.PRNGKey(0))
   table = parallel.rules() if rule_table is None else rule_table
-  return parallel.logical_shardings(boxed["params"], mesh, table)
+  return parallel.logical_shardings(boxed, mesh, table)

@@ -176,10 +176,12 @@ class Task:
     out["eval_logit_max"] = float(totals["logit_max"])
     return out
 
-  def frozen(self, setup):
-    """Arrays the loss reads but never trains (a teacher's parameters), placed on the run's
-    mesh, or None. The steps pass them to `outputs` as variables["frozen"]."""
-    return None
+  def frozen_runs(self, config) -> dict[str, str]:
+    """{name: run folder} of the runs whose parameters the loss reads but never trains (a
+    teacher): the training driver loads each run's latest intact parameters, places them on the
+    run's mesh as that run's own model would be, and the steps pass them to `outputs` as
+    variables["frozen"][name]. Empty for most objectives."""
+    return {}
 
   def batch_shapes(self, model_cfg, config) -> dict[str, tuple[tuple[int, ...], Any]]:
     """{key: (shape, dtype)} of one global batch."""

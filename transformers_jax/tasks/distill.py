@@ -5,8 +5,8 @@ is trained on, mixed with the hard labels:
     loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE
 
 (T^2 keeps the soft term's gradients at the scale of the hard term's as T changes). The
-teacher's parameters are frozen and placed on the run's mesh with the layout its own run would
-have there. The batches, tokenizer and sample are the model's own objective's (lm or mlm); the
+teacher's parameters are frozen (Task.frozen_runs: the training driver loads them) and placed on
+the run's mesh with the layout its own run would have there. The batches, tokenizer and sample are the model's own objective's (lm or mlm); the
 teacher's tokenizer is the student's. The held-out loss is the student's cross-entropy, as a
 student trained alone reports it, and `eval_distill_kl` the KL to the teacher at T = 1.
 
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.records import read_config
+from transformers_jax.run_folder.records import read_config
 from transformers_jax.tasks.base import Task, cross_entropy
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
@@ -121,26 +121,12 @@ class Distillation(Task):
       shutil.copyfile(theirs, workdir / "tokenizer.json")
     return self.own(model_cfg).data(config, model_cfg, workdir)
 
-  def frozen(self, setup):
-    """The teacher's latest intact parameters, laid out as its own run's on this mesh."""
-    from transformers_jax.modules import block
-    from transformers_jax.runs import Run
-    from transformers_jax.train import state as state_lib
-
-    import optax
-
-    teacher_cfg = self.teacher_config(setup.config, setup.model_cfg)
-    self.teacher_model_cfg = teacher_cfg
-    params, _ = Run(setup.config.distill.teacher).load_params(member_flag="--config.distill")
-    params = block.in_layout(params, teacher_cfg.scan_layers)
-    _, shardings = state_lib.state_shardings(
-        teacher_cfg, optax.set_to_zero(), setup.mesh, setup.rule_table, 0
+  def frozen_runs(self, config):
+    """The teacher, whose model config `outputs` builds its forward pass from."""
+    self.teacher_model_cfg = ModelConfig.from_dict(
+        read_config(pathlib.Path(config.distill.teacher) / "config.json")["model"]
     )
-    return jax.tree_util.tree_map(
-        lambda a, s: jax.make_array_from_callback(a.shape, s, lambda index: a[index]),
-        params,
-        shardings.params,
-    )
+    return {"teacher": config.distill.teacher}
 
   def outputs(self, model, variables, batch, rngs, mutable):
     from transformers_jax.models import build_model
@@ -150,7 +136,7 @@ class Distillation(Task):
     (logits, targets, weights), state = own.outputs(model, student, batch, rngs, mutable)
     teacher_model = build_model(self.teacher_model_cfg)
     (teacher_logits, _, _), _ = own.outputs(
-        teacher_model, {"params": variables["frozen"]}, batch, {}, ["intermediates"]
+        teacher_model, {"params": variables["frozen"]["teacher"]}, batch, {}, ["intermediates"]
     )
     return (logits, targets, weights, jax.lax.stop_gradient(teacher_logits)), state
 

@@ -17,6 +17,7 @@ import sys
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.errors import UserError
 
 cli.define_config_flag()
 flags.DEFINE_string(
@@ -73,16 +74,16 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
+    raise UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
   if FLAGS.config is None:
-    raise cli.UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
-  from transformers_jax import compile_cache, parallel
+    raise UserError("--config is required, e.g. --config experiments/gpt2.py:cpu")
+  from transformers_jax.machine import cluster_join, compile_cache
 
   # A step compiled for a TPU topology has no devices here to load into, so JAX cannot read it
   # back from the cache (it warns on every rerun): such compiles leave the cache alone.
   topology_only = FLAGS.compile_only and FLAGS.config.mesh.topology
   compile_cache.enable(compile_cache.OFF if topology_only else FLAGS.compile_cache_dir)
-  parallel.initialize_distributed(
+  cluster_join.initialize_distributed(
       FLAGS.coordinator_address,
       FLAGS.num_processes,
       FLAGS.process_id,
@@ -111,13 +112,13 @@ def main(argv):
       sys.exit(3)
     return
   if FLAGS.config.mesh.topology:
-    raise cli.UserError(
+    raise UserError(
         f"mesh.topology={FLAGS.config.mesh.topology!r} only describes hardware "
         "to compile for: use it with --compile_only, or set it to '' to train"
     )
   if not FLAGS.workdir:
-    raise cli.UserError("--workdir is required: where the run's files go (e.g. runs/x)")
-  from transformers_jax.train.loop import train
+    raise UserError("--workdir is required: where the run's files go (e.g. runs/x)")
+  from transformers_jax.train.entry import train
 
   train(FLAGS.config, FLAGS.workdir, allow_data_change=FLAGS.allow_data_change)
 

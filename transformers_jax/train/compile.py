@@ -10,7 +10,9 @@ import time
 import jax
 import numpy as np
 
-from transformers_jax import counting, field_checks, hardware
+from transformers_jax.machine import hardware
+from transformers_jax.models import counting
+from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
 from transformers_jax.train.setup import Setup

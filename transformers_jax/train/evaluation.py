@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.tasks import Task
 from transformers_jax.train.step import attention_logit_max, moe_dropped_fraction, residual_rms
 

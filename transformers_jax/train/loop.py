@@ -1,5 +1,5 @@
 """The solo training loop: data, sharded state, jit step, evaluation, checkpoints, metrics,
-resume. A config with population settings goes to train/population.py, the same step vmapped."""
+resume. Its entry is entry.train, which chooses it for a config without population settings."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import math
 import time
 
 import jax
-import numpy as np
 
-from transformers_jax import counting, parallel, runs
+from transformers_jax.machine import parallel
+from transformers_jax.models import counting
 from transformers_jax.errors import UserError
-from transformers_jax.runs import Run
-from transformers_jax.train import evaluation, population, resume
+from transformers_jax.run_folder.runs import Run
+from transformers_jax.train import evaluation, resume
 from transformers_jax.train import metrics as metrics_lib
-from transformers_jax.train.events import (  # noqa: F401  (TrainingDiverged: the loop's error)
+from transformers_jax.train.events import (
     Pace,
     Progress,
-    TrainingDiverged,
     run_steps,
     stop_if_not_finite,
 )
@@ -36,13 +35,10 @@ def _eval_metrics(setup, data, eval_step, params) -> dict:
   return evaluation.summarize(setup.task, data, totals, inter, whole, setup.model_cfg)
 
 
-def _local(batch: dict, mesh=None) -> dict:
+def _local(batch: dict, mesh) -> dict:
   """This process's rows of a global batch."""
   if jax.process_count() == 1:
     return batch
-  if mesh is None:
-    n, i = jax.process_count(), jax.process_index()
-    return {k: np.array_split(v, n)[i] for k, v in batch.items()}
   start, stop = parallel.process_rows(mesh, len(next(iter(batch.values()))))
   return {k: v[start:stop] for k, v in batch.items()}
 
@@ -69,37 +65,9 @@ def process_batch(data, step: int, mesh, batch_size: int) -> dict:
   return data.rows(step, start, stop)
 
 
-def train(config, workdir: str, task=None, allow_data_change: bool = False) -> dict:
-  """Train (or resume) the run in `workdir`; returns the final metrics. The objective is the
-  model's (tasks.task_for) unless a Task is given. A config with `population` settings trains
-  its members as one program (train/population.py). One run per workdir: a second one stops
-  with an error naming the first."""
-  run = Run(workdir)
-  is_main = jax.process_index() == 0
-  lock = runs.WorkdirLock(run.path)
-  problem = None
-  if is_main:
-    try:
-      lock_note = lock.acquire()
-      if lock_note:
-        print(lock_note, flush=True)
-    except (runs.WorkdirBusy, OSError) as e:  # busy; or a workdir that cannot be made
-      problem = e
-  if not parallel.agree(problem is None):
-    raise problem or UserError(f"process 0 could not lock {run.path}: see its error")
-  # until the first step, Ctrl-C or SIGTERM ends the run at once: nothing is lost
-  stop_requests = StopRequests(abort_before_start=True)
-  try:
-    setup = Setup(config, task)
-    if setup.members:
-      return population.train_population(setup, run, allow_data_change)
-    return _train(setup, run, allow_data_change)
-  finally:
-    stop_requests.restore()
-    lock.release()
-
-
-def _train(setup: Setup, run: Run, allow_data_change: bool) -> dict:
+def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
+  """Train (or resume) the one model of `setup` in `run` (locked by entry.train); returns the
+  final metrics."""
   config, model_cfg, mesh, task = setup.config, setup.model_cfg, setup.mesh, setup.task
   workdir = run.path
   is_main = jax.process_index() == 0

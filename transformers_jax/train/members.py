@@ -27,10 +27,10 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
+from transformers_jax.models import initializer
 from transformers_jax.errors import UserError
 from transformers_jax.train import optim, resume
-from transformers_jax.train.state import boxed_init
 from transformers_jax.train.step import (
     WithFrozen,
     frozen_shardings,
@@ -105,7 +105,7 @@ def describe(member: dict) -> str:
 def chosen(workdir, member: int) -> str:
   """Which member `--member` / `init_member` took from the population's run in `workdir`, for
   the user to see: "member 2 of 4 (seed 0, learning_rate 0.003, ...)"."""
-  from transformers_jax.runs import Run
+  from transformers_jax.run_folder.runs import Run
 
   table = members(Run(workdir).config())
   return f"member {member} of {len(table)} ({describe(table[member])})"
@@ -191,7 +191,7 @@ def init_state(setup) -> PopulationState:
   the other (lax.map, each written into its slice of the stacked state): the same values, but
   one member's init in a loop, which XLA compiles in about a solo run's init time where the
   vmapped program takes about 1.5x as long, and which holds one member's temporaries at a time."""
-  init_params = boxed_init(setup.model_cfg)
+  init_params = initializer(setup.model_cfg)
   tx_for = optimizer(setup.config)
   count = len(setup.members)
 

@@ -11,7 +11,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformers_jax import hardware
+from transformers_jax.machine import hardware
 
 
 @functools.cache

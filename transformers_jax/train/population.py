@@ -18,29 +18,20 @@ import time
 import jax
 import numpy as np
 
-from transformers_jax import parallel
-from transformers_jax.runs import Run
+from transformers_jax.machine import parallel
+from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation, resume
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import Pace, run_steps
-from transformers_jax.train.members import (  # noqa: F401  (the population's table, re-exported)
+from transformers_jax.train.members import (
     LISTS,
     describe,
-    enabled,
     list_values,
     member,
-    members,
     put_stacked,
 )
-from transformers_jax.train.optim import schedule
 from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.profiling import StepProfiler
-
-
-def member_schedule(config, peak, warmup):
-  """The config's learning-rate schedule with a member's peak and warmup (traced scalars):
-  optim.schedule itself, which takes either."""
-  return schedule(config, peak, warmup)
 
 
 class MemberBatches:

@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax import runs
-from transformers_jax.errors import UserError
-from transformers_jax.runs import Run, config_differences
+from transformers_jax.run_folder import runs
+from transformers_jax.errors import RunError, UserError
+from transformers_jax.run_folder.checkpoints import CheckpointDamaged
+from transformers_jax.run_folder.runs import Run, config_differences
 from transformers_jax.train_config import asks_for_population
 
 
@@ -166,7 +167,7 @@ def restore_verified(checkpoints, target, check, does_not_fit: str):
     return checkpoints.restore_intact(
         target, check=check, on_damaged=lambda line: is_main and print(line, flush=True)
     )
-  except runs.CheckpointDamaged as e:
+  except CheckpointDamaged as e:
     raise UserError(str(e)) from None
   except (ValueError, KeyError) as e:
     first = str(e).strip().splitlines()[0]
@@ -221,5 +222,5 @@ def load_init_from(path: str, member: int = -1):
     return run.load_params(
         step=step, member=None if member < 0 else member, member_flag="--config.init_member"
     )
-  except runs.RunError as e:
+  except RunError as e:
     raise UserError(f"init_from={path}: {e}") from None

@@ -12,16 +12,21 @@ its state is the members' stacked states, its step the same update body vmapped.
 from __future__ import annotations
 
 import math
+import pathlib
 
 import jax
+import optax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformers_jax import field_checks, parallel
+from transformers_jax.machine import parallel
+from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.modules import block
-from transformers_jax.runs import PARAMS_ONLY
+from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
+from transformers_jax.run_folder.records import read_config
+from transformers_jax.run_folder.runs import Run
 from transformers_jax.tasks import task_data, task_for
 from transformers_jax.train import members as members_lib
 from transformers_jax.train import optim, resume, state as state_lib, step as step_lib
@@ -59,11 +64,27 @@ class Setup:
 
   @property
   def frozen(self):
-    """The Task's frozen arrays on this run's mesh (Task.frozen: a teacher's parameters), made
-    on first use; None for most objectives."""
+    """{name: parameters} of the Task's frozen runs (Task.frozen_runs: a teacher's), loaded on
+    first use and placed on this run's mesh; None for most objectives."""
     if not hasattr(self, "_frozen"):
-      self._frozen = self.task.frozen(self)
+      named = self.task.frozen_runs(self.config)
+      self._frozen = {k: self.frozen_params(v) for k, v in named.items()} if named else None
     return self._frozen
+
+  def frozen_params(self, path: str):
+    """The latest intact parameters of run `path`, sharded over this mesh as that run's own
+    model would be with this run's rules (the teacher's layout on the student's mesh)."""
+    saved = read_config(pathlib.Path(path) / "config.json")
+    if saved is None:
+      raise UserError(f"{path}: no run there (no config.json): give a run's folder")
+    model_cfg = ModelConfig.from_dict(saved["model"])
+    params, _ = Run(path).load_params()
+    params = block.in_layout(params, model_cfg.scan_layers)
+    _, shardings = state_lib.state_shardings(
+        model_cfg, optax.set_to_zero(), self.mesh, self.rule_table, 0
+    )
+    place = lambda a, s: jax.make_array_from_callback(a.shape, s, lambda i: a[i])  # noqa: E731
+    return jax.tree_util.tree_map(place, params, shardings.params)
 
   @property
   def member_count(self) -> int:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.models import initializer
 
 
@@ -31,15 +31,10 @@ def params_like(opt_abstract, params_abstract, param_shardings, fallback):
   )
 
 
-def boxed_init(model_cfg):
-  """rng -> the model's parameters, boxed with their logical axis names (models.initializer)."""
-  return initializer(model_cfg)
-
-
 def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
   """(abstract state, its shardings), from shapes alone. Raises a ValueError, before anything
   compiles, when a sharded dimension does not divide over its mesh axes."""
-  boxed_params = boxed_init(model_cfg)
+  boxed_params = initializer(model_cfg)
   key = jax.random.PRNGKey(seed)
   with nn.logical_axis_rules(rule_table):
     abstract_boxed = jax.eval_shape(boxed_params, key)
@@ -67,7 +62,7 @@ def create_state(model_cfg, tx, mesh, rule_table, seed: int):
   """(state, shardings): the state is initialised inside jit with its output shardings, so no
   parameter ever exists unsharded on one device."""
   _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
-  boxed_params = boxed_init(model_cfg)
+  boxed_params = initializer(model_cfg)
 
   def init(rng):
     with nn.logical_axis_rules(rule_table):

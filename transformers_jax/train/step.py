@@ -10,15 +10,9 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
-from transformers_jax import parallel
+from transformers_jax.machine import parallel
 from transformers_jax.models import build_model
 from transformers_jax.train import optim
-from transformers_jax.train.state import (  # noqa: F401  (the state the steps update)
-    TrainState,
-    abstract_state,
-    create_state,
-    state_shardings,
-)
 
 
 def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
@@ -43,7 +37,7 @@ def make_loss_fn(
   """loss(params, batch, rng[, z_loss[, frozen]]) -> (objective, sums) for a Task
   (transformers_jax.tasks): the Task's forward pass and loss sums (`options`: its
   task.loss_options(config)). `z_loss` may be a float or, given as an argument, a traced
-  scalar; `frozen` is what the Task reads but never trains (Task.frozen). A MoE model adds its
+  scalar; `frozen` is what the Task reads but never trains (Task.frozen_runs). A MoE model adds its
   load-balancing loss and router z-loss (summed over layers) times their weights, and reports
   the per-expert share of routing choices and the dropped fraction."""
   train_model = build_model(model_cfg, deterministic=False)
@@ -88,7 +82,7 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
   population vmaps it over its members (train/members.py). `optimizer(hparams)` is the optax
   transformation for those hyperparameters (optim.HPARAMS: Python numbers, or a member's traced
   scalars); `grad_shardings` pins the accumulated gradients of micro-batches to the parameters'
-  layout; `frozen` is the Task's (Task.frozen), shared by every micro-batch and member."""
+  layout; `frozen` is the Task's (Task.frozen_runs), shared by every micro-batch and member."""
   loss_fn = make_loss_fn(
       task,
       model_cfg,
@@ -142,7 +136,7 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
 
 class WithFrozen:
   """A jitted step(state, batch, frozen) called as step(state, batch): the Task's frozen arrays
-  (Task.frozen) are passed on every call, arguments like the state (sharded, never constants
+  (Task.frozen_runs) are passed on every call, arguments like the state (sharded, never constants
   baked into the program). `lower` lowers it the same way."""
 
   def __init__(self, jitted, frozen):
@@ -156,7 +150,7 @@ class WithFrozen:
 
 
 def frozen_shardings(frozen):
-  """The shardings of the Task's frozen arrays, as placed (Task.frozen)."""
+  """The shardings of the Task's frozen arrays, as placed (Task.frozen_runs)."""
   return jax.tree_util.tree_map(lambda a: a.sharding, frozen)
 
 
@@ -175,7 +169,7 @@ def make_train_step(
     task, model_cfg, config, tx, schedule, mesh, rule_table, shardings, frozen=None
 ):
   """jit(step)(state, batch) -> (state, metrics): the update body with the config's own
-  hyperparameters; the state is donated. With the Task's `frozen` arrays (Task.frozen) the
+  hyperparameters; the state is donated. With the Task's `frozen` arrays (Task.frozen_runs) the
   jitted step takes them as a third argument, passed on each call (WithFrozen)."""
   update = make_update(task, model_cfg, config, lambda _: tx, shardings.params)
   hparams = optim.config_hparams(config)

@@ -94,7 +94,7 @@ def initialize_distributed(
     join = Join(address, num_processes, process_id, detected, timeout_s)
     join.check_port()
     join.initialize(local_devices)
-  from transformers_jax import hardware
+  from transformers_jax.machine import hardware
 
   hardware.start_backends()
 

@@ -23,9 +23,6 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-# joining a multi-process cluster lives in cluster_join.py; these names stay importable here
-from transformers_jax.cluster_join import JoinError, initialize_distributed  # noqa: F401
-
 MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp", "expert")
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def shown(config: str) -> str:
@@ -61,7 +61,7 @@ def compile_table(rows, compile_row, out, only, redo: bool, markdown, summary) -
   `compile_row(row) -> result`, with progress and `summary(result)` on stderr; tpu.json and
   tpu.md are rewritten after each row, so a stopped run keeps what it compiled. Returns the
   results in the order of `rows`."""
-  from transformers_jax.sweeps import RowProgress
+  from transformers_jax.scripting.sweeps import RowProgress
 
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)

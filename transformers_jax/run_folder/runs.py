@@ -19,7 +19,7 @@ A step directory appears only once it is complete (orbax writes under a temporar
 renames on commit), so a crash mid-save never looks like a good checkpoint; one that was damaged
 afterwards (a flipped bit, a truncated file) fails its checksums or holds non-finite values, is
 renamed to <step>.damaged and the newest intact one is used instead, by a training resume and
-by Run.load_params (generate, convert, init_from) alike (transformers_jax/checkpoints.py).
+by Run.load_params (generate, convert, init_from) alike (transformers_jax/run_folder/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -27,20 +27,14 @@ from __future__ import annotations
 import json
 import pathlib
 
-from transformers_jax.checkpoints import (  # noqa: F401  (the run folder's checkpoint API)
-    FULL_STATE,
+from transformers_jax.run_folder.checkpoints import (
     PARAMS_ONLY,
     CheckpointDamaged,
     Checkpoints,
-    file_checksums,
     non_finite_values,
 )
-from transformers_jax import records
+from transformers_jax.run_folder import records
 from transformers_jax.errors import RunError
-from transformers_jax.workdir_lock import (  # noqa: F401  (one run per folder)
-    WorkdirBusy,
-    WorkdirLock,
-)
 
 
 class Run:
@@ -238,7 +232,7 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
 
   import jax
 
-  source = pathlib.Path(__file__).resolve().parent.parent
+  source = pathlib.Path(__file__).resolve().parents[2]
   code = {"source": str(source)}
   try:
     git = lambda *a: subprocess.run(  # noqa: E731

@@ -24,7 +24,7 @@ import pathlib
 
 import orbax.checkpoint as ocp
 
-from transformers_jax import disk_full
+from transformers_jax.run_folder import disk_full
 from transformers_jax.errors import RunError
 
 FULL_STATE, PARAMS_ONLY = "train_state", "params"

@@ -1,0 +1,55 @@
+"""DeepNet's claim at depth: post-LN fails to train where DeepNorm trains (Wang et al. 2022).
+
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_deepnet.py \
+        --out experiments/results/norm_zoo/deepnet_lm
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_deepnet_translation.py \
+        --out experiments/results/norm_zoo/deepnet_translation
+
+DeepNet trains a 1,000-layer Transformer with DeepNorm (x <- LN(alpha x + f(x)) and its
+beta-scaled Xavier initialisation) where post-LN diverges from about 100 layers onwards (their
+Figure 1 and Table 1). The smallest version this machine can run: the norm zoo's byte-level
+decoder (d_model 16, 2 heads, batches of 4 x 16 bytes) at 100 blocks, layers scanned, for
+post-LN, DeepNorm and pre-LN, each one population of 3 peak rates x warmup 10% x 2 seeds = 6
+members, 600 steps. The translation half is experiments/norm_zoo_deepnet_translation.py
+(18+18 blocks, the paper's encoder-decoder constants).
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "norm_zoo", pathlib.Path(__file__).with_name("norm_zoo.py")
+)
+_zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_zoo)
+
+BASE = _zoo.BASE
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+SEEDS = 2
+STEPS = 600
+PLACEMENTS = ("post", "deepnorm", "pre")
+DEPTH = 100
+
+
+def populations(scale: bool = False) -> list[dict]:
+  common = {
+      **_zoo.COMMON,
+      "steps": STEPS,
+      "eval_every": STEPS // 6,
+      **(_zoo.SCALE if scale else {}),
+  }
+  steps = common["steps"]
+  return [
+      {
+          "name": f"{placement}-L{DEPTH}",
+          "overrides": {
+              **common,
+              "model.norm_placement": placement,
+              "model.num_layers": DEPTH,
+              "population.seeds": SEEDS,
+              "population.learning_rates": repr(LEARNING_RATES),
+              "population.warmup_steps": repr((steps // 10,)),
+          },
+      }
+      for placement in PLACEMENTS
+  ]

@@ -1,0 +1,44 @@
+"""DeepNet's claim on translation: post-LN against DeepNorm at 18+18 blocks.
+
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_deepnet_translation.py \
+        --out experiments/results/norm_zoo/deepnet_translation
+
+The translation half of experiments/norm_zoo_deepnet.py: the norm zoo's numbers task and
+encoder-decoder (experiments/norm_zoo_translation.py: d_model 16, batches of 4 pairs) at 18
+blocks per stack, where DeepNet's encoder-decoder constants apply (encoder alpha =
+0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16); decoder alpha = (3M)^(1/4), beta =
+(12M)^(-1/4)). Post-LN, DeepNorm and pre-LN, each one population of 3 peak rates x warmup 10%
+x 2 seeds = 6 members.
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "norm_zoo_translation", pathlib.Path(__file__).with_name("norm_zoo_translation.py")
+)
+_zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_zoo)
+
+BASE = _zoo.BASE
+LEARNING_RATES = (3e-3, 1e-2, 3e-2)
+SEEDS = 2
+PLACEMENTS = ("post", "deepnorm", "pre")
+DEPTH = 18
+
+
+def populations(scale: bool = False) -> list[dict]:
+  entries = {e["name"]: e for e in _zoo.populations(scale)}
+  out = []
+  for placement in PLACEMENTS:
+    overrides = dict(entries[f"{placement}-L12+12"]["overrides"])
+    overrides.update(
+        {
+            "model.num_layers": DEPTH,
+            "population.seeds": SEEDS,
+            "population.learning_rates": repr(LEARNING_RATES),
+            "population.warmup_steps": repr((overrides["steps"] // 10,)),
+        }
+    )
+    out.append({"name": f"{placement}-L{DEPTH}+{DEPTH}", "overrides": overrides})
+  return out

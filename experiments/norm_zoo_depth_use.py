@@ -1,0 +1,54 @@
+"""Do the deep blocks contribute? Pre-LN against Mix-LN, LayerNorm Scaling and Peri-LN.
+
+    python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_depth_use.py \
+        --out experiments/results/norm_zoo/depth_use --keep_checkpoints
+    python scripts/block_contribution.py --out experiments/results/norm_zoo/depth_use \
+        --runs experiments/results/norm_zoo/depth_use/runs/pre-L12,...  (every population)
+
+Mix-LN (Li et al. 2024) and LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth") say that
+under pre-LN the deep blocks of a model contribute little (removing one barely changes the
+loss; each turns the residual stream by a small angle), and that their placements make those
+blocks count. Peri-LN (Kim et al. 2025) says that normalising each sublayer's output as well
+(`sandwich`) keeps the residual stream's variance from growing with depth as pre-LN's does.
+The models: the norm zoo's byte-level decoder (d_model 16, 2 heads, 1,000 steps of 4 x 16
+bytes) at depths 12 and 24, for pre, mixln, scaled, sandwich and post, each one population of
+3 seeds at one peak rate (1e-2 with warmup 10%, among pre-LN's best at depth 12 in the zoo).
+Their checkpoints are kept for scripts/block_contribution.py; `residual_rms` per block is in
+populations.jsonl.
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "norm_zoo", pathlib.Path(__file__).with_name("norm_zoo.py")
+)
+_zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_zoo)
+
+BASE = _zoo.BASE
+LEARNING_RATE = 1e-2
+SEEDS = 3
+PLACEMENTS = ("pre", "mixln", "scaled", "sandwich", "post")
+DEPTHS = (12, 24)
+
+
+def populations(scale: bool = False) -> list[dict]:
+  common = {**_zoo.COMMON, "eval_every": 250, **(_zoo.SCALE if scale else {})}
+  steps = common["steps"]
+  return [
+      {
+          "name": f"{placement}-L{depth}",
+          "overrides": {
+              **common,
+              "checkpoint_every": steps,
+              "model.norm_placement": placement,
+              "model.num_layers": depth,
+              "population.seeds": SEEDS,
+              "population.learning_rates": repr((LEARNING_RATE,)),
+              "population.warmup_steps": repr((steps // 10,)),
+          },
+      }
+      for depth in DEPTHS
+      for placement in PLACEMENTS
+  ]

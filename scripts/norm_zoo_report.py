@@ -1,0 +1,230 @@
+"""The norm zoo study's tables and the figures each paper's claim is read from.
+
+    python scripts/norm_zoo_report.py --out experiments/results/norm_zoo
+
+Reads what the study's commands (docs/norm_zoo.md) wrote under OUT: lm/ and translation/
+(experiments/norm_zoo.py, norm_zoo_translation.py), deepnet_lm/ and deepnet_translation/
+(norm_zoo_deepnet*.py), depth_use/ (norm_zoo_depth_use.py with its contribution.jsonl from
+scripts/block_contribution.py), dyt_vit/ (norm_zoo_dyt_vit.py) and amplification/
+(scripts/amplification.py); whatever is missing is left out. Writes
+
+  table.md   every scheme on the LM (depth 12) and translation (12+12), per warmup: best peak
+             rate, its seed-mean final loss with the min-max over seeds, the trainable range,
+             the LR sensitivity and the diverged members (scripts/deep_postnorm_report.py's
+             table)
+  bleu.md    translation: greedy BLEU and exact match per scheme, warmup and rate
+  claims.md  per paper, the measured figures its claim is read from (the readings themselves
+             are in the results README)
+
+A member's final loss is its last held-out loss; a diverged one, or one ending above ln(vocab),
+counts as ln(vocab).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+
+from absl import flags
+
+from transformers_jax import cli, output_paths
+
+FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
+flags.DEFINE_string("out", None, "The study's folder.", flag_values=FLAGS)
+flags.DEFINE_float(
+    "margin", 0.1, "Nats above the best seed-mean loss a trainable rate may be.", flag_values=FLAGS
+)
+
+_spec = importlib.util.spec_from_file_location(
+    "deep_postnorm_report", pathlib.Path(__file__).with_name("deep_postnorm_report.py")
+)
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+mean = report.mean
+
+
+def records_of(folder: pathlib.Path, task: str = "lm") -> dict[str, dict]:
+  path = folder / "populations.jsonl"
+  if not path.exists():
+    return {}
+  out = {}
+  for line in path.read_text().splitlines():
+    if line.strip():
+      r = json.loads(line)
+      out[r["name"]] = {**r, "task": task}
+  return out
+
+
+def best_config(record: dict, key: str = "loss") -> tuple[tuple, list[float]]:
+  """((rate, warmup), per-seed values) of the configuration with the best seed mean: the lowest
+  final loss, or the highest of another member field (eval_accuracy)."""
+  cells = {}
+  for warmup, by_lr in report.by_warmup(record, key).items():
+    for lr, values in by_lr.items():
+      cells[(lr, warmup)] = values
+  pick = min if key == "loss" else max
+  at = pick(cells, key=lambda c: mean(cells[c]))
+  return at, cells[at]
+
+
+def band(values: list[float], fmt: str = "{:.3f}") -> str:
+  return f"{fmt.format(mean(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def seed_mean_curve(record: dict, at: tuple) -> tuple[list[int], list[float]]:
+  """The held-out loss curve (evaluation steps, seed mean) of configuration `at`."""
+  members = [m for m in record["members"] if (m["learning_rate"], m["warmup_steps"]) == at]
+  curves = [m["eval_losses"] for m in members]
+  return members[0]["eval_steps"], [mean(v) for v in zip(*curves)]
+
+
+def first_step_at(steps: list[int], curve: list[float], target: float) -> int | None:
+  return next((s for s, v in zip(steps, curve) if v <= target), None)
+
+
+def deepnet(out: pathlib.Path) -> list[str]:
+  lines = []
+  for folder, task in (("deepnet_lm", "lm"), ("deepnet_translation", "translation")):
+    records = records_of(out / folder, task)
+    for r in records.values():
+      initial = math.log(r["vocab_size"])
+      at, values = best_config(r)
+      diverged = sum(bool(m.get("diverged")) for m in r["members"])
+      lines.append(
+          f"| DeepNet | {r['name']} ({task}) | best loss {band(values)} at LR {at[0]:g}; "
+          f"{diverged}/{len(r['members'])} members diverged; initial loss {initial:.2f} |"
+      )
+  return lines
+
+
+def admin(out: pathlib.Path) -> list[str]:
+  path = out / "amplification" / "amplification.jsonl"
+  if not path.exists():
+    return []
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  depths = sorted({r["depth"] for r in records})
+  lines = []
+  for p, std in dict.fromkeys((r["placement"], r["init_std"]) for r in records):
+    means = [
+        mean(
+            [
+                r["relative_change"]
+                for r in records
+                if (r["placement"], r["init_std"], r["depth"]) == (p, std, d)
+            ]
+        )
+        for d in depths
+    ]
+    lines.append(
+        f"| Admin | {p}, init std {std:g} | relative output change at N = "
+        + ", ".join(f"{d}: {m:.2e}" for d, m in zip(depths, means))
+        + f"; N={depths[-1]} / N={depths[0]} = {means[-1] / means[0]:.2f} |"
+    )
+  return lines
+
+
+def rezero(lm: dict) -> list[str]:
+  names = [f"{p}-L12" for p in ("pre", "post", "rezero")]
+  if not all(n in lm and "eval_losses" in lm[n]["members"][0] for n in names):
+    return []
+  best = {n: best_config(lm[n]) for n in names}
+  target = max(mean(v) for _, v in best.values())  # a loss all three reach
+  steps = {}
+  for n in names:
+    evals, curve = seed_mean_curve(lm[n], best[n][0])
+    steps[n] = first_step_at(evals, curve, target)
+  return [
+      f"| ReZero | {n} at its best LR {best[n][0][0]:g}, warmup {best[n][0][1]} | final "
+      f"{band(best[n][1])}; first evaluation at or below {target:.3f} (the worst of the three "
+      f"best losses): step {steps[n]} |"
+      for n in names
+  ]
+
+
+def depth_use(out: pathlib.Path) -> list[str]:
+  path = out / "depth_use" / "contribution.jsonl"
+  lines = []
+  if path.exists():
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for run in dict.fromkeys(r["run"] for r in records):
+      rs = [r for r in records if r["run"] == run]
+      depth = len(rs[0]["skip_loss_increase"])
+      deep = slice(2 * depth // 3, depth)
+      skip = mean([mean(r["skip_loss_increase"][deep]) for r in rs])
+      angle = mean([mean(r["angular_distance"][deep]) for r in rs])
+      loss = mean([r["loss"] for r in rs])
+      lines.append(
+          f"| Mix-LN / LN Scaling | {run} | held-out loss {loss:.3f}; last third of the blocks: "
+          f"loss increase when one is skipped {skip:.4f}, angular distance {angle:.3f} |"
+      )
+  for r in records_of(out / "depth_use").values():
+    growth = [m["residual_rms"][-1] / m["residual_rms"][0] for m in r["members"]]
+    lines.append(
+        f"| Peri-LN | {r['name']} | residual RMS, last block / first block: {band(growth, '{:.2f}')} |"
+    )
+  return lines
+
+
+def peri_ln(lm: dict) -> list[str]:
+  lines = []
+  for n in ("pre-L12", "sandwich-L12"):
+    if n in lm and "residual_rms" in lm[n]["members"][0]:
+      at, _ = best_config(lm[n])
+      ms = [m for m in lm[n]["members"] if (m["learning_rate"], m["warmup_steps"]) == at]
+      growth = [m["residual_rms"][-1] / m["residual_rms"][0] for m in ms]
+      lines.append(
+          f"| Peri-LN | {n} (zoo, best LR {at[0]:g}) | residual RMS, last block / first: "
+          f"{band(growth, '{:.2f}')} |"
+      )
+  return lines
+
+
+def dyt(lm: dict, out: pathlib.Path) -> list[str]:
+  lines = []
+  for n in ("pre-L12", "pre-dyt-L12"):
+    if n in lm:
+      at, values = best_config(lm[n])
+      lines.append(f"| DyT | {n} (LM) | best loss {band(values)} at LR {at[0]:g}, warmup {at[1]} |")
+  for r in records_of(out / "dyt_vit").values():
+    at, values = best_config(r)
+    acc_at, acc = best_config(r, "eval_accuracy")
+    lines.append(
+        f"| DyT | {r['name']} | best loss {band(values)} at LR {at[0]:g}; best accuracy "
+        f"{band(acc)} at LR {acc_at[0]:g} |"
+    )
+  return lines
+
+
+def main(argv=None) -> int:
+  cli.parse_script_flags(FLAGS, argv)
+  if not FLAGS.out:
+    raise cli.UserError("--out is required, e.g. --out experiments/results/norm_zoo")
+  out = pathlib.Path(FLAGS.out)
+  lm = records_of(out / "lm")
+  translation = records_of(out / "translation", "translation")
+  zoo = list(lm.values()) + list(translation.values())
+  if not zoo:
+    raise cli.UserError(
+        f"--out {out}: no lm/populations.jsonl or translation/populations.jsonl there; run the "
+        "study's commands (docs/norm_zoo.md) first"
+    )
+  title = "final loss against peak learning rate, by scheme and warmup"
+  report.write_table(zoo, out, FLAGS.margin, title=title, heading="Norm zoo")
+  report.write_bleu(zoo, out, heading="Norm zoo")
+  rows = deepnet(out) + admin(out) + rezero(lm) + depth_use(out) + peri_ln(lm) + dyt(lm, out)
+  (out / "claims.md").write_text(
+      "# Norm zoo: the figures each paper's claim is read from\n\n"
+      "| paper | run | measured |\n|---|---|---|\n"
+      + "\n".join(rows)
+      + "\n\nLosses are held-out nats per token, seed mean (min-max over seeds). Commands: "
+      "docs/norm_zoo.md; readings: README.md.\n"
+  )
+  print(f"wrote {out}/table.md, bleu.md, claims.md", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run_script(main)
