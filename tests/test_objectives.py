@@ -91,7 +91,9 @@ def test_span_corruption_pretrains_the_encoder_decoder_on_the_corpus(experiment,
   ]
   assert len(evals) == 2 and evals[1] < evals[0] < np.log(264)
   config.model.vocab_size = 262  # 2 free ids, 3 spans a window
-  with pytest.raises(ValueError, match=r"span corruption's sentinels .* vocab_size=263 or more"):
+  with pytest.raises(
+      ValueError, match=r"span corruption's sentinels .*model.vocab_size=263 or more"
+  ):
     task.data(config, ModelConfig.from_dict(config.model), tmp_path / "other")
 
 
