@@ -6,7 +6,7 @@
 After Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training
 instabilities"): the final loss of each configuration is measured across a learning-rate grid
 spanning three orders of magnitude, with several seeds, instead of at one rate with one seed
-(experiments/norm_ablation.py, which this sweep supersedes). A configuration is stable when its
+(experiments/norm_ablation.py, which this sweep supersedes; it runs through the same script). A configuration is stable when its
 loss stays near its best over a wide range of rates.
 
 Grid: placement {pre, post, sandwich} x qk_norm {off, on} x depth {2, 4} = 12 populations, each

@@ -1,28 +1,30 @@
 """Norm-placement ablation: what do pre-, post- and sandwich norm do as a decoder gets deeper?
 
 Superseded by experiments/lr_sensitivity.py (several seeds, a learning-rate grid, qk_norm):
-one seed at one learning rate cannot tell the placements apart. Kept for its recorded results.
+one seed at one learning rate cannot tell the placements apart. Kept for its recorded results
+(experiments/results/norm_ablation/, written one run per model by scripts/ablate.py, which
+retired in favour of scripts/lr_sensitivity.py); it reruns through that successor:
 
-    python scripts/ablate.py --sweep experiments/norm_ablation.py \
-        --out experiments/results/norm_ablation [--scale]
+    python scripts/lr_sensitivity.py --sweep experiments/norm_ablation.py \
+        --out runs/norm_ablation [--scale]
 
 Grid: placement {pre, post, sandwich} x norm {layernorm, rmsnorm} x depth x warmup, plus pre-norm
 with the residual connections removed (`model.residual=False`, the lesson's exercise "remove the
-add(X, ...) calls and stack 12 blocks") at depth 12 (and 24 with --scale). Every point is the
+add(X, ...) calls and stack 12 blocks") at depth 12 (and 24 with --scale). Every model is the
 same byte-level decoder (gpt2.py:tiny widened to the sweep's size) on the bundled corpus, same
-seed, same batches, same peak learning rate; only the named fields change.
+seed, same batches, same peak learning rate; only the named fields change. Each (placement,
+norm, depth) is one population whose members are the warmups (a member trains as its solo run
+would), so the 37 models of the default sweep are 19 populations.
 
-The default (CPU) sweep is 3 x 2 x 3 x 2 + 1 = 37 runs of 200 steps at d_model 64, sized to
-finish in under 30 minutes on a 2-core CPU. `--scale` is a wider, longer sweep meant for an
-accelerator (d_model 256, 2,000 steps, depths up to 24).
+The default (CPU) sweep is 3 x 2 x 3 x 2 + 1 = 37 models of 200 steps at d_model 64. `--scale` is
+a wider, longer sweep meant for an accelerator (d_model 256, 2,000 steps, depths up to 24).
 
-A sweep file gives BASE (`<config file>:<preset>`, relative to this folder or experiments/),
-TARGET_LOSS (for "steps to target") and `points(scale) -> [{"name", "overrides"}]`, overrides being
-dotted config fields.
+A sweep file gives BASE (`<config file>:<preset>`, relative to this folder or experiments/) and
+`populations(scale) -> [{"name", "overrides"}]`, overrides being dotted config fields
+(population lists included).
 """
 
 BASE = "gpt2.py:tiny"
-TARGET_LOSS = 2.8  # train loss (nats per byte); a 200-step depth-2 run reaches ~2.4
 
 COMMON = {
     "batch_size": 16,
@@ -67,31 +69,30 @@ PLACEMENTS = ("pre", "post", "sandwich")
 NORMS = ("layernorm", "rmsnorm")
 
 
-def point(placement, norm, depth, warmup, common, steps, residual=True) -> dict:
-  name = f"{placement}-{norm}-L{depth}-w{warmup}" + ("" if residual else "-noresidual")
+def population(placement, norm, depth, warmups, common, steps, residual=True) -> dict:
+  """One (placement, norm, depth) at every warmup of `warmups`: one seed, one learning rate."""
+  name = f"{placement}-{norm}-L{depth}" + ("" if residual else "-noresidual")
   overrides = {
       **common,
       "steps": steps,
-      "warmup_steps": warmup,
       "model.norm_placement": placement,
       "model.norm": norm,
       "model.num_layers": depth,
       "model.residual": residual,
+      "population.seeds": 1,
+      "population.learning_rates": repr((common["learning_rate"],)),
+      "population.warmup_steps": repr(tuple(warmups)),
   }
   return {"name": name, "overrides": overrides}
 
 
-def points(scale: bool = False) -> list[dict]:
+def populations(scale: bool = False) -> list[dict]:
   common, steps = (SCALE, SCALE_STEPS) if scale else (COMMON, STEPS)
   depths = SCALE_DEPTHS if scale else DEPTHS
   warmups = SCALE_WARMUPS if scale else WARMUPS
   out = [
-      point(p, n, d, w, common, steps)
-      for d in depths
-      for p in PLACEMENTS
-      for n in NORMS
-      for w in warmups
+      population(p, n, d, warmups, common, steps) for d in depths for p in PLACEMENTS for n in NORMS
   ]
   for d in (SCALE_NO_RESIDUAL_DEPTHS if scale else (12,)):
-    out.append(point("pre", "layernorm", d, warmups[-1], common, steps, residual=False))
+    out.append(population("pre", "layernorm", d, warmups[-1:], common, steps, residual=False))
   return out

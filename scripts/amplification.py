@@ -30,7 +30,9 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli, output_paths, sweeps
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths, sweeps
 from transformers_jax.modules.placements import PLACEMENTS
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -76,8 +78,9 @@ def model_config(placement: str, depth: int, init_std: float):
   return config.model
 
 
-def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: float) -> list[dict]:
-  """One record per seed: the relative logit change under the perturbation."""
+def change_fn(placement: str, depth: int, init_std: float):
+  """The jitted (seed, epsilon) -> relative logit change of this placement and depth: one
+  compilation for every seed and noise level."""
   import jax
   import jax.numpy as jnp
   from flax import linen as nn
@@ -88,7 +91,7 @@ def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: fl
   model = models.build_model(cfg)
   init = models.initializer(cfg)
 
-  def perturb(params, key):
+  def perturb(params, key, epsilon):
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     keys = jax.random.split(key, len(leaves))
     out = []
@@ -101,22 +104,29 @@ def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: fl
     return jax.tree_util.tree_unflatten(treedef, out)
 
   @jax.jit
-  def change(seed):
+  def change(seed, epsilon):
     key = jax.random.PRNGKey(seed)
     params = nn.unbox(init(jax.random.fold_in(key, 0)))
     tokens = jax.random.randint(jax.random.fold_in(key, 1), (ROWS, LENGTH), 0, cfg.vocab_size)
+    perturbed = perturb(params, jax.random.fold_in(key, 2), epsilon)
     before = model.apply({"params": params}, tokens)["logits"]
-    after = model.apply({"params": perturb(params, jax.random.fold_in(key, 2))}, tokens)["logits"]
+    after = model.apply({"params": perturbed}, tokens)["logits"]
     return jnp.linalg.norm(after - before) / jnp.linalg.norm(before)
 
+  return change, cfg.init_std
+
+
+def measure(placement: str, depth: int, init_std: float, seeds: int, epsilon: float) -> list[dict]:
+  """One record per seed: the relative logit change under the perturbation."""
+  change, std = change_fn(placement, depth, init_std)
   return [
       {
           "placement": placement,
           "depth": depth,
-          "init_std": cfg.init_std,
+          "init_std": std,
           "seed": seed,
           "epsilon": epsilon,
-          "relative_change": float(change(seed)),
+          "relative_change": float(change(seed, epsilon)),
       }
       for seed in range(seeds)
   ]
@@ -153,13 +163,16 @@ def write_table(records: list[dict], out: pathlib.Path) -> None:
       means.append(sum(xs) / len(xs) if xs else float("nan"))
     cells = " | ".join(f"{m:.2e}" for m in means)
     lines.append(
-        f"| {p} | {cells} | {means[-1] / means[0]:.2f} | {fit_exponent(depths, means):.2f} |"
+        f"| {p} | {std:g} | {cells} | {means[-1] / means[0]:.2f} | "
+        f"{fit_exponent(depths, means):.2f} |"
     )
   lines += [
       "",
       f"Relative logit change ||F(x, W + delta) - F(x, W)|| / ||F(x, W)|| at initialisation, "
       f"delta Gaussian with {epsilon:g} x each block kernel's RMS; seed mean over "
       f"{len({r['seed'] for r in records})} seeds. a: exponent of a fit change ~ N^a. "
+      "Init std: model.init_std, which placements with their own initialisation rule "
+      "(deepnorm's and subln's Xavier gains, tfixup) do not use. "
       "Command: `python scripts/amplification.py` (see its docstring).",
   ]
   (out / "table.md").write_text("\n".join(lines) + "\n")
@@ -168,7 +181,7 @@ def write_table(records: list[dict], out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError("--out is required, e.g. --out experiments/results/norm_zoo/amplification")
+    raise UserError("--out is required, e.g. --out experiments/results/norm_zoo/amplification")
   placements = (
       [n for n, p in PLACEMENTS.items() if not p.unavailable]
       if FLAGS.placements == ["all"]
@@ -176,7 +189,7 @@ def main(argv=None) -> int:
   )
   unknown = [p for p in placements if p not in PLACEMENTS or PLACEMENTS[p].unavailable]
   if unknown:
-    raise cli.UserError(
+    raise UserError(
         f"--placements {','.join(unknown)}: not a built placement; built: "
         + ", ".join(n for n, p in PLACEMENTS.items() if not p.unavailable)
     )

@@ -32,7 +32,9 @@ import tempfile
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -46,7 +48,7 @@ BRANCH_OUTPUTS = (("self_attn", "out"), ("ffn", "wo"))
 
 def held_out_batches(workdir: pathlib.Path):
   """The run's own held-out LM batches ([B, T + 1] token rows), as its training evaluated."""
-  from transformers_jax import runs
+  from transformers_jax.run_folder import runs
   from transformers_jax.train.setup import Setup
 
   config = runs.Run(workdir).config()
@@ -55,22 +57,20 @@ def held_out_batches(workdir: pathlib.Path):
     return [b["tokens"] for b in Setup(config).data(pathlib.Path(tmp)).eval_batches]
 
 
-def measure_member(model_cfg, params, batches) -> dict:
-  """{loss, skip_loss_increase [L], angular_distance [L]}: seed-independent means over the
-  held-out batches."""
+def member_probe(model_cfg):
+  """The jitted (params, tokens) -> (loss, skip-loss increase [L], angular distance [L]) of a
+  decoder config, blocks unrolled: one compilation for every member of a run. The skipped
+  block is a traced index (lax.map over the blocks), so the program holds two forward passes
+  whatever the depth."""
   import jax
   import jax.numpy as jnp
   import optax
 
   from transformers_jax import models
-  from transformers_jax.modules.block import in_layout
 
   cfg = model_cfg.replace(scan_layers=False, dropout=0.0)
-  params = in_layout(params, False)
   model = models.build_model(cfg)
-  layers = sorted(
-      (k for k in params["decoder"] if k.startswith("layer_")), key=lambda k: int(k[6:])
-  )
+  layers = [f"layer_{i}" for i in range(cfg.num_layers)]
 
   def loss_and_stream(p, tokens):
     """Mean next-token loss, and the residual stream entering block 0 and leaving each block."""
@@ -85,23 +85,46 @@ def measure_member(model_cfg, params, batches) -> dict:
     stream += [found["decoder"][k]["__call__"][0] for k in layers]
     return jnp.mean(nll), stream
 
-  def skipped(p, name):
-    block = dict(p["decoder"][name])
-    for sub, proj in BRANCH_OUTPUTS:
-      block[sub] = {**block[sub], proj: jax.tree_util.tree_map(jnp.zeros_like, block[sub][proj])}
-    return {**p, "decoder": {**p["decoder"], name: block}}
+  def skipped(p, index):
+    """`p` with block `index`'s branch output projections multiplied by 0 (the others by 1)."""
+    decoder = dict(p["decoder"])
+    for i, name in enumerate(layers):
+      keep = (index != i).astype(jnp.float32)
+      block = dict(decoder[name])
+      for sub, proj in BRANCH_OUTPUTS:
+        block[sub] = {
+            **block[sub],
+            proj: jax.tree_util.tree_map(lambda w, k=keep: w * k.astype(w.dtype), block[sub][proj]),
+        }
+      decoder[name] = block
+    return {**p, "decoder": decoder}
+
+  def skip_loss(p, tokens, index):
+    out = model.apply({"params": skipped(p, index)}, tokens[:, :-1])
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out["logits"], tokens[:, 1:]))
 
   @jax.jit
-  def evaluate(p, tokens):
+  def probe(p, tokens):
     base, stream = loss_and_stream(p, tokens)
     angles = []
     for h0, h1 in zip(stream[:-1], stream[1:]):
       cos = jnp.sum(h0 * h1, -1) / (jnp.linalg.norm(h0, axis=-1) * jnp.linalg.norm(h1, axis=-1))
       angles.append(jnp.mean(jnp.arccos(jnp.clip(cos, -1.0, 1.0))) / jnp.pi)
-    increases = [loss_and_stream(skipped(p, k), tokens)[0] - base for k in layers]
-    return base, jnp.stack(increases), jnp.stack(angles)
+    increases = jax.lax.map(lambda i: skip_loss(p, tokens, i), jnp.arange(len(layers))) - base
+    return base, increases, jnp.stack(angles)
 
-  results = [evaluate(params, jnp.asarray(t)) for t in batches]
+  return probe
+
+
+def measure_member(model_cfg, params, batches, probe=None) -> dict:
+  """{loss, skip_loss_increase [L], angular_distance [L]}: means over the held-out batches."""
+  import jax.numpy as jnp
+
+  from transformers_jax.modules.block import in_layout
+
+  probe = probe or member_probe(model_cfg)
+  params = in_layout(params, False)
+  results = [probe(params, jnp.asarray(t)) for t in batches]
 
   def mean(i):
     return jnp.mean(jnp.stack([jnp.asarray(r[i]) for r in results]), axis=0).tolist()
@@ -111,18 +134,20 @@ def measure_member(model_cfg, params, batches) -> dict:
 
 def measure_run(workdir: pathlib.Path) -> list[dict]:
   """One record per member (one for a solo run)."""
-  from transformers_jax import runs
+  from transformers_jax.run_folder import runs
   from transformers_jax.train import members as members_lib
 
   config = runs.Run(workdir).config()
   table = members_lib.members(config) if members_lib.enabled(config) else [None]
   batches = held_out_batches(workdir)
   out = []
+  probe = None
   for member in table:
     index = None if member is None else member["member"]
     model_cfg, params, _, step = runs.load_run(workdir, member=index)
+    probe = probe or member_probe(model_cfg)  # one compilation for the run's members
     record = {"run": workdir.name, "step": step, **(member or {"seed": config.seed})}
-    record.update(measure_member(model_cfg, params, batches))
+    record.update(measure_member(model_cfg, params, batches, probe))
     out.append(record)
     print(f"{workdir.name} member {index}: held-out loss {record['loss']:.4f}", flush=True)
   return out
@@ -170,7 +195,7 @@ def write_table(records: list[dict], out: pathlib.Path) -> None:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out or (not FLAGS.runs and not FLAGS.report_only):
-    raise cli.UserError("--runs and --out are required, e.g. --runs RUN_A,RUN_B --out FOLDER")
+    raise UserError("--runs and --out are required, e.g. --runs RUN_A,RUN_B --out FOLDER")
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   path = out / "contribution.jsonl"

@@ -4,8 +4,9 @@
         --out experiments/results/lr_sensitivity [--scale] [--max_populations N] [--only NAMES]
         [--report_only]
 
-The successor of scripts/ablate.py for stability questions: each configuration of the sweep
-file is one population (transformers_jax/train/population.py) whose members are the learning
+The one sweep runner (scripts/ablate.py, which trained one run per point, retired in its
+favour; its norm ablation reruns here: --sweep experiments/norm_ablation.py): each
+configuration of the sweep file is one population (transformers_jax/train/population.py) whose members are the learning
 rates x warmups x seeds, trained in this process in OUT/runs/<name>. A configuration is finished
 when its line is in OUT/populations.jsonl; rerunning skips finished ones (an interrupted one
 resumes from its checkpoint). OUT then holds
@@ -74,9 +75,11 @@ flags.DEFINE_bool(
 PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:orange", "sandwich": "tab:green"}
 
 
-def scheme_label(placement: str, norm: str) -> str:
-  """The placement, with the norm kind when it is not layernorm (the zoo's pre-dyt)."""
-  return placement if norm == "layernorm" else f"{placement}-{norm}"
+def scheme_label(placement: str, norm: str, residual: bool = True) -> str:
+  """The placement, with the norm kind when it is not layernorm (the zoo's pre-dyt), and
+  "(no residual)" for a stack without its residual connections (the norm ablation's)."""
+  label = placement if norm == "layernorm" else f"{placement}-{norm}"
+  return label if residual else f"{label} (no residual)"
 
 
 def color_of(label: str) -> str:
@@ -160,7 +163,9 @@ def run_population(sweep, entry, out: pathlib.Path) -> dict:
   wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
   record = {
       "name": entry["name"],
-      "placement": scheme_label(config.model.norm_placement, config.model.norm),
+      "placement": scheme_label(
+          config.model.norm_placement, config.model.norm, config.model.residual
+      ),
       "qk_norm": bool(config.model.qk_norm),
       "depth": config.model.num_layers,
       "steps": config.steps,

@@ -29,7 +29,9 @@ import pathlib
 
 from absl import flags
 
-from transformers_jax import cli, output_paths
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
 output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
@@ -161,11 +163,20 @@ def depth_use(out: pathlib.Path) -> list[str]:
           f"loss increase when one is skipped {skip:.4f}, angular distance {angle:.3f} |"
       )
   for r in records_of(out / "depth_use").values():
-    growth = [m["residual_rms"][-1] / m["residual_rms"][0] for m in r["members"]]
-    lines.append(
-        f"| Peri-LN | {r['name']} | residual RMS, last block / first block: {band(growth, '{:.2f}')} |"
-    )
+    lines.append(f"| Peri-LN | {r['name']} | {residual_growth(r['members'])} |")
   return lines
+
+
+def residual_growth(members: list[dict]) -> str:
+  """The residual stream's RMS leaving the first and the last block at the last evaluation,
+  and their ratio, seed mean (min-max)."""
+  first = [m["residual_rms"][0] for m in members]
+  last = [m["residual_rms"][-1] for m in members]
+  growth = [b / a for a, b in zip(first, last)]
+  return (
+      f"residual RMS leaving block 1 {band(first, '{:.3g}')}, the last block "
+      f"{band(last, '{:.3g}')}; last / first {band(growth, '{:.2f}')}"
+  )
 
 
 def peri_ln(lm: dict) -> list[str]:
@@ -174,11 +185,7 @@ def peri_ln(lm: dict) -> list[str]:
     if n in lm and "residual_rms" in lm[n]["members"][0]:
       at, _ = best_config(lm[n])
       ms = [m for m in lm[n]["members"] if (m["learning_rate"], m["warmup_steps"]) == at]
-      growth = [m["residual_rms"][-1] / m["residual_rms"][0] for m in ms]
-      lines.append(
-          f"| Peri-LN | {n} (zoo, best LR {at[0]:g}) | residual RMS, last block / first: "
-          f"{band(growth, '{:.2f}')} |"
-      )
+      lines.append(f"| Peri-LN | {n} (zoo, best LR {at[0]:g}) | {residual_growth(ms)} |")
   return lines
 
 
@@ -201,13 +208,13 @@ def dyt(lm: dict, out: pathlib.Path) -> list[str]:
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
-    raise cli.UserError("--out is required, e.g. --out experiments/results/norm_zoo")
+    raise UserError("--out is required, e.g. --out experiments/results/norm_zoo")
   out = pathlib.Path(FLAGS.out)
   lm = records_of(out / "lm")
   translation = records_of(out / "translation", "translation")
   zoo = list(lm.values()) + list(translation.values())
   if not zoo:
-    raise cli.UserError(
+    raise UserError(
         f"--out {out}: no lm/populations.jsonl or translation/populations.jsonl there; run the "
         "study's commands (docs/norm_zoo.md) first"
     )

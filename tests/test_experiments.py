@@ -1,6 +1,7 @@
-"""Experiments: the sweep runner (outputs, skip, resume, divergence), the norm-ablation grid, and
-the lesson scripts' numbers against the lesson's formulas."""
+"""Experiments: the sweep runner, scripts/lr_sensitivity.py (outputs, skip, resume, divergence),
+the norm-ablation grid it reruns, and the lesson scripts' numbers against the lesson's formulas."""
 
+import ast
 import importlib.util
 import contextlib
 import io
@@ -15,15 +16,16 @@ from conftest import ROOT, lesson_positional_encoding
 
 TOY_SWEEP = """
 BASE = "gpt2.py:tiny"
-TARGET_LOSS = 5.4
 COMMON = {"steps": 6, "log_every": 2, "eval_every": 0, "eval_batches": 2, "checkpoint_every": 3,
-          "sample.max_new_tokens": 0, "batch_size": 4, "seq_len": 16, "warmup_steps": 0,
-          "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2}
+          "sample.max_new_tokens": 0, "batch_size": 4, "seq_len": 16,
+          "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2,
+          "population.warmup_steps": "(0,)"}
 
-def points(scale=False):
-  return [{"name": "ok", "overrides": dict(COMMON)},
-          {"name": "blows-up", "overrides": dict(COMMON, learning_rate=1e12,
-                                                 **{"model.norm_placement": "post"})}]
+def populations(scale=False):
+  return [{"name": "ok", "overrides": dict(COMMON, **{"population.learning_rates": "(1e-3,)"})},
+          {"name": "blows-up", "overrides": dict(COMMON, **{"model.norm_placement": "post",
+                                                            "population.learning_rates":
+                                                            "(1e-3, 1e12)"})}]
 """
 
 
@@ -46,46 +48,47 @@ def jsonl(path):
 
 
 def test_sweep_runs_skips_finished_points_and_resumes(tmp_path):
-  ablate = script("ablate")
+  lr = script("lr_sensitivity")
   from transformers_jax.train.entry import train
 
   sweep_file = tmp_path / "toy.py"
   sweep_file.write_text(TOY_SWEEP)
   out = tmp_path / "out"
   args = ("--sweep", str(sweep_file), "--out", str(out))
-  # a sweep killed half way through its first point: a checkpoint at step 3, nothing recorded
-  sweep = ablate.load_sweep(sweep_file)
-  ok = sweep.points()[0]
-  config = ablate.point_config(sweep, ok, out)
+  # a sweep killed half way through its first population: a checkpoint at step 3, no record
+  sweep = lr.load_sweep(sweep_file)
+  ok = sweep.populations()[0]
+  config = lr.population_config(sweep, ok, out)
   config.stop_after = 3
   train(config, str(out / "runs" / "ok"))
-  first = run_main(ablate, *args, "--max_points", "1")
-  assert "2 points: 0 finished, 1 to run now" in first and "[1/2] ok" in first
-  assert [r["name"] for r in jsonl(out / "runs.jsonl")] == ["ok"]
-  second = run_main(ablate, *args)
-  assert "2 points: 1 finished, 1 to run now" in second and "[2/2] blows-up: DIVERGED" in second
-  runs = {r["name"]: r for r in jsonl(out / "runs.jsonl")}
-  assert set(runs) == {"ok", "blows-up"}
-  assert runs["ok"]["resumed_from"] == 3
-  # the killed invocation logged step 3 as its last; the resumed one carried on, no step twice
-  assert [s for s, _ in runs["ok"]["curve"]] == [2, 3, 4, 6]
-  assert not runs["ok"]["diverged"] and math.isfinite(runs["ok"]["val_loss"])
-  assert len(runs["ok"]["residual_rms"]["decoder"]) == 1
-  assert runs["blows-up"]["diverged"] and "at step" in runs["blows-up"]["diverged_reason"]
-  assert not (out / "runs" / "ok" / "checkpoints").exists()  # finished points drop checkpoints
+  first = run_main(lr, *args, "--max_populations", "1")
+  assert "2 populations: 0 finished, 1 to run now" in first and "[1/1] ok" in first
+  assert [r["name"] for r in jsonl(out / "populations.jsonl")] == ["ok"]
+  second = run_main(lr, *args)
+  assert "2 populations: 1 finished, 1 to run now" in second and "[1/1] blows-up" in second
+  records = {r["name"]: r for r in jsonl(out / "populations.jsonl")}
+  assert set(records) == {"ok", "blows-up"}
+  # the killed invocation logged steps 2 and 3; the resumed one carried on from the step-3
+  # checkpoint, no step twice
+  logged = [x["step"] for x in jsonl(out / "runs" / "ok" / "metrics.jsonl") if "loss" in x]
+  assert logged == [2, 3, 4, 6]
+  (member,) = records["ok"]["members"]
+  assert not member["diverged"] and math.isfinite(member["eval_loss"])
+  assert [m["diverged"] for m in records["blows-up"]["members"]] == [False, True]
+  assert not (out / "runs" / "ok" / "checkpoints").exists()  # finished ones drop checkpoints
   table = (out / "table.md").read_text()
-  assert "| ok | pre | layernorm | 1 | 0 |" in table and "| blows-up | post |" in table
-  assert "yes: loss" in table
+  assert "| 1 | pre | off | 0 |" in table and "| 1 | post | off | 0 |" in table
+  assert "| 0/1 |" in table and "| 1/2 |" in table
   import matplotlib.image
 
-  for name in ("loss_curves.png", "residual_rms.png"):
+  for name in ("loss_vs_lr.png", "attention_logits.png"):
     data = (out / name).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.image.imread(out / name).ndim == 3
-  before = (out / "runs.jsonl").read_text()
-  third = run_main(ablate, *args)
-  assert "2 points: 2 finished, 0 to run now" in third and "[" not in third.split("\n")[1]
-  assert (out / "runs.jsonl").read_text() == before
+  before = (out / "populations.jsonl").read_text()
+  third = run_main(lr, *args)
+  assert "2 populations: 2 finished, 0 to run now" in third and "[" not in third
+  assert (out / "populations.jsonl").read_text() == before
   assert (out / "table.md").read_text() == table
 
 
@@ -112,40 +115,21 @@ def test_row_progress_says_each_row_and_the_time_left(monkeypatch):
   assert sweeps.clock(3725) == "1h02m" and sweeps.clock(65) == "1m05s"
 
 
-def test_summarize_definitions():
-  ablate = script("ablate")
-  rng = np.random.default_rng(0)
-  for _ in range(200):
-    steps = int(rng.integers(10, 100))
-    curve = [[s, float(rng.uniform(1, 7))] for s in [*range(5, steps, 5), steps]]  # as logged
-    target, start = float(rng.uniform(1, 7)), math.log(256)
-    failure = (math.nan, int(rng.integers(1, steps))) if rng.random() < 0.2 else None
-    got = ablate.summarize(curve, [[steps, 3.0]], steps, start, target, failure)
-    reached = [s for s, v in curve if v <= target]
-    assert got["steps_to_target"] == (reached[0] if reached else None)
-    if failure:
-      assert got["diverged"] and got["train_loss"] is None and got["val_loss"] is None
-    else:
-      tail = [v for s, v in curve if s > steps - max(1, steps // 10)]
-      assert got["train_loss"] == pytest.approx(np.mean(tail))
-      assert got["diverged"] == (np.mean(tail) > start)
-
-
 def test_norm_ablation_grid():
-  ablate = script("ablate")
-  sweep = ablate.load_sweep(ROOT / "experiments" / "norm_ablation.py")
-  points = sweep.points()
-  assert len(points) == 3 * 2 * 3 * 2 + 1 == len({p["name"] for p in points})
-  seen = {
-      (
-          p["overrides"]["model.norm_placement"],
-          p["overrides"]["model.norm"],
-          p["overrides"]["model.num_layers"],
-          p["overrides"]["warmup_steps"],
-          p["overrides"]["model.residual"],
-      )
-      for p in points
-  }
+  """The norm ablation reruns through lr_sensitivity.py: its 37 models are populations of the
+  warmups, one seed at one learning rate each."""
+  lr = script("lr_sensitivity")
+  sweep = lr.load_sweep(ROOT / "experiments" / "norm_ablation.py")
+  entries = sweep.populations()
+  assert len({e["name"] for e in entries}) == len(entries)
+  configs = [lr.population_config(sweep, e, ROOT / "unused") for e in entries]  # every override
+  seen = set()
+  for c in configs:
+    assert c.population.seeds == 1 and ast.literal_eval(c.population.learning_rates) == (3e-3,)
+    for w in ast.literal_eval(c.population.warmup_steps):
+      m = c.model
+      seen.add((m.norm_placement, m.norm, m.num_layers, w, m.residual))
+  assert len(seen) == 3 * 2 * 3 * 2 + 1
   assert {
       (pl, n, d, w, True)
       for pl in ("pre", "post", "sandwich")
@@ -154,10 +138,8 @@ def test_norm_ablation_grid():
       for w in (0, 40)
   } < seen
   assert [x for x in seen if not x[-1]] == [("pre", "layernorm", 12, 40, False)]
-  scaled = sweep.points(scale=True)
-  assert max(p["overrides"]["model.num_layers"] for p in scaled) > 12
-  config = ablate.point_config(sweep, points[-1], ROOT / "unused")  # every override applies
-  assert config.model.residual is False and config.model.num_layers == 12
+  scaled = sweep.populations(scale=True)
+  assert max(e["overrides"]["model.num_layers"] for e in scaled) > 12
 
 
 def lesson_printout():
@@ -270,14 +252,17 @@ def test_transformer_presets_peak_where_the_papers_schedule_does(experiment):
     ],
 )
 def test_sweep_points_with_typos_or_wrong_types_stop_before_training(tmp_path, override, needle):
-  ablate = script("ablate")
+  lr = script("lr_sensitivity")
   sweep_file = tmp_path / "bad.py"
-  sweep_file.write_text(TOY_SWEEP.replace('**{"model.norm_placement": "post"}', f"**{override}"))
+  sweep_file.write_text(
+      TOY_SWEEP.replace('**{"model.norm_placement": "post",', f"**{override[:-1]},")
+  )
   with pytest.raises(ValueError, match=re.escape(needle)):
-    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "out"))
+    run_main(lr, "--sweep", str(sweep_file), "--out", str(tmp_path / "out"))
   assert not (tmp_path / "out" / "runs").exists()
-  with pytest.raises(ValueError, match="--max_points=-1"):
-    run_main(ablate, "--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max_points", "-1")
+  args = ("--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--max_populations", "-1")
+  with pytest.raises(ValueError, match="--max_populations=-1"):
+    run_main(lr, *args)
 
 
 def test_compile_table_skips_rows_it_holds_and_keeps_the_rows_order(tmp_path):

@@ -3,6 +3,7 @@ functions), no private name imported from another module, no file over 400 lines
 modules at the package root, and every import pointing down the layers of docs/architecture.md."""
 
 import ast
+import functools
 import pathlib
 
 from conftest import ROOT
@@ -18,7 +19,13 @@ def module_name(path: pathlib.Path) -> str:
 def package_imports():
   """{module: [(imported module, names taken from it, line)]} of every import of a package
   module anywhere in each file (functions included)."""
-  modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+  return walk_imports(ROOT, PACKAGE)
+
+
+@functools.cache
+def walk_imports(root: pathlib.Path, package: pathlib.Path):
+  """package_imports of the package at `package` under `root`, parsed once per test run."""
+  modules = {module_name(p): p for p in package.rglob("*.py")}
   out = {}
   for name, path in modules.items():
     found = []

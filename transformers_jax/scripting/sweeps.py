@@ -1,6 +1,7 @@
-"""What the sweep scripts (ablate.py, lr_sensitivity.py) share: loading a sweep file, the config
-of one of its entries, and the OUT/*.jsonl file of finished entries that makes a rerun skip
-them; and what every long script shares: a progress line per finished row (RowProgress)."""
+"""What the sweep scripts (lr_sensitivity.py and the scripts that read its sweep files) share:
+loading a sweep file, the config of one of its entries, and the OUT/*.jsonl file of finished
+entries that makes a rerun skip them; and what every long script shares: a progress line per
+finished row (RowProgress)."""
 
 from __future__ import annotations
 
