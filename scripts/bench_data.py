@@ -129,11 +129,12 @@ def pipeline_rates(tmp: pathlib.Path, corpus: pathlib.Path, batches: int = 300) 
   from transformers_jax.data import ByteTokenizer
   from transformers_jax.data import pipeline as P
   from transformers_jax.data.token_cache import build_cache
+  from transformers_jax.tasks.lm import NextTokenRows
 
   tok = ByteTokenizer()
   cache = build_cache(corpus, tok, tmp / "pipeline-cache", 256, workers=2, progress=False)
   train, _ = P.split_spans(cache)
-  fn = P.StepBatches(P.TokenSpans(cache, train), "lm", BATCH, SEQ, seed=0)
+  fn = P.StepBatches(P.TokenSpans(cache, train), NextTokenRows(), BATCH, SEQ, seed=0)
   rows = []
   for workers in (0, 2):
     stream = P.batch_stream(fn, 0, batches + 10, workers=workers, prefetch=8)
@@ -185,12 +186,13 @@ PIPELINE_CHILD = PEAK + r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
 from transformers_jax.config import ModelConfig, load_config_module
+from transformers_jax.tasks.lm import NextTokenRows
 from transformers_jax.tasks.stream_data import streamed_text_data
 config = load_config_module(sys.argv[3] + "/experiments/gpt2.py").get_config("tiny")
 config.data.path, config.data.tokenize_workers, config.data.workers = sys.argv[1], 2, 2
 config.batch_size, config.seq_len, config.eval_batches = 16, 256, 2
 t = time.perf_counter()
-data = streamed_text_data(config, ModelConfig.from_dict(config.model), sys.argv[2], "lm")
+data = streamed_text_data(config, ModelConfig.from_dict(config.model), sys.argv[2], lambda tok: NextTokenRows(), False)
 stream = data.train_stream(0, 200)
 for batch in stream:
   pass

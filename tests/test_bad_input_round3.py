@@ -13,6 +13,7 @@ import pytest
 from transformers_jax.data import ByteTokenizer
 from transformers_jax.data import pipeline as P
 from transformers_jax.data.token_cache import build_cache
+from transformers_jax.tasks.lm import NextTokenRows
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -36,7 +37,7 @@ def one_long_document(tmp_path_factory):
 
 def test_packing_trains_on_every_piece_of_a_long_document(one_long_document):
   train, val, train_span, val_span = one_long_document
-  common = dict(kind="lm", batch_size=8, seq_len=63, seed=1, packing=True, pad_id=0)
+  common = dict(layout=NextTokenRows(), batch_size=8, seq_len=63, seed=1, packing=True, pad_id=0)
   batches = P.StepBatches(train, **common)
   seen = np.zeros(train_span.hi, bool)
   text = train.tokens(0)[: train_span.hi].tobytes()

@@ -14,6 +14,8 @@ import pytest
 from transformers_jax.data import ByteTokenizer, DataError, sources
 from transformers_jax.data import pipeline as P
 from transformers_jax.data.token_cache import build_cache
+from transformers_jax.tasks.lm import NextTokenRows
+from transformers_jax.tasks.mlm import MaskedRows
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hex jolly numbers".split()
@@ -100,11 +102,10 @@ def spans(corpus, tmp_path_factory):
   return P.TokenSpans(cache, train), P.TokenSpans(cache, val), tok
 
 
-def step_batches(data, tok, **kw):
-  args = dict(
-      kind="lm", batch_size=6, seq_len=16, seed=3, pad_id=tok.pad_id, vocab_size=tok.vocab_size
-  )
-  args.update(mask_id=tok.mask_id, special_ids=tuple(tok.special_ids))
+def step_batches(data, tok, kind="lm", **kw):
+  """The streamed rows of the LM ("lm") or MLM ("mlm") objective's row layout."""
+  layout = NextTokenRows() if kind == "lm" else MaskedRows.of(tok, 0.15)
+  args = dict(layout=layout, batch_size=6, seq_len=16, seed=3, pad_id=tok.pad_id)
   return P.StepBatches(data, **{**args, **kw})
 
 
@@ -210,12 +211,13 @@ import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 import ml_collections
 from transformers_jax.config import ModelConfig, load_config_module
+from transformers_jax.tasks.lm import NextTokenRows
 from transformers_jax.tasks.stream_data import streamed_text_data
 config = load_config_module("experiments/gpt2.py").get_config("tiny")
 config.data.path, config.data.text_field = sys.argv[3], "body"
 config.data.cache_dir, config.data.tokenize_workers = sys.argv[4], 1
 config.batch_size, config.seq_len, config.eval_batches = 6, 16, 1
-data = streamed_text_data(config, ModelConfig.from_dict(config.model), sys.argv[5], "lm")
+data = streamed_text_data(config, ModelConfig.from_dict(config.model), sys.argv[5], lambda tok: NextTokenRows(), False)
 rows = [b["tokens"].tolist() for b in data.train_stream(0, 2)]
 print(json.dumps({"process": jax.process_index(), "rows": rows}))
 """
@@ -230,7 +232,13 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
   config.data.path, config.data.text_field = str(root / "c.jsonl"), "body"
   config.data.cache_dir, config.data.tokenize_workers = str(tmp_path / "cache"), 1
   config.batch_size, config.seq_len, config.eval_batches = 6, 16, 1
-  data = streamed_text_data(config, ModelConfig.from_dict(config.model), tmp_path / "w", "lm")
+  data = streamed_text_data(
+      config,
+      ModelConfig.from_dict(config.model),
+      tmp_path / "w",
+      lambda tok: NextTokenRows(),
+      False,
+  )
   from transformers_jax.machine import local_cluster
 
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}

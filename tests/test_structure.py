@@ -107,8 +107,10 @@ LAYERS = [
     ("base", ["", "errors", "machine", "run_folder.records"]),
     ("model definition", ["config", "modules"]),
     ("models", ["models"]),
-    ("data", ["data", "train_config"]),
-    ("objectives and decoding", ["tasks", "decode", "interop"]),
+    ("data", ["data"]),
+    # train_config's checks ask the run's objective (Task.check), and every config holds the
+    # objectives' own fields (Task.config_defaults): it sits with the objectives
+    ("objectives and decoding", ["tasks", "decode", "interop", "train_config"]),
     ("run folder", ["run_folder"]),
     ("training", ["train"]),
     (

@@ -99,3 +99,54 @@ def test_accuracy_counts_the_largest_logit_without_argmax():
   assert float(cross_entropy(tied[1:], jnp.array([0]), one)["correct"]) == 0.0  # all equal
   assert float(cross_entropy(padded, jnp.array([0]), one, num_classes=3)["correct"]) == 0.0
   assert float(cross_entropy(padded[:, :4] + [[0, 1, 0, 0]], jnp.array([1]), one)["correct"]) == 1
+
+
+def test_the_registry_is_listed_in_config_help_and_config_task_picks_from_it(experiment):
+  from transformers_jax import config_reference
+
+  config = experiment("gpt2", "tiny")
+  text = config_reference.help_text(config, "gpt2.py:tiny")
+  for name, task in TASKS.items():
+    assert f"    {name}: {task.summary}" in text
+  assert "  task = ''" in text
+  model_cfg = ModelConfig.from_dict(config.model)
+  config.task = "lm"
+  assert task_for(model_cfg, config) is TASKS["lm"]
+
+
+def test_an_unknown_or_unfitting_task_is_one_error_naming_the_choices(experiment):
+  from transformers_jax.errors import UserError
+  from transformers_jax.train_config import validate
+
+  config = experiment("gpt2", "tiny")
+  model_cfg = ModelConfig.from_dict(config.model)
+  config.task = "nope"
+  with pytest.raises(UserError) as e:
+    validate(config, model_cfg, 1)
+  assert str(e.value) == (
+      f"task='nope': no such objective; choose one of {', '.join(TASKS)} (--config_help "
+      "describes them), or leave it empty for the model's own"
+  )
+  config.task = "seq2seq"
+  with pytest.raises(ValueError, match=r"^task='seq2seq': trains encoder_decoder models and this"):
+    validate(config, model_cfg, 1)
+
+
+def test_the_steps_name_no_objective_and_config_and_data_do_not_branch_on_the_model():
+  """The train step and evaluation read whatever sums the Task returns; the training config's
+  checks and the data pipeline ask the Task, not the model's family or head."""
+  import pathlib
+  import re
+
+  root = pathlib.Path(__file__).resolve().parent.parent / "transformers_jax"
+  objective_names = re.compile(
+      r"\b(cross_entropy|nll|correct|label_smoothing|num_classes|real_classes|accuracy|"
+      r"perplexity|logit_sum|logit_max|eval_bits_per_byte)\b"
+  )
+  for path in (root / "train" / "step.py", root / "train" / "evaluation.py"):
+    found = objective_names.findall(path.read_text())
+    assert not found, f"{path.name} names {sorted(set(found))}"
+  model_branch = re.compile(r"\.(family|head_kind)\b|\bmodel_cfg\.head\b")
+  for path in [root / "train_config.py", *sorted((root / "data").glob("*.py"))]:
+    code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+    assert not model_branch.search(code), f"{path.name} branches on {model_branch.search(code)}"

@@ -22,6 +22,7 @@ from typing import Any
 
 from transformers_jax import config as config_lib
 from transformers_jax import train_config
+from transformers_jax.tasks import TASKS, registry_lines
 
 DOC_PATH = "docs/config.md"
 REGENERATE = f"python -m transformers_jax.config_reference --out {DOC_PATH}"
@@ -120,6 +121,10 @@ def meanings() -> dict[str, str]:
       {k: v for k, v in _assigned_meanings(train_config.experiment_config).items() if k != "model"}
   )
   found.update({f"model.{k}": v for k, v in model_meanings().items()})
+  for name, task in TASKS.items():  # each objective's own fields (Task.config_defaults)
+    if task.config_defaults() is not None:
+      own = _assigned_meanings(type(task).config_defaults)
+      found.update({f"{name}.{k}": v for k, v in own.items()})
   return found
 
 
@@ -166,7 +171,9 @@ def _shown(value) -> str:
 def help_text(config, name: str = "") -> str:
   """What --config_help prints: one line per field, its value in this config, its default when
   the config changes it, and its meaning (a group's meaning once, above its fields)."""
-  lines = [f"Fields of {name or 'the config'} (override with --config.FIELD=VALUE):", ""]
+  lines = ["Objectives (--config.task=NAME; empty: the model's own):"]
+  lines += [f"    {line}" for line in registry_lines()]
+  lines += ["", f"Fields of {name or 'the config'} (override with --config.FIELD=VALUE):", ""]
   said = set()
   for field, value, default, meaning, where in rows(config):
     if where != field and where not in said:

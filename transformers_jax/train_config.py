@@ -30,6 +30,10 @@ POPULATION_LISTS = {
 
 def training_fields() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  # the training objective, a name of the task registry (transformers_jax/tasks; --config_help
+  # lists them); "" = the model's own: lm (decoder), mlm or classify_text (encoder, by head),
+  # seq2seq (encoder_decoder), classify_image (vit)
+  c.task = ""
   c.steps = 1000  # optimizer updates (the schedule spans these)
   c.stop_after = 0  # end this invocation after this many total steps, with a checkpoint; 0 = steps
   c.batch_size = 32  # global batch (examples per update, over all devices and micro-batches)
@@ -143,9 +147,13 @@ NON_NEGATIVE = {
 }
 
 
-def validate(config, model_cfg, num_data_shards: int) -> None:
+def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
   """Every training field has a meaning or is refused: a ValueError naming the field and the
-  fix, before any data is read or anything compiles."""
+  fix, before any data is read or anything compiles. The objective's own settings are its
+  Task's to check (Task.check; `task`: the run's, else the config's)."""
+  from transformers_jax.tasks import task_for
+
+  task = task or task_for(model_cfg, config)
 
   def fail(field, problem):
     raise ValueError(f"{field}={config_value(config, field)!r}: {problem}")
@@ -181,38 +189,12 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   for field in ("adam_b1", "adam_b2"):
     if not 0 <= config[field] < 1:
       fail(field, "Adam's decay rates lie in [0, 1)")
-  from transformers_jax.data.seq2seq import DIRECTIONS
-
   if config.lr_schedule not in SCHEDULES:
     fail("lr_schedule", f"choose one of {', '.join(SCHEDULES)}")
-  if config.data.direction not in DIRECTIONS:
-    fail("data.direction", f"choose one of {', '.join(DIRECTIONS)}")
   for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
     if config_value(config, field) < 0:
       fail(field, "must be >= 0")
-  packs_examples = model_cfg.family == "encoder_decoder" or (
-      model_cfg.family == "encoder" and model_cfg.head_kind == "classifier"
-  )
-  packs_documents = model_cfg.family == "decoder" or (
-      model_cfg.family == "encoder" and model_cfg.head_kind == "mlm"
-  )
-  if config.data.packing and packs_documents and not config.data.path:
-    fail("data.packing", "packs the documents of --config.data.path; set one or turn it off")
-  if config.data.packing and not (packs_documents or packs_examples):
-    fail(
-        "data.packing",
-        "packs text: documents for language models, examples for text classification and "
-        "seq2seq (not images); turn it off",
-    )
-  if config.data.packing and packs_examples and config.data.examples_per_row < 1:
-    fail("data.examples_per_row", "packed rows hold at least 1 example")
-  most_per_row = max(1, config.seq_len // 2)  # an example takes 2 tokens at least
-  if config.data.packing and packs_examples and config.data.examples_per_row > most_per_row:
-    fail(
-        "data.examples_per_row",
-        f"a row of seq_len={config.seq_len} tokens holds at most {most_per_row} examples of 2 "
-        f"tokens or more: set it between 1 and {most_per_row}",
-    )
+  task.check(config, model_cfg)
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
   if config.get("init_member", -1) < -1:
@@ -230,13 +212,13 @@ def validate(config, model_cfg, num_data_shards: int) -> None:
   temperature = config.sample.temperature
   if not (math.isfinite(temperature) and temperature >= 0):
     fail("sample.temperature", "must be a finite number >= 0 (0 = greedy)")
-  if model_cfg.family != "vit" and config.seq_len > model_cfg.max_len:
+  if task.reads_seq_len and config.seq_len > model_cfg.max_len:
     raise ValueError(
         f"seq_len={config.seq_len} is longer than model.max_len="
         f"{model_cfg.max_len}: lower --config.seq_len or raise "
         "--config.model.max_len"
     )
-  validate_context(config, model_cfg)
+  validate_context(config, model_cfg, task)
   if config.batch_size % config.grad_accum_steps:
     raise ValueError(
         f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
@@ -276,9 +258,9 @@ def _check_population_lists(config) -> None:
       raise ValueError(f"population.{name}={text!r}: z_loss weights are at most {MAX_Z_LOSS:g}")
 
 
-def validate_context(config, model_cfg) -> None:
+def validate_context(config, model_cfg, task=None) -> None:
   """mesh.context > 1 splits each sequence's tokens over that many devices (zig-zag balanced
-  in 2 x context chunks where attention is causal): the lengths must divide."""
+  in 2 x context chunks where the task's attention is causal): the lengths must divide."""
   shards = int(config.mesh.get("context", 1))
   if shards <= 1:
     return
@@ -287,11 +269,14 @@ def validate_context(config, model_cfg) -> None:
         f"mesh.context={shards}: attention dropout is not applied over a split sequence; set "
         "--config.model.attention_dropout=0 or --config.mesh.context=1"
     )
-  if model_cfg.family == "vit":
-    length, parts, what = model_cfg.seq_len_max, shards, "the patch sequence (with class token)"
-  else:
-    causal = model_cfg.family in ("decoder", "encoder_decoder")
-    length, parts, what = config.seq_len, 2 * shards if causal else shards, "seq_len"
+  from transformers_jax.tasks import task_for
+
+  task = task or task_for(model_cfg, config)
+  length, parts = (
+      task.tokens_per_example(model_cfg, config),
+      2 * shards if task.attends_causally(model_cfg) else shards,
+  )
+  what = "seq_len" if task.reads_seq_len else "the patch sequence (with class token)"
   if length % parts:
     raise ValueError(
         f"mesh.context={shards}: {what} of {length} tokens does not split into {parts} equal "
@@ -342,7 +327,10 @@ def experiment_config(
   Training fields (see train_config.py) at the top level, `model` holds ModelConfig fields,
   `published` the figure a preset is checked against (0 = none).
   """
+  from transformers_jax.tasks import task_config_groups
+
   config = training_fields()
+  config.update(task_config_groups())  # each objective's own fields (Task.config_defaults)
   config.model = model_config_dict(**model)
   config.published = ml_collections.ConfigDict(
       {

@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from transformers_jax.data.errors import DataError
-from transformers_jax.data.text import mask_tokens
 from transformers_jax.data.token_cache import TokenCache
 
 
@@ -194,17 +193,35 @@ def local_rows(batch_size: int, process_index: int, process_count: int) -> range
   return range(edges[process_index], edges[process_index + 1])
 
 
+class RowLayout:
+  """How an objective turns windows of tokens into the rows its step takes (a Task's module
+  defines one; the pipeline only reads windows and packs documents). Picklable: grain's worker
+  processes each hold a copy."""
+
+  overlap = 0  # tokens consecutive packed pieces of one document share (1: next-token targets)
+
+  def window(self, seq_len: int) -> int:
+    """Tokens one row reads for rows of `seq_len`."""
+    return seq_len
+
+  def finish(self, tokens, segments, positions, seed: int, step: int, rows) -> dict:
+    """The batch dict of `tokens` [rows, window] (with packing also their segment ids and
+    positions, else None); `rows`: the global row numbers, for per-row random streams
+    (seed, step, row, ...)."""
+    raise NotImplementedError
+
+  def target_bytes(self, batch: dict, byte_lengths) -> float | None:
+    """UTF-8 bytes the weighted targets of a held-out batch stand for (bits per byte), or None."""
+    return None
+
+
 @dataclasses.dataclass
 class StepBatches:
-  """step -> this process's rows of the global batch of that step, as a dict of numpy arrays.
-
-  kind "lm": tokens [rows, seq_len + 1] (with packing also segment_ids, positions [rows,
-  seq_len] and weights [rows, seq_len]); kind "mlm": inputs, labels, weights [rows, seq_len]
-  (with packing also segment_ids and positions).
-  """
+  """step -> this process's rows of the global batch of that step, as a dict of numpy arrays
+  laid out as `layout` (the objective's RowLayout) makes them."""
 
   data: TokenSpans
-  kind: str
+  layout: RowLayout
   batch_size: int
   seq_len: int
   seed: int
@@ -212,15 +229,11 @@ class StepBatches:
   process_index: int = 0
   process_count: int = 1
   pad_id: int = 0
-  vocab_size: int = 0
-  mask_id: int = 0
-  special_ids: tuple = ()
-  mlm_probability: float = 0.15
 
   def __post_init__(self):
-    self.length = self.seq_len + 1 if self.kind == "lm" else self.seq_len
+    self.length = self.layout.window(self.seq_len)
     # packed LM pieces of one document overlap by a token: every next-token target is trained
-    self.stride = self.length - 1 if self.kind == "lm" else self.length
+    self.stride = self.length - self.layout.overlap
     self.cumulative = self.data.window_starts(self.length)
     if not self.packing and (not len(self.cumulative) or self.cumulative[-1] == 0):
       raise DataError(
@@ -253,32 +266,7 @@ class StepBatches:
     return self.finish(tokens, segments, positions, step, rows)
 
   def finish(self, tokens, segments, positions, step, rows) -> dict:
-    if self.kind == "lm":
-      out = {"tokens": tokens}
-      if segments is not None:
-        out["segment_ids"] = segments[:, :-1]
-        out["positions"] = positions[:, :-1]
-        out["weights"] = ((segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)).astype(
-            np.float32
-        )
-      return out
-    masked = [
-        mask_tokens(
-            tokens[i],
-            np.random.default_rng([self.seed, step, r, 1]),
-            self.vocab_size,
-            self.mask_id,
-            self.special_ids,
-            self.mlm_probability,
-        )
-        for i, r in enumerate(rows)
-    ]
-    inputs, labels, weights = (np.stack(x) for x in zip(*masked))
-    out = {"inputs": inputs, "labels": labels, "weights": weights}
-    if segments is not None:
-      out["weights"] = weights * (segments > 0)
-      out["segment_ids"], out["positions"] = segments, positions
-    return out
+    return self.layout.finish(tokens, segments, positions, self.seed, step, rows)
 
 
 def eval_windows(data: TokenSpans, batch_size: int, length: int, num_batches: int) -> list:

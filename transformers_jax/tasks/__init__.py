@@ -1,20 +1,31 @@
-"""Training objectives as objects: which one a model trains with, and the registry.
+"""Training objectives as objects: the registry, and which one a run trains with.
 
 lm              decoder-only          next-token prediction on text
 mlm             encoder, head=mlm     masked LM (80/10/10 mask/random/keep)
 classify_text   encoder, classifier   one label per text
 classify_image  vit, classifier       one label per image
 seq2seq         encoder_decoder       teacher forcing; greedy BLEU at evaluation
+span_corruption encoder_decoder       T5 span corruption of text (pre-training)
+distill         decoder, encoder mlm  knowledge distillation from a teacher run
+
+`--config.task=NAME` picks one by name (`--config_help` lists them); "" takes the model's own
+(task_for). A new objective is its module and one line below (docs/objectives.md).
 """
 
 from __future__ import annotations
 
+import ml_collections
+
+from transformers_jax.errors import UserError
 from transformers_jax.tasks.base import Task, TaskData, cross_entropy
 from transformers_jax.tasks.classify import ImageClassification, TextClassification
+from transformers_jax.tasks.distill import Distillation
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
 from transformers_jax.tasks.seq2seq import Translation
+from transformers_jax.tasks.span_corruption import SpanCorruption
 
+# The registry: --config.task=NAME -> the objective. One line per objective.
 TASKS = {
     t.name: t
     for t in (
@@ -23,12 +34,14 @@ TASKS = {
         TextClassification(),
         ImageClassification(),
         Translation(),
+        SpanCorruption(),
+        Distillation(),
     )
 }
 
 
-def task_for(model_cfg) -> Task:
-  """The objective a model of this family and head trains with."""
+def model_task(model_cfg) -> Task:
+  """The objective a model of this family and head trains with when config.task is empty."""
   family, head = model_cfg.family, model_cfg.head_kind
   if family == "decoder":
     return TASKS["lm"]
@@ -48,6 +61,35 @@ def task_for(model_cfg) -> Task:
   )
 
 
+def task_for(model_cfg, config=None) -> Task:
+  """The objective a run trains with: the registry's `config.task`, else the model's own."""
+  name = str(config.get("task", "") or "") if config is not None else ""
+  if not name:
+    return model_task(model_cfg)
+  if name not in TASKS:
+    raise UserError(
+        f"task={name!r}: no such objective; choose one of {', '.join(TASKS)} "
+        "(--config_help describes them), or leave it empty for the model's own"
+    )
+  return TASKS[name]
+
+
+def task_config_groups() -> ml_collections.ConfigDict:
+  """{task name: its config fields} of every registered objective that has some: each
+  experiment config holds them, so that --config.NAME.FIELD=... overrides them."""
+  groups = ml_collections.ConfigDict()
+  for name, task in TASKS.items():
+    defaults = task.config_defaults()
+    if defaults is not None:
+      groups[name] = defaults
+  return groups
+
+
+def registry_lines() -> list[str]:
+  """One line per registered objective: its name and what it trains (for --config_help)."""
+  return [f"{name}: {task.summary}" for name, task in TASKS.items()]
+
+
 def task_data(task: Task, config, model_cfg, workdir) -> TaskData:
   """The task's data for a run, after checking `data.name` names the task's bundled data."""
   import pathlib
@@ -65,7 +107,10 @@ __all__ = [
     "TaskData",
     "TASKS",
     "cross_entropy",
+    "model_task",
     "task_for",
+    "task_config_groups",
+    "registry_lines",
     "task_data",
     "LanguageModeling",
     "MaskedLM",

@@ -1,14 +1,17 @@
-"""What an objective is: a Task owns its batch layout, its forward pass and loss terms, whether
-it models language, its data, and optional evaluation and sampling hooks.
+"""What an objective is: a Task owns its batch layout, its forward pass, its loss and the
+metrics it reports, the checks of the settings it reads, its data, its own config fields, and
+optional evaluation and sampling hooks.
 
 The train loop, `--compile_only`, the benchmarks and the profiler ask a Task; none of them
-branches on which objective it is. A new objective is one subclass (see tests/test_tasks.py).
-Losses are sums over weighted positions, so micro-batches add up exactly.
+branches on which objective it is. A new objective is one subclass registered in
+tasks/__init__.py (docs/objectives.md walks through one). Losses are sums over weighted
+positions, so micro-batches, devices and held-out batches add up exactly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 from collections.abc import Callable
 
@@ -48,13 +51,137 @@ class TaskData:
 
 
 class Task:
-  """Base class: subclasses set `name` and implement batch_shapes, outputs and data."""
+  """Base class: subclasses set `name` and implement batch_shapes, outputs and data; the loss,
+  metrics and checks default to today's cross-entropy objectives'."""
 
   name = ""
+  summary = ""  # one line on what it trains (--config_help lists the registry with it)
+  families: tuple[str, ...] = ()  # the model families it trains (empty: any)
+  heads: tuple[str, ...] = ()  # and the heads they need (empty: any)
   bundled_data = ""  # data.name of the data that needs no --config.data.path
   language_model = False  # reports perplexity (and decodes text)
   # masks and weights of a synthetic batch are ones; `synthetic_weight` of positions count
   synthetic_weight = 1.0
+  # the model attends causally: a sequence split over mesh.context is cut into zig-zag chunks
+  causal = False
+  # what data.packing packs into rows: "documents" of --config.data.path, whole "examples", or
+  # "" (packing refused)
+  packs = ""
+  reads_seq_len = True  # the batch's length is seq_len (not, e.g., an image's patches)
+  # training fields beyond the common ones that this objective reads ("data.source_len", ...)
+  reads_fields: tuple[str, ...] = ()
+
+  def attends_causally(self, model_cfg) -> bool:
+    """Whether `model_cfg`'s attention is causal under this objective (`causal`; an objective
+    that trains more than one family answers per model)."""
+    return self.causal
+
+  def config_defaults(self):
+    """The objective's own config fields, an ml_collections.ConfigDict every experiment config
+    holds as `config.<name>` (`--config.<name>.FIELD=...`; documented by the comments beside
+    the fields, as train_config.py's are); None = no fields of its own."""
+    return None
+
+  def check(self, config, model_cfg) -> None:
+    """Refuse settings that mean nothing for this objective: a ValueError naming the field and
+    the fix, before any data is read or anything compiles."""
+    packing = config.data.packing
+    family, head = model_cfg.family, model_cfg.head_kind
+    if (self.families and family not in self.families) or (self.heads and head not in self.heads):
+      wants = " or ".join(self.families) + (
+          f" (head {' or '.join(self.heads)})" if self.heads else ""
+      )
+      raise ValueError(
+          f"task={self.name!r}: trains {wants} models and this is a {family} model with head "
+          f"{head}: use such a model's --config, or leave task empty for this model's own"
+      )
+
+    def fail(field, problem):
+      value = config.data[field.split(".", 1)[1]]
+      raise ValueError(f"{field}={value!r}: {problem}")
+
+    if packing and self.packs == "documents" and not config.data.path:
+      fail("data.packing", "packs the documents of --config.data.path; set one or turn it off")
+    if packing and not self.packs:
+      fail(
+          "data.packing",
+          "packs text: documents for language models, examples for text classification and "
+          "seq2seq (not images); turn it off",
+      )
+    if packing and self.packs == "examples":
+      if config.data.examples_per_row < 1:
+        fail("data.examples_per_row", "packed rows hold at least 1 example")
+      most = max(1, config.seq_len // 2)  # an example takes 2 tokens at least
+      if config.data.examples_per_row > most:
+        fail(
+            "data.examples_per_row",
+            f"a row of seq_len={config.seq_len} tokens holds at most {most} examples of 2 "
+            f"tokens or more: set it between 1 and {most}",
+        )
+
+  def loss_options(self, config):
+    """What `loss` reads of the run's config while training (a pytree of Python values),
+    resolved once when the step is built: by default the label smoothing."""
+    return {"label_smoothing": config.label_smoothing}
+
+  def loss(self, outputs, batch, model_cfg, options, z_loss=0.0, train=True) -> dict:
+    """Sums over the batch's weighted positions from `outputs` (what `outputs` returned):
+    "loss" (the objective minimised) and "weight" (what it is divided by), and any others the
+    objective reports; sums named *_max are reduced by their maximum over held-out batches.
+    The default: cross-entropy of (logits, targets, weights), with `options` (loss_options; a
+    bare number: the label smoothing) and the z-loss weight `z_loss` (a float, or a population
+    member's traced scalar) while training, the output logits' mean and largest value at
+    evaluation (train=False, options None)."""
+    logits, targets, weights = outputs
+    smoothing = (
+        options
+        if isinstance(options, (int, float))
+        else (options or {}).get("label_smoothing", 0.0)
+    )
+    padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
+    real = model_cfg.vocab_size if padded else None  # the real classes of a padded vocabulary
+    if not train:
+      sums = cross_entropy(logits, targets, weights, num_classes=real)
+      vocab = logits[..., : model_cfg.vocab_size].astype(jnp.float32)
+      sums["logit_sum"] = jnp.sum(jnp.mean(vocab, axis=-1) * weights.astype(jnp.float32))
+      sums["logit_max"] = jnp.max(vocab)
+      return sums
+    sums = cross_entropy(logits, targets, weights, smoothing, real, z_loss)
+    if isinstance(z_loss, (int, float)) and z_loss == 0:
+      del sums["z_loss"]  # reported only where it is weighted
+    return sums
+
+  def metrics(self, sums, weight) -> dict:
+    """A training step's metrics from its summed `sums` (`weight`: sums["weight"], at least 1)."""
+    out = {
+        "loss": sums["loss"] / weight,
+        "nll": sums["nll"] / weight,
+        "accuracy": sums["correct"] / weight,
+    }
+    if "z_loss" in sums:
+      out["log_z_squared"] = sums["z_loss"] / weight
+    return out
+
+  def eval_summary(self, data: TaskData, totals: dict) -> dict:
+    """Held-out metrics from the `totals` of `loss(..., train=False)` over every held-out
+    batch (host numbers)."""
+    w = max(float(totals["weight"]), 1.0)
+    loss = float(totals["loss"]) / w
+    out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / w}
+    if self.language_model:
+      out["eval_perplexity"] = math.exp(min(loss, 50.0)) if math.isfinite(loss) else loss
+    if data.eval_bytes:  # nats per target token -> bits per byte of the text they stand for
+      out["eval_bits_per_byte"] = float(totals["nll"]) / math.log(2) / data.eval_bytes
+    out["eval_logit_mean"] = float(totals["logit_sum"]) / w
+    out["eval_logit_max"] = float(totals["logit_max"])
+    return out
+
+  def frozen_runs(self, config) -> dict[str, str]:
+    """{name: run folder} of the runs whose parameters the loss reads but never trains (a
+    teacher): the training driver loads each run's latest intact parameters, places them on the
+    run's mesh as that run's own model would be, and the steps pass them to `outputs` as
+    variables["frozen"][name]. Empty for most objectives."""
+    return {}
 
   def batch_shapes(self, model_cfg, config) -> dict[str, tuple[tuple[int, ...], Any]]:
     """{key: (shape, dtype)} of one global batch."""

@@ -15,7 +15,10 @@ class TextClassification(Task):
   User data: a TSV of `text<TAB>label` with integer labels."""
 
   name = "classify_text"
+  summary = "one label per text (encoder, head classifier)"
+  families, heads = ("encoder",), ("classifier",)
   bundled_data = "corpus_kind"
+  packs = "examples"
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
@@ -167,7 +170,10 @@ class ImageClassification(Task):
   """Bundled: scikit-learn's 8x8 digits. User data: an .npz with `images` and `labels`."""
 
   name = "classify_image"
+  summary = "one label per image (vit, head classifier)"
+  families, heads = ("vit",), ("classifier",)
   bundled_data = "digits"
+  reads_seq_len = False
 
   def batch_shapes(self, model_cfg, config):
     B, size, ch = config.batch_size, model_cfg.image_size, model_cfg.num_channels

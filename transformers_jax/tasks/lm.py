@@ -6,14 +6,42 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax import data as D
+from transformers_jax.data.pipeline import RowLayout
 from transformers_jax.tasks.base import Task, TaskData
 from transformers_jax.tasks.text_data import token_arrays
 
 
+class NextTokenRows(RowLayout):
+  """Streamed rows of next-token prediction: tokens [rows, seq_len + 1]; packed, also
+  segment_ids, positions and weights [rows, seq_len] (no target across documents)."""
+
+  overlap = 1
+
+  def window(self, seq_len):
+    return seq_len + 1
+
+  def finish(self, tokens, segments, positions, seed, step, rows):
+    out = {"tokens": tokens}
+    if segments is not None:
+      out["segment_ids"] = segments[:, :-1]
+      out["positions"] = positions[:, :-1]
+      out["weights"] = ((segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)).astype(
+          np.float32
+      )
+    return out
+
+  def target_bytes(self, batch, byte_lengths):
+    return float((byte_lengths[batch["tokens"][:, 1:]] * batch.get("weights", 1.0)).sum())
+
+
 class LanguageModeling(Task):
   name = "lm"
+  summary = "next-token prediction on text (decoder)"
+  families = ("decoder",)
   bundled_data = "corpus"
   language_model = True
+  causal = True
+  packs = "documents"
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
@@ -41,7 +69,7 @@ class LanguageModeling(Task):
     if config.data.path:
       from transformers_jax.tasks.stream_data import streamed_text_data
 
-      return streamed_text_data(config, model_cfg, workdir, "lm")
+      return streamed_text_data(config, model_cfg, workdir, lambda tok: NextTokenRows(), False)
     tok, train, val, summary = token_arrays(config, model_cfg, workdir, specials=False)
     train_b, val_b = D.LMBatches(train), D.LMBatches(val)
     B, T, seed = config.batch_size, config.seq_len, config.seed

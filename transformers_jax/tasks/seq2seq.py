@@ -8,6 +8,7 @@ import numpy as np
 
 from transformers_jax import data as D
 from transformers_jax.data.sampling import epoch_indices
+from transformers_jax.data.seq2seq import DIRECTIONS
 from transformers_jax.errors import UserError
 from transformers_jax.tasks.base import Task, TaskData
 from transformers_jax.tasks.text_data import run_tokenizer, split_rows
@@ -38,9 +39,21 @@ class Translation(Task):
   `source<TAB>target`."""
 
   name = "seq2seq"
+  summary = "sequence to sequence with teacher forcing; greedy BLEU at evaluation (encoder_decoder)"
+  families = ("encoder_decoder",)
   bundled_data = "numbers"
   language_model = True
+  causal = True  # the decoder's self-attention
+  packs = "examples"
+  reads_fields = ("data.source_len", "data.eval_translations")
   eval_translation_batches = 2  # held-out batches translated at each evaluation
+
+  def check(self, config, model_cfg):
+    super().check(config, model_cfg)
+    if config.data.direction not in DIRECTIONS:
+      raise ValueError(
+          f"data.direction={config.data.direction!r}: choose one of {', '.join(DIRECTIONS)}"
+      )
 
   def batch_shapes(self, model_cfg, config):
     B, (S, T) = config.batch_size, lengths(config)

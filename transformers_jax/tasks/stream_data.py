@@ -53,45 +53,38 @@ def text_cache(config, model_cfg, workdir: pathlib.Path, specials: bool):
   return tok, cache or build()
 
 
-def streamed_text_data(config, model_cfg, workdir, kind: str) -> TaskData:
-  """TaskData of the LM ("lm") or MLM ("mlm") task over the corpus at data.path."""
+def streamed_text_data(config, model_cfg, workdir, make_layout, specials: bool) -> TaskData:
+  """TaskData of a text objective over the corpus at data.path: `make_layout(tokenizer)` is
+  the objective's RowLayout (data/pipeline.py), which says how windows become rows;
+  `specials`: its tokenizer has special ids (pad, bos, eos, mask)."""
   workdir = pathlib.Path(workdir)
-  tok, cache = text_cache(config, model_cfg, workdir, specials=kind == "mlm")
-  if kind == "mlm" and tok.mask_id is None:
-    raise ValueError("data.tokenizer: masked LM needs a [MASK] token; use byte or bpe")
+  tok, cache = text_cache(config, model_cfg, workdir, specials=specials)
+  layout = make_layout(tok)
   train_spans, val_spans = pipeline.split_spans(cache)
   train = pipeline.TokenSpans(cache, train_spans)
   val = pipeline.TokenSpans(cache, val_spans)
   pad = tok.pad_id if tok.pad_id is not None else 0
   common = dict(
-      kind=kind,
+      layout=layout,
       batch_size=config.batch_size,
       seq_len=config.seq_len,
       seed=config.seed,
       packing=config.data.packing,
       pad_id=pad,
-      vocab_size=tok.vocab_size,
-      mask_id=tok.mask_id if tok.mask_id is not None else 0,
-      special_ids=tuple(tok.special_ids),
-      mlm_probability=config.data.mlm_probability,
   )
   whole = pipeline.StepBatches(train, **common)  # every row: for train_batch (all processes)
   local = pipeline.StepBatches(
       train, process_index=jax.process_index(), process_count=jax.process_count(), **common
   )
-  length = config.seq_len + 1 if kind == "lm" else config.seq_len
   eval_maker = pipeline.StepBatches(val, **{**common, "seed": config.seed + 1})
   if config.data.packing:  # held-out rows packed as the training rows are
     evals = pipeline.packed_eval_rows(eval_maker, config.eval_batches)
   else:
-    windows = pipeline.eval_windows(val, config.batch_size, length, config.eval_batches)
+    windows = pipeline.eval_windows(val, config.batch_size, whole.length, config.eval_batches)
     evals = [eval_maker.finish(w, None, None, i, range(len(w))) for i, w in enumerate(windows)]
-  eval_bytes = None
-  if kind == "lm":  # bytes the evaluated targets stand for: bits per byte
-    lengths = np.asarray(token_byte_lengths(tok), np.int64)
-    eval_bytes = float(
-        sum((lengths[b["tokens"][:, 1:]] * b.get("weights", 1.0)).sum() for b in evals)
-    )
+  lengths = np.asarray(token_byte_lengths(tok), np.int64)
+  counted = [layout.target_bytes(b, lengths) for b in evals]  # bits per byte, where it has one
+  eval_bytes = None if None in counted else float(sum(counted))
   summary = (
       f"{config.data.path}: {cache.source_bytes:,} bytes, {cache.num_tokens:,} {tok.kind} "
       f"tokens in {len(cache.shards)} shards ({cache.folder}); "

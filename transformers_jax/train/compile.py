@@ -145,7 +145,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   chip = hardware.chip_for_topology(topology) if topology else hardware.chip_for_kind(kind)
   model_cfg = ModelConfig.from_dict(config.model)
   field_checks.check_attention_platform(model_cfg, devices)  # (before counting traces it)
-  task = task or task_for(model_cfg)
+  task = task or task_for(model_cfg, config)
   per_example = task.tokens_per_example(model_cfg, config)
   tokens = config.batch_size * per_example
   out = {

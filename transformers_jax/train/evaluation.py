@@ -1,10 +1,9 @@
 """Held-out evaluation, reduced the same way for a solo run and for each population member: the
-loss sums of every held-out batch added up (the largest logit kept), the per-layer diagnostics
-of the first batch, and the task's own metrics (e.g. BLEU)."""
+Task's sums of every held-out batch added up (those named *_max: the largest kept), turned into
+metrics by the Task (Task.eval_summary), the per-layer diagnostics of the first batch, and the
+task's decoding metrics (e.g. BLEU)."""
 
 from __future__ import annotations
-
-import math
 
 import jax
 import numpy as np
@@ -20,36 +19,30 @@ def task_overrides(task, hook: str) -> bool:
 
 
 def add_sums(totals: dict | None, sums: dict) -> dict:
-  """Sums of one more held-out batch added to `totals` (host arrays; logit_max: the largest)."""
+  """Sums of one more held-out batch added to `totals` (host arrays; those named *_max: the
+  largest)."""
   if totals is None:
     return dict(sums)
   with np.errstate(over="ignore", invalid="ignore"):  # a diverged member's sums overflow: inf
     return {
-        k: np.maximum(totals[k], sums[k]) if k == "logit_max" else totals[k] + sums[k] for k in sums
+        k: np.maximum(totals[k], sums[k]) if k.endswith("_max") else totals[k] + sums[k]
+        for k in sums
     }
 
 
 def summarize(task, data, totals: dict, intermediates, params=None, model_cfg=None) -> dict:
   """One model's held-out metrics from its summed `totals` and the `intermediates` sown on the
   first batch; with `params` (whole, on the host) also the task's decoding metrics."""
-  w = max(float(totals["weight"]), 1.0)
-  loss = float(totals["loss"]) / w
-  out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / w}
-  if task.language_model:
-    out["eval_perplexity"] = math.exp(min(loss, 50.0)) if math.isfinite(loss) else loss
-  if data.eval_bytes:  # nats per target token -> bits per byte of the text they stand for
-    out["eval_bits_per_byte"] = float(totals["nll"]) / math.log(2) / data.eval_bytes
-  out["eval_logit_mean"] = float(totals["logit_sum"]) / w
-  out["eval_logit_max"] = float(totals["logit_max"])
+  out = task.eval_summary(data, totals)
   if params is not None and task_overrides(task, "eval_metrics"):
     out.update(task.eval_metrics(data, model_cfg, params))
   dropped = moe_dropped_fraction(intermediates)
   if dropped is not None:  # MoE: routing choices over expert capacity (first held-out batch)
     out["eval_moe_dropped_fraction"] = dropped
   out["residual_rms"] = residual_rms(intermediates)
-  logit_max = attention_logit_max(intermediates)
-  if logit_max:  # largest attention logit per block (first held-out batch)
-    out["attention_logit_max"] = logit_max
+  largest_attention = attention_logit_max(intermediates)
+  if largest_attention:  # largest attention logit per block (first held-out batch)
+    out["attention_logit_max"] = largest_attention
   return out
 
 

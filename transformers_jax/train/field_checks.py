@@ -38,13 +38,15 @@ def check_model(model_cfg) -> None:
     )
 
 
-def check_training(config, model_cfg, task_name: str, devices) -> None:
-  """check_model, and the training fields that mean nothing for this task or these devices."""
+def check_training(config, model_cfg, task, devices) -> None:
+  """check_model, and the training fields that mean nothing for this task (a Task: those it
+  reads are its `reads_fields`) or these devices."""
   check_model(model_cfg)
   data = config.get("data")
+  task_name = task.name
   for field, unset in SEQ2SEQ_DATA_FIELDS.items():
     value = data.get(field, unset) if data is not None else unset
-    if value != unset and task_name != "seq2seq":
+    if value != unset and f"data.{field}" not in task.reads_fields:
       raise ValueError(
           f"data.{field}={value!r}: only a seq2seq model (family encoder_decoder) reads it, and "
           f"this {model_cfg.family} model trains the {task_name} task: leave it out (or "

@@ -126,7 +126,7 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       if steps_per_s is not None:
         values["tokens_per_s"] = steps_per_s * tokens_per_step
         values["mfu"] = steps_per_s * flops_per_step / peak if peak else None
-      if task.language_model:
+      if task.language_model and "nll" in values:
         values["perplexity"] = math.exp(min(values["nll"], 50.0))
       writer.write(done, values)
       progress.update(done, values, pace.describe(done, steps_per_s))

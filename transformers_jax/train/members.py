@@ -31,7 +31,13 @@ from transformers_jax.machine import parallel
 from transformers_jax.models import initializer
 from transformers_jax.errors import UserError
 from transformers_jax.train import optim, resume
-from transformers_jax.train.step import in_mesh, make_evaluate, make_update
+from transformers_jax.train.step import (
+    WithFrozen,
+    frozen_shardings,
+    in_mesh,
+    make_evaluate,
+    make_update,
+)
 from transformers_jax.train_config import asks_for_population
 
 # population list field -> the training field it varies (one value per member)
@@ -219,9 +225,9 @@ def make_train_step(setup, solo_param_shardings):
   config = setup.config
   update = make_update(setup.task, setup.model_cfg, config, optimizer(config), solo_param_shardings)
 
-  def member_step(params, opt_state, rng, alive, diverged_at, h, step, batch):
+  def member_step(params, opt_state, rng, alive, diverged_at, h, step, batch, *frozen):
     new_params, new_opt, metrics = update(
-        params, opt_state, batch, jax.random.fold_in(rng, step), h
+        params, opt_state, batch, jax.random.fold_in(rng, step), h, *frozen
     )
     metrics["lr"] = optim.learning_rate(config, step, h["learning_rate"], h["warmup_steps"])
     ok = alive & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
@@ -230,38 +236,50 @@ def make_train_step(setup, solo_param_shardings):
     new_params = jax.tree_util.tree_map(keep, new_params, params)
     return new_params, jax.tree_util.tree_map(keep, new_opt, opt_state), ok, diverged_at, metrics
 
-  def step(state, batch):
+  def step(state, batch, *frozen):  # the Task's frozen arrays: every member's, not vmapped
     s = state
     params, opt_state, alive, diverged_at, metrics = jax.vmap(
-        member_step, in_axes=(0, 0, 0, 0, 0, 0, None, 0), spmd_axis_name=setup.member_axis
-    )(s.params, s.opt_state, s.rng, s.alive, s.diverged_at, s.hparams, s.step, batch)
+        member_step,
+        in_axes=(0, 0, 0, 0, 0, 0, None, 0) + (None,) * len(frozen),
+        spmd_axis_name=setup.member_axis,
+    )(s.params, s.opt_state, s.rng, s.alive, s.diverged_at, s.hparams, s.step, batch, *frozen)
     new = s.replace(
         step=s.step + 1, params=params, opt_state=opt_state, alive=alive, diverged_at=diverged_at
     )
     return new, metrics
 
   by_member = NamedSharding(setup.mesh, P(setup.member_axis))
-  return jax.jit(
+  frozen = setup.frozen
+  in_shardings = (setup.shardings, setup.batch_sharding())
+  if frozen is not None:
+    in_shardings += (frozen_shardings(frozen),)
+  jitted = jax.jit(
       in_mesh(step, setup.mesh, setup.rule_table),
-      in_shardings=(setup.shardings, setup.batch_sharding()),
+      in_shardings=in_shardings,
       out_shardings=(setup.shardings, by_member),
       donate_argnums=0,
   )
+  return jitted if frozen is None else WithFrozen(jitted, frozen)
 
 
 def make_eval_step(setup):
   """jit(evaluate)(params [M, ...], batch) -> (sums [M], intermediates [M, ...]): every member
   on the same held-out batch."""
+  frozen = setup.frozen
   evaluate = jax.vmap(
       make_evaluate(setup.task, setup.model_cfg),
-      in_axes=(0, None),
+      in_axes=(0, None) + (() if frozen is None else (None,)),
       spmd_axis_name=setup.member_axis,
   )
-  return jax.jit(
+  in_shardings = (setup.shardings.params, setup.eval_batch_sharding())
+  if frozen is not None:
+    in_shardings += (frozen_shardings(frozen),)
+  jitted = jax.jit(
       in_mesh(evaluate, setup.mesh, setup.rule_table),
-      in_shardings=(setup.shardings.params, setup.eval_batch_sharding()),
+      in_shardings=in_shardings,
       out_shardings=NamedSharding(setup.mesh, P(setup.member_axis)),
   )
+  return jitted if frozen is None else WithFrozen(jitted, frozen)
 
 
 def non_finite_alive(state) -> str | None:

@@ -12,8 +12,10 @@ its state is the members' stacked states, its step the same update body vmapped.
 from __future__ import annotations
 
 import math
+import pathlib
 
 import jax
+import optax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -23,6 +25,8 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.modules import block
 from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
+from transformers_jax.run_folder.records import read_config
+from transformers_jax.run_folder.runs import Run
 from transformers_jax.tasks import task_data, task_for
 from transformers_jax.train import members as members_lib
 from transformers_jax.train import optim, resume, state as state_lib, step as step_lib
@@ -37,7 +41,7 @@ class Setup:
   def __init__(self, config, task=None, devices=None):
     self.config = config
     self.model_cfg = ModelConfig.from_dict(config.model)
-    self.task = task or task_for(self.model_cfg)
+    self.task = task or task_for(self.model_cfg, config)
     self.mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
     self.members = members_lib.members(config) if members_lib.enabled(config) else None
     count = len(self.members) if self.members else 1
@@ -45,8 +49,8 @@ class Setup:
     rules = parallel.rules(config.rules.to_dict())
     self.rule_table = members_lib.without_axis(rules, self.member_axis)
     batch_axes = [a for a in parallel.BATCH_AXES if a != self.member_axis]
-    validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes))
-    field_checks.check_training(config, self.model_cfg, self.task.name, self.mesh.devices.flat)
+    validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes), self.task)
+    field_checks.check_training(config, self.model_cfg, self.task, self.mesh.devices.flat)
     self.tx = optim.make_optimizer(config)
     abstract, shardings = state_lib.state_shardings(
         self.model_cfg, self.tx, self.mesh, self.rule_table, config.seed
@@ -57,6 +61,30 @@ class Setup:
           abstract, shardings, self.members, self.member_axis
       )
     self.abstract, self.shardings = abstract, shardings
+
+  @property
+  def frozen(self):
+    """{name: parameters} of the Task's frozen runs (Task.frozen_runs: a teacher's), loaded on
+    first use and placed on this run's mesh; None for most objectives."""
+    if not hasattr(self, "_frozen"):
+      named = self.task.frozen_runs(self.config)
+      self._frozen = {k: self.frozen_params(v) for k, v in named.items()} if named else None
+    return self._frozen
+
+  def frozen_params(self, path: str):
+    """The latest intact parameters of run `path`, sharded over this mesh as that run's own
+    model would be with this run's rules (the teacher's layout on the student's mesh)."""
+    saved = read_config(pathlib.Path(path) / "config.json")
+    if saved is None:
+      raise UserError(f"{path}: no run there (no config.json): give a run's folder")
+    model_cfg = ModelConfig.from_dict(saved["model"])
+    params, _ = Run(path).load_params()
+    params = block.in_layout(params, model_cfg.scan_layers)
+    _, shardings = state_lib.state_shardings(
+        model_cfg, optax.set_to_zero(), self.mesh, self.rule_table, 0
+    )
+    place = lambda a, s: jax.make_array_from_callback(a.shape, s, lambda i: a[i])  # noqa: E731
+    return jax.tree_util.tree_map(place, params, shardings.params)
 
   @property
   def member_count(self) -> int:
@@ -119,13 +147,14 @@ class Setup:
         self.mesh,
         self.rule_table,
         self.shardings,
+        self.frozen,
     )
 
   def eval_step(self):
     if self.members:
       return members_lib.make_eval_step(self)
     return step_lib.make_eval_step(
-        self.task, self.model_cfg, self.mesh, self.rule_table, self.shardings
+        self.task, self.model_cfg, self.mesh, self.rule_table, self.shardings, self.frozen
     )
 
   # ------------------------------------------------------------------ data and state

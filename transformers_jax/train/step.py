@@ -12,7 +12,6 @@ from flax import linen as nn
 
 from transformers_jax.machine import parallel
 from transformers_jax.models import build_model
-from transformers_jax.tasks import cross_entropy
 from transformers_jax.train import optim
 
 
@@ -27,39 +26,33 @@ def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
   return jnp.mean(jnp.concatenate(values), axis=0)
 
 
-def real_classes(logits, model_cfg) -> int | None:
-  """The real vocabulary size when `logits` span the padded one (cross_entropy's num_classes),
-  else None."""
-  padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
-  return model_cfg.vocab_size if padded else None
-
-
 def make_loss_fn(
     task,
     model_cfg,
-    label_smoothing: float,
+    options,
     moe_aux_weight: float,
     z_loss=0.0,
     moe_router_z_weight: float = 0.0,
 ):
-  """loss(params, batch, rng) -> (objective, sums) for a Task (transformers_jax.tasks).
-  `z_loss` may be a float or, given as loss(params, batch, rng, z_loss), a traced scalar.
-  A MoE model adds its load-balancing loss and router z-loss (summed over layers) times their
-  weights, and reports the per-expert share of routing choices and the dropped fraction."""
+  """loss(params, batch, rng[, z_loss[, frozen]]) -> (objective, sums) for a Task
+  (transformers_jax.tasks): the Task's forward pass and loss sums (`options`: its
+  task.loss_options(config)). `z_loss` may be a float or, given as an argument, a traced
+  scalar; `frozen` is what the Task reads but never trains (Task.frozen_runs). A MoE model adds its
+  load-balancing loss and router z-loss (summed over layers) times their weights, and reports
+  the per-expert share of routing choices and the dropped fraction."""
   train_model = build_model(model_cfg, deterministic=False)
   moe = model_cfg.feed_forward == "moe"
 
-  def loss_fn(params, batch, rng, z_weight=z_loss):
-    (logits, targets, weights), state = task.outputs(
+  def loss_fn(params, batch, rng, z_weight=z_loss, frozen=None):
+    variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
+    outputs, state = task.outputs(
         train_model,
-        {"params": params},
+        variables,
         batch,
         {"dropout": rng},
         ["losses", "moe_stats"] if moe else ["losses"],
     )
-    sums = cross_entropy(
-        logits, targets, weights, label_smoothing, real_classes(logits, model_cfg), z_weight
-    )
+    sums = task.loss(outputs, batch, model_cfg, options, z_weight)
     objective = sums["loss"]
     if moe:
       stats = state["moe_stats"]
@@ -84,25 +77,26 @@ def make_loss_fn(
 
 
 def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
-  """The pure update body both drivers share: update(params, opt_state, batch, rng, hparams)
-  -> (params, opt_state, metrics). A solo run jits it (make_train_step); a population vmaps it
-  over its members (train/members.py). `optimizer(hparams)` is the optax transformation for
-  those hyperparameters (optim.HPARAMS: Python numbers, or a member's traced scalars);
-  `grad_shardings` pins the accumulated gradients of micro-batches to the parameters' layout."""
+  """The pure update body both drivers share: update(params, opt_state, batch, rng, hparams
+  [, frozen]) -> (params, opt_state, metrics). A solo run jits it (make_train_step); a
+  population vmaps it over its members (train/members.py). `optimizer(hparams)` is the optax
+  transformation for those hyperparameters (optim.HPARAMS: Python numbers, or a member's traced
+  scalars); `grad_shardings` pins the accumulated gradients of micro-batches to the parameters'
+  layout; `frozen` is the Task's (Task.frozen_runs), shared by every micro-batch and member."""
   loss_fn = make_loss_fn(
       task,
       model_cfg,
-      config.label_smoothing,
+      task.loss_options(config),
       config.moe_aux_weight,
       moe_router_z_weight=config.moe_router_z_weight,
   )
   accum = config.grad_accum_steps
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def update(params, opt_state, batch, rng, hparams):
+  def update(params, opt_state, batch, rng, hparams, frozen=None):
     z_loss = hparams["z_loss"]
     if accum == 1:
-      (_, sums), grads = grad_fn(params, batch, rng, z_loss)
+      (_, sums), grads = grad_fn(params, batch, rng, z_loss, frozen)
     else:
       micro = jax.tree_util.tree_map(
           lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch
@@ -110,7 +104,7 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
 
       def body(carry, xs):
         i, mb = xs
-        (_, s), g = grad_fn(params, mb, jax.random.fold_in(rng, i), z_loss)
+        (_, s), g = grad_fn(params, mb, jax.random.fold_in(rng, i), z_loss, frozen)
         if grad_shardings is not None:
           g = jax.lax.with_sharding_constraint(g, grad_shardings)
         return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
@@ -118,7 +112,7 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
       first = jax.tree_util.tree_map(lambda x: x[0], micro)
       zero_sums = jax.tree_util.tree_map(
           lambda s: jnp.zeros(s.shape, s.dtype),
-          jax.eval_shape(grad_fn, params, first, rng, z_loss)[0][1],
+          jax.eval_shape(grad_fn, params, first, rng, z_loss, frozen)[0][1],
       )
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), zero_sums)
       (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
@@ -126,14 +120,8 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
     grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
     updates, opt_state = optimizer(hparams).update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics = {
-        "loss": sums["loss"] / weight,
-        "nll": sums["nll"] / weight,
-        "accuracy": sums["correct"] / weight,
-        "grad_norm": optax.tree_utils.tree_norm(grads),
-    }
-    if not (isinstance(z_loss, (int, float)) and z_loss == 0):
-      metrics["log_z_squared"] = sums["z_loss"] / weight
+    metrics = task.metrics(sums, weight)
+    metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
     if "aux" in sums:
       metrics["moe_aux_loss"] = sums["aux"] / weight
       metrics["moe_router_z_loss"] = sums["router_z"] / weight
@@ -144,6 +132,26 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
     return params, opt_state, metrics
 
   return update
+
+
+class WithFrozen:
+  """A jitted step(state, batch, frozen) called as step(state, batch): the Task's frozen arrays
+  (Task.frozen_runs) are passed on every call, arguments like the state (sharded, never constants
+  baked into the program). `lower` lowers it the same way."""
+
+  def __init__(self, jitted, frozen):
+    self.jitted, self.frozen = jitted, frozen
+
+  def __call__(self, *args):
+    return self.jitted(*args, self.frozen)
+
+  def lower(self, *args):
+    return self.jitted.lower(*args, self.frozen)
+
+
+def frozen_shardings(frozen):
+  """The shardings of the Task's frozen arrays, as placed (Task.frozen_runs)."""
+  return jax.tree_util.tree_map(lambda a: a.sharding, frozen)
 
 
 def in_mesh(fn, mesh, rule_table):
@@ -157,52 +165,60 @@ def in_mesh(fn, mesh, rule_table):
   return wrapped
 
 
-def make_train_step(task, model_cfg, config, tx, schedule, mesh, rule_table, shardings):
+def make_train_step(
+    task, model_cfg, config, tx, schedule, mesh, rule_table, shardings, frozen=None
+):
   """jit(step)(state, batch) -> (state, metrics): the update body with the config's own
-  hyperparameters; the state is donated."""
+  hyperparameters; the state is donated. With the Task's `frozen` arrays (Task.frozen_runs) the
+  jitted step takes them as a third argument, passed on each call (WithFrozen)."""
   update = make_update(task, model_cfg, config, lambda _: tx, shardings.params)
   hparams = optim.config_hparams(config)
 
-  def step(state, batch):
+  def step(state, batch, *frozen_arg):
     rng = jax.random.fold_in(state.rng, state.step)
-    params, opt_state, metrics = update(state.params, state.opt_state, batch, rng, hparams)
+    params, opt_state, metrics = update(
+        state.params, state.opt_state, batch, rng, hparams, *frozen_arg
+    )
     metrics["lr"] = schedule(state.step)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  return jax.jit(
+  in_shardings = (shardings, parallel.batch_sharding(mesh))
+  if frozen is not None:
+    in_shardings += (frozen_shardings(frozen),)
+  jitted = jax.jit(
       in_mesh(step, mesh, rule_table),
-      in_shardings=(shardings, parallel.batch_sharding(mesh)),
+      in_shardings=in_shardings,
       out_shardings=(shardings, parallel.replicated(mesh)),
       donate_argnums=0,
   )
+  return jitted if frozen is None else WithFrozen(jitted, frozen)
 
 
 def make_evaluate(task, model_cfg):
-  """The pure eval body both drivers share: evaluate(params, batch) -> (sums, intermediates):
-  the loss sums of tasks.cross_entropy plus the sum of each position's mean output logit and
-  the largest one, and what the model sowed (residual RMS, attention logits, MoE drops)."""
+  """The pure eval body both drivers share: evaluate(params, batch[, frozen]) ->
+  (sums, intermediates): the Task's held-out sums (Task.loss with train=False) and what the
+  model sowed (residual RMS, attention logits, MoE drops)."""
   model = build_model(model_cfg)
 
-  def evaluate(params, batch):
-    (logits, targets, weights), state = task.outputs(
-        model, {"params": params}, batch, {}, ["intermediates"]
-    )
-    sums = cross_entropy(logits, targets, weights, num_classes=real_classes(logits, model_cfg))
-    real = logits[..., : model_cfg.vocab_size].astype(jnp.float32)
-    sums["logit_sum"] = jnp.sum(jnp.mean(real, axis=-1) * weights.astype(jnp.float32))
-    sums["logit_max"] = jnp.max(real)
-    return sums, state["intermediates"]
+  def evaluate(params, batch, frozen=None):
+    variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
+    outputs, state = task.outputs(model, variables, batch, {}, ["intermediates"])
+    return task.loss(outputs, batch, model_cfg, None, train=False), state["intermediates"]
 
   return evaluate
 
 
-def make_eval_step(task, model_cfg, mesh, rule_table, shardings):
+def make_eval_step(task, model_cfg, mesh, rule_table, shardings, frozen=None):
   """jit(evaluate)(params, batch) -> (sums, intermediates) of one model."""
-  return jax.jit(
+  in_shardings = (shardings.params, parallel.batch_sharding(mesh))
+  if frozen is not None:
+    in_shardings += (frozen_shardings(frozen),)
+  jitted = jax.jit(
       in_mesh(make_evaluate(task, model_cfg), mesh, rule_table),
-      in_shardings=(shardings.params, parallel.batch_sharding(mesh)),
+      in_shardings=in_shardings,
       out_shardings=parallel.replicated(mesh),
   )
+  return jitted if frozen is None else WithFrozen(jitted, frozen)
 
 
 def residual_rms(intermediates) -> dict[str, list[float]]:
