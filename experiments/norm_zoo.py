@@ -15,16 +15,12 @@ evaluated every 100 steps so that steps-to-a-loss (ReZero's claim) can be read f
 accelerator. docs/norm_zoo.md says what each scheme is and what the study reads from it.
 """
 
-import importlib.util
 import pathlib
 
 from transformers_jax.modules.placements import PLACEMENTS
+from transformers_jax.scripting import sweeps
 
-_spec = importlib.util.spec_from_file_location(
-    "deep_postnorm", pathlib.Path(__file__).with_name("deep_postnorm.py")
-)
-_deep_postnorm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_deep_postnorm)
+_deep_postnorm = sweeps.load_sweep(pathlib.Path(__file__).with_name("deep_postnorm.py"), ("BASE",))
 
 BASE = "gpt2.py:tiny"
 

@@ -14,14 +14,11 @@ members, 600 steps. The translation half is experiments/norm_zoo_deepnet_transla
 (18+18 blocks, the paper's encoder-decoder constants).
 """
 
-import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "norm_zoo", pathlib.Path(__file__).with_name("norm_zoo.py")
-)
-_zoo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_zoo)
+from transformers_jax.scripting import sweeps
+
+_zoo = sweeps.load_sweep(pathlib.Path(__file__).with_name("norm_zoo.py"), ("BASE",))
 
 BASE = _zoo.BASE
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)

@@ -11,14 +11,11 @@ blocks per stack, where DeepNet's encoder-decoder constants apply (encoder alpha
 x 2 seeds = 6 members.
 """
 
-import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "norm_zoo_translation", pathlib.Path(__file__).with_name("norm_zoo_translation.py")
-)
-_zoo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_zoo)
+from transformers_jax.scripting import sweeps
+
+_zoo = sweeps.load_sweep(pathlib.Path(__file__).with_name("norm_zoo_translation.py"), ("BASE",))
 
 BASE = _zoo.BASE
 LEARNING_RATES = (3e-3, 1e-2, 3e-2)

@@ -17,14 +17,11 @@ Their checkpoints are kept for scripts/block_contribution.py; `residual_rms` per
 populations.jsonl.
 """
 
-import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "norm_zoo", pathlib.Path(__file__).with_name("norm_zoo.py")
-)
-_zoo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_zoo)
+from transformers_jax.scripting import sweeps
+
+_zoo = sweeps.load_sweep(pathlib.Path(__file__).with_name("norm_zoo.py"), ("BASE",))
 
 BASE = _zoo.BASE
 LEARNING_RATE = 1e-2

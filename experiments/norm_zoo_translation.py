@@ -13,19 +13,14 @@ over its 4 CPU-hour budget). Both stacks of the encoder-decoder (and its cross-a
 scheme, with the encoder-decoder constants where the paper gives them (DeepNet, Sub-LN).
 """
 
-import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "deep_postnorm_translation", pathlib.Path(__file__).with_name("deep_postnorm_translation.py")
+from transformers_jax.scripting import sweeps
+
+_translation = sweeps.load_sweep(
+    pathlib.Path(__file__).with_name("deep_postnorm_translation.py"), ("BASE",)
 )
-_translation = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_translation)
-_lm = importlib.util.spec_from_file_location(
-    "norm_zoo", pathlib.Path(__file__).with_name("norm_zoo.py")
-)
-_zoo = importlib.util.module_from_spec(_lm)
-_lm.loader.exec_module(_zoo)
+_zoo = sweeps.load_sweep(pathlib.Path(__file__).with_name("norm_zoo.py"), ("BASE",))
 
 BASE = _translation.BASE
 LEARNING_RATES = (3e-3, 1e-2, 3e-2)

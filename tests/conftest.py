@@ -62,6 +62,18 @@ def run_worker(script: str, spec=None, devices: int | None = None):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def load_script(name: str):
+  """scripts/<name>.py as a module, registered in sys.modules (dataclasses defined in a script
+  look their module up there)."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
 def param_digest(tree) -> str:
   """SHA-256 over every leaf of a parameter tree: its path, dtype, shape and bytes (equal
   digests: the same parameters, bit for bit, wherever they were loaded)."""

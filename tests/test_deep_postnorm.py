@@ -2,25 +2,17 @@
 a tiny translation model, and the sweep files' grids (every override a real config field)."""
 
 import ast
-import importlib.util
 import math
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.tasks import task_data, task_for
 
-
-def script(name):
-  spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
-  return module
+script = load_script
 
 
 @pytest.fixture(scope="module")

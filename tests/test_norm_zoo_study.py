@@ -1,26 +1,18 @@
 """The norm zoo study's probes and report (scripts/block_contribution.py, amplification.py,
 norm_zoo_report.py): what they measure is what their docstrings say."""
 
-import importlib.util
 import math
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from conftest import ROOT
+from conftest import load_script
 from transformers_jax import models
 from transformers_jax.config import ModelConfig
 
-
-def script(name):
-  spec = importlib.util.spec_from_file_location(f"zoo_{name}", ROOT / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
-  return module
+script = load_script
 
 
 def test_a_skipped_pre_ln_block_is_the_identity_and_costs_nothing():
