@@ -221,6 +221,7 @@ def write_table(records, out: pathlib.Path) -> None:
           for m in mem
           if m["learning_rate"] == top and m.get("attention_logit_max") and not m.get("diverged")
       ]
+      logits = [x for x in logits if x is not None]  # a model without a decoder stack (ViT)
       logit = f"{sum(logits) / len(logits):.1f}" if logits else "-"
       rows.append(
           f"| {r['depth']} | {r['placement']} | {'on' if r['qk_norm'] else 'off'} | {warmup} | "
@@ -293,7 +294,7 @@ def plot(records, out: pathlib.Path) -> None:
           for m in r["members"]
           if m["learning_rate"] == top and m["warmup_steps"] == warmup and not m.get("diverged")
       ]
-      if not mem:
+      if not mem or None in mem[0]["attention_logit_max"]:  # no decoder stack (ViT)
         continue
       steps = mem[0]["eval_steps"]
       mean = [sum(m["attention_logit_max"][i] for m in mem) / len(mem) for i in range(len(steps))]
