@@ -110,10 +110,10 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
         return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
 
       first = jax.tree_util.tree_map(lambda x: x[0], micro)
-      zero_sums = jax.tree_util.tree_map(
-          lambda s: jnp.zeros(s.shape, s.dtype),
-          jax.eval_shape(grad_fn, params, first, rng, z_loss, frozen)[0][1],
-      )
+      # z_loss stays as given (a Python 0.0 drops "z_loss" from the sums; eval_shape would make
+      # it abstract and keep it), so the zeros have the sums' own keys
+      shapes = jax.eval_shape(lambda p, b, r: grad_fn(p, b, r, z_loss, frozen), params, first, rng)
+      zero_sums = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0][1])
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), zero_sums)
       (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
     weight = jnp.maximum(sums["weight"], 1.0)
