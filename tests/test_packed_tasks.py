@@ -179,7 +179,12 @@ def test_each_task_builds_just_the_rows_asked_for(experiment, tmp_path):
       "seq2seq packed": _seq2seq_config(experiment, packing=True),
       "seq2seq tsv packed": _seq2seq_config(experiment, packing=True),
       "classify_text bundled": experiment("bert", "tiny"),
+      "span_corruption": experiment("transformer", "tiny"),
+      "distill": experiment("gpt2", "tiny"),  # the student's own LM rows; no teacher is read
   }
+  configs["span_corruption"].task = "span_corruption"
+  configs["span_corruption"].model.vocab_size = 288  # room for the sentinels
+  configs["distill"].task = "distill"
   pairs = tmp_path / "pairs.tsv"
   pairs.write_text("".join(f"{n}\t{'x' * (n % 9 + 1)}\n" for n in range(60)))
   configs["seq2seq tsv packed"].data.path = str(pairs)
@@ -188,7 +193,7 @@ def test_each_task_builds_just_the_rows_asked_for(experiment, tmp_path):
   for name, config in configs.items():
     config.batch_size, config.eval_batches, config.data.max_bytes = 4, 1, 200_000
     model_cfg = ModelConfig.from_dict(config.model)
-    task = task_for(model_cfg)
+    task = task_for(model_cfg, config)
     seen.add(task.name)
     data = task_data(task, config, model_cfg, tmp_path / name.replace(" ", "_"))
     assert data.train_rows is not None, name
