@@ -58,6 +58,39 @@ def test_packed_span_rows_corrupt_each_document_on_its_own():
   assert examples == [list(range(1, 21)), list(range(21, 36)), list(range(36, 46))]
 
 
+def test_span_corruption_streams_and_packs_a_users_corpus(experiment, tmp_path):
+  """A JSONL corpus through the token cache, whole documents packed in rows: every packed source
+  segment, its spans put back from its target segment, is a piece of one document's text."""
+  texts = [f"text {i}: " + "a word " * (i % 4) for i in range(300)]
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"text": x}) + "\n" for x in texts))
+  config = experiment("transformer", "tiny")
+  config.task = "span_corruption"
+  config.update_from_flattened_dict(
+      {"model.vocab_size": 400, "data.path": str(corpus), "data.packing": True, "batch_size": 4}
+  )
+  model_cfg = ModelConfig.from_dict(config.model)
+  task = task_for(model_cfg, config)
+  data = task_data(task, config, model_cfg, tmp_path / "run")
+  declared = {k: (s, np.dtype(d)) for k, (s, d) in task.batch_shapes(model_cfg, config).items()}
+  eos, pieces = data.tokenizer.eos_id, 0
+  for batch in (data.train_batch(0), data.train_batch(5), data.eval_batches[0]):
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == declared
+    for r in range(batch["src"].shape[0]):
+      for s in set(batch["src_segments"][r].tolist()) - {0}:
+        src = batch["src"][r][batch["src_segments"][r] == s].tolist()
+        tgt = batch["tgt_out"][r][batch["tgt_segments"][r] == s].tolist()
+        assert src[-1] == tgt[-1] == eos
+        ids = restored(src[:-1], tgt[:-1], top=399)
+        if ids[-1] == eos:  # a piece that ends its document keeps the cache's end-of-document id
+          ids = ids[:-1]
+        text = bytes(ids).decode()
+        assert any(text in x for x in texts), text
+        pieces += 1
+  assert pieces > 12  # several documents to a row
+  np.testing.assert_array_equal(data.train_batch(5)["src"], data.train_batch(5)["src"])
+
+
 def test_span_corruption_pretrains_the_encoder_decoder_on_the_corpus(experiment, tmp_path):
   config = experiment("transformer", "tiny")
   config.task = "span_corruption"
