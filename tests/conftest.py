@@ -136,3 +136,50 @@ COSTLIEST_FIRST = (
 def pytest_collection_modifyitems(session, config, items):
   rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
+# Per-test CPU accounting, on when TEST_CPU_RECORD names a file: each test (its setup, call and
+# teardown, so a module fixture counts toward the first test that uses it) appends one JSON line
+# with its wall seconds, the CPU seconds of the process that ran it (`own`: tracing, compiling and
+# running in the pytest worker) and of the subprocesses it waited for (`children`: command lines,
+# multi-device and multi-process workers), and how many processes it started.
+# scripts/test_cost_report.py sums the lines by file and by test.
+_CPU_RECORD = os.environ.get("TEST_CPU_RECORD")
+if _CPU_RECORD:
+  import json
+  import resource
+  import subprocess
+  import time
+
+  _spawned = [0]
+  _popen_init = subprocess.Popen.__init__
+
+  def _counting_popen_init(self, *args, **kwargs):
+    _spawned[0] += 1
+    _popen_init(self, *args, **kwargs)
+
+  subprocess.Popen.__init__ = _counting_popen_init
+
+  def _cpu(who):
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    start = (time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN))
+    spawned = _spawned[0]
+    yield
+    wall, own, children = (
+        time.perf_counter() - start[0],
+        _cpu(resource.RUSAGE_SELF) - start[1],
+        _cpu(resource.RUSAGE_CHILDREN) - start[2],
+    )
+    line = {
+        "test": item.nodeid,
+        "wall_s": round(wall, 3),
+        "own_cpu_s": round(own, 3),
+        "children_cpu_s": round(children, 3),
+        "processes": _spawned[0] - spawned,
+    }
+    with open(_CPU_RECORD, "a") as f:
+      f.write(json.dumps(line) + "\n")

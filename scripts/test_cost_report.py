@@ -1,0 +1,72 @@
+"""What the test suite spends its CPU on, by file and by test, from a recorded run.
+
+    TEST_CPU_RECORD=/tmp/cost.jsonl python -m pytest
+    python scripts/test_cost_report.py /tmp/cost.jsonl [--top 40] [--json]
+
+tests/conftest.py appends one line per test when TEST_CPU_RECORD names a file: wall seconds,
+the CPU seconds of the pytest process that ran it (`own`: tracing, compiling and running) and of
+the subprocesses it waited for (`children`), and how many processes it started. This prints a
+markdown table of files, costliest first, and the costliest tests (or the same as JSON with
+--json). CPU seconds compare across runs on a busy machine better than wall seconds do, though a
+machine with more runnable processes than cores still inflates them.
+"""
+
+import argparse
+import collections
+import json
+import pathlib
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("record", type=pathlib.Path, help="the TEST_CPU_RECORD file")
+  parser.add_argument("--top", type=int, default=40, help="how many single tests to list")
+  parser.add_argument("--json", action="store_true", help="print JSON, not markdown")
+  args = parser.parse_args()
+  rows = [json.loads(line) for line in args.record.read_text().splitlines() if line.strip()]
+  by_file = collections.defaultdict(lambda: collections.Counter())
+  for r in rows:
+    f = by_file[r["test"].split("::")[0]]
+    f["tests"] += 1
+    for key in ("wall_s", "own_cpu_s", "children_cpu_s", "processes"):
+      f[key] += r[key]
+  cpu = lambda r: r["own_cpu_s"] + r["children_cpu_s"]  # noqa: E731
+  files = sorted(by_file.items(), key=lambda kv: -cpu(kv[1]))
+  tests = sorted(rows, key=lambda r: -cpu(r))[: args.top]
+  total = {k: sum(f[k] for _, f in files) for k in ("own_cpu_s", "children_cpu_s", "processes")}
+  if args.json:
+    print(
+        json.dumps(
+            {
+                "tests": len(rows),
+                "total": total,
+                "files": {name: dict(f) for name, f in files},
+                "costliest_tests": tests,
+            },
+            indent=1,
+        )
+    )
+    return
+  print(
+      f"{len(rows)} tests: {total['own_cpu_s'] + total['children_cpu_s']:.0f} CPU-s "
+      f"({total['own_cpu_s']:.0f} in pytest, {total['children_cpu_s']:.0f} in "
+      f"{total['processes']} subprocesses)\n"
+  )
+  print("| file | tests | CPU-s | in pytest | in subprocesses | processes |")
+  print("|---|---|---|---|---|---|")
+  for name, f in files:
+    print(
+        f"| {name} | {f['tests']} | {cpu(f):.1f} | {f['own_cpu_s']:.1f} | "
+        f"{f['children_cpu_s']:.1f} | {f['processes']} |"
+    )
+  print("\n| test | CPU-s | in pytest | in subprocesses | processes |")
+  print("|---|---|---|---|---|")
+  for r in tests:
+    print(
+        f"| {r['test']} | {cpu(r):.1f} | {r['own_cpu_s']:.1f} | {r['children_cpu_s']:.1f} | "
+        f"{r['processes']} |"
+    )
+
+
+if __name__ == "__main__":
+  main()
