@@ -5,8 +5,9 @@
 Reads what the study's commands (docs/norm_zoo.md) wrote under OUT: lm/ and translation/
 (experiments/norm_zoo.py, norm_zoo_translation.py), deepnet_lm/ and deepnet_translation/
 (norm_zoo_deepnet*.py), depth_use/ (norm_zoo_depth_use.py with its contribution.jsonl from
-scripts/block_contribution.py), dyt_vit/ (norm_zoo_dyt_vit.py) and amplification/
-(scripts/amplification.py); whatever is missing is left out. Writes
+scripts/block_contribution.py), dyt_vit/ (norm_zoo_dyt_vit.py), init_scale/
+(norm_zoo_init_scale.py) and amplification/ (scripts/amplification.py); whatever is missing is
+left out. Writes
 
   table.md   every scheme on the LM (depth 12) and translation (12+12), per warmup: best peak
              rate, its seed-mean final loss with the min-max over seeds, the trainable range,
@@ -205,6 +206,18 @@ def dyt(lm: dict, out: pathlib.Path) -> list[str]:
   return lines
 
 
+def init_scale(out: pathlib.Path) -> list[str]:
+  """Admin, DyT and pre-LN rerun at init std 0.25 (experiments/norm_zoo_init_scale.py)."""
+  lines = []
+  for r in records_of(out / "init_scale").values():
+    at, values = best_config(r)
+    lines.append(
+        f"| Admin, DyT (init) | {r['name']} | best loss {band(values)} at LR {at[0]:g}, "
+        f"warmup {at[1]} |"
+    )
+  return lines
+
+
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
@@ -222,6 +235,7 @@ def main(argv=None) -> int:
   report.write_table(zoo, out, FLAGS.margin, title=title, heading="Norm zoo")
   report.write_bleu(zoo, out, heading="Norm zoo")
   rows = deepnet(out) + admin(out) + rezero(lm) + depth_use(out) + peri_ln(lm) + dyt(lm, out)
+  rows += init_scale(out)
   (out / "claims.md").write_text(
       "# Norm zoo: the figures each paper's claim is read from\n\n"
       "| paper | run | measured |\n|---|---|---|\n"
