@@ -11,19 +11,28 @@ markdown table of files, costliest first, and the costliest tests (or the same a
 machine with more runnable processes than cores still inflates them.
 """
 
-import argparse
 import collections
 import json
 import pathlib
 
+from absl import flags
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("record", type=pathlib.Path, help="the TEST_CPU_RECORD file")
-  parser.add_argument("--top", type=int, default=40, help="how many single tests to list")
-  parser.add_argument("--json", action="store_true", help="print JSON, not markdown")
-  args = parser.parse_args()
-  rows = [json.loads(line) for line in args.record.read_text().splitlines() if line.strip()]
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_integer("top", 40, "How many single tests to list.", flag_values=FLAGS)
+flags.DEFINE_bool("json", False, "Print JSON, not markdown.", flag_values=FLAGS)
+
+
+def main(argv=None) -> int:
+  positional = cli.parse_script_flags(FLAGS, argv)
+  if len(positional) != 1:
+    raise UserError("give the TEST_CPU_RECORD file: python scripts/test_cost_report.py FILE")
+  record = pathlib.Path(positional[0])
+  if not record.is_file():
+    raise UserError(f"{record}: no such file; run the suite with TEST_CPU_RECORD={record} first")
+  rows = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
   by_file = collections.defaultdict(lambda: collections.Counter())
   for r in rows:
     f = by_file[r["test"].split("::")[0]]
@@ -32,9 +41,9 @@ def main():
       f[key] += r[key]
   cpu = lambda r: r["own_cpu_s"] + r["children_cpu_s"]  # noqa: E731
   files = sorted(by_file.items(), key=lambda kv: -cpu(kv[1]))
-  tests = sorted(rows, key=lambda r: -cpu(r))[: args.top]
+  tests = sorted(rows, key=lambda r: -cpu(r))[: FLAGS.top]
   total = {k: sum(f[k] for _, f in files) for k in ("own_cpu_s", "children_cpu_s", "processes")}
-  if args.json:
+  if FLAGS.json:
     print(
         json.dumps(
             {
@@ -46,7 +55,7 @@ def main():
             indent=1,
         )
     )
-    return
+    return 0
   print(
       f"{len(rows)} tests: {total['own_cpu_s'] + total['children_cpu_s']:.0f} CPU-s "
       f"({total['own_cpu_s']:.0f} in pytest, {total['children_cpu_s']:.0f} in "
@@ -67,6 +76,8 @@ def main():
         f"{r['processes']} |"
     )
 
+  return 0
+
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)
