@@ -119,17 +119,18 @@ COSTLIEST_FIRST = (
     "test_parallel.py",
     "test_scale.py",
     "test_population.py",
-    "test_checkpoint_meshes.py",
-    "test_norm_zoo.py",
-    "test_model.py",
     "test_pods.py",
     "test_slurm.py",
-    "test_context.py",
+    "test_norm_zoo.py",
+    "test_model.py",
     "test_decode.py",
+    "test_checkpoint_meshes.py",
+    "test_counting.py",
     "test_moe.py",
+    "test_data_pipeline.py",
     "test_attention_impls.py",
     "test_experiments.py",
-    "test_data_pipeline.py",
+    "test_context.py",
 )
 
 
