@@ -20,7 +20,6 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
 from transformers_jax.modules.masks import AttentionMask
@@ -77,7 +76,17 @@ def _segment_ids(mask, B: int, T: int, S: int, Tp: int, Sp: int):
   return q_ids, kv_ids
 
 
+def _splash_module():
+  """jax's splash attention kernels, imported on first use: importing Pallas's TPU kernels
+  costs every process that never attends by splash (most, and every CPU run) about half a
+  second of start-up."""
+  from jax.experimental.pallas.ops.tpu import splash_attention
+
+  return splash_attention
+
+
 def _kernel(heads: int, kv_heads: int, Tp: int, Sp: int, causal: bool, bq: int, bk: int, interpret):
+  sa = _splash_module()
   shape = (Tp, Sp)
   mask = sa.MultiHeadMask([sa.CausalMask(shape) if causal else sa.FullMask(shape)] * heads)
   blocks = sa.BlockSizes(
@@ -122,7 +131,7 @@ def splash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, bloc
       kh, vh = kh[:, 0], vh[:, 0]
     if ids is None:
       return jax.vmap(kernel)(qh, kh, vh)
-    segments = sa.SegmentIds(q=ids[0], kv=ids[1])
+    segments = _splash_module().SegmentIds(q=ids[0], kv=ids[1])
     return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(qh, kh, vh, segments)
 
   args = (qh, kh, vh) if ids is None else (qh, kh, vh, ids)
