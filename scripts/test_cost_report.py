@@ -5,7 +5,8 @@
 
 tests/conftest.py appends one line per test when TEST_CPU_RECORD names a file: wall seconds,
 the CPU seconds of the pytest process that ran it (`own`: tracing, compiling and running) and of
-the subprocesses it waited for (`children`), and how many processes it started. This prints a
+the subprocesses it waited for (`children`), how many processes it started, and how many XLA
+compilations the pytest process ran (with their compile and trace seconds). This prints a
 markdown table of files, costliest first, and the costliest tests (or the same as JSON with
 --json). CPU seconds compare across runs on a busy machine better than wall seconds do, though a
 machine with more runnable processes than cores still inflates them.
@@ -21,6 +22,9 @@ from transformers_jax import cli
 from transformers_jax.errors import UserError
 
 FLAGS = cli.ScriptFlags(__doc__)
+# what each line of the record holds besides the test's name (records made before the compile
+# counts were added lack the last three: they count 0)
+KEYS = ("wall_s", "own_cpu_s", "children_cpu_s", "processes", "compiles", "compile_s", "trace_s")
 flags.DEFINE_integer("top", 40, "How many single tests to list.", flag_values=FLAGS)
 flags.DEFINE_bool("json", False, "Print JSON, not markdown.", flag_values=FLAGS)
 
@@ -37,12 +41,12 @@ def main(argv=None) -> int:
   for r in rows:
     f = by_file[r["test"].split("::")[0]]
     f["tests"] += 1
-    for key in ("wall_s", "own_cpu_s", "children_cpu_s", "processes"):
-      f[key] += r[key]
+    for key in KEYS:
+      f[key] += r.get(key, 0)
   cpu = lambda r: r["own_cpu_s"] + r["children_cpu_s"]  # noqa: E731
   files = sorted(by_file.items(), key=lambda kv: -cpu(kv[1]))
   tests = sorted(rows, key=lambda r: -cpu(r))[: FLAGS.top]
-  total = {k: sum(f[k] for _, f in files) for k in ("own_cpu_s", "children_cpu_s", "processes")}
+  total = {k: sum(f[k] for _, f in files) for k in KEYS}
   if FLAGS.json:
     print(
         json.dumps(
@@ -59,21 +63,23 @@ def main(argv=None) -> int:
   print(
       f"{len(rows)} tests: {total['own_cpu_s'] + total['children_cpu_s']:.0f} CPU-s "
       f"({total['own_cpu_s']:.0f} in pytest, {total['children_cpu_s']:.0f} in "
-      f"{total['processes']} subprocesses)\n"
+      f"{total['processes']} subprocesses); {total['compiles']} XLA compilations in pytest "
+      f"({total['compile_s']:.0f} s compiling, {total['trace_s']:.0f} s tracing)\n"
   )
-  print("| file | tests | CPU-s | in pytest | in subprocesses | processes |")
-  print("|---|---|---|---|---|---|")
+  head = "| CPU-s | in pytest | in subprocesses | processes | compilations in pytest |"
+  print("| file | tests " + head)
+  print("|---" * 7 + "|")
   for name, f in files:
     print(
         f"| {name} | {f['tests']} | {cpu(f):.1f} | {f['own_cpu_s']:.1f} | "
-        f"{f['children_cpu_s']:.1f} | {f['processes']} |"
+        f"{f['children_cpu_s']:.1f} | {f['processes']} | {f['compiles']} |"
     )
-  print("\n| test | CPU-s | in pytest | in subprocesses | processes |")
-  print("|---|---|---|---|---|")
+  print("\n| test " + head)
+  print("|---" * 6 + "|")
   for r in tests:
     print(
         f"| {r['test']} | {cpu(r):.1f} | {r['own_cpu_s']:.1f} | {r['children_cpu_s']:.1f} | "
-        f"{r['processes']} |"
+        f"{r['processes']} | {r.get('compiles', 0)} |"
     )
 
   return 0

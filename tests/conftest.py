@@ -143,8 +143,10 @@ def pytest_collection_modifyitems(session, config, items):
 # teardown, so a module fixture counts toward the first test that uses it) appends one JSON line
 # with its wall seconds, the CPU seconds of the process that ran it (`own`: tracing, compiling and
 # running in the pytest worker) and of the subprocesses it waited for (`children`: command lines,
-# multi-device and multi-process workers), and how many processes it started.
-# scripts/test_cost_report.py sums the lines by file and by test.
+# multi-device and multi-process workers), how many processes it started, and how many XLA
+# compilations the pytest worker ran for it (a count that does not depend on the machine's load,
+# unlike the seconds) with their seconds and those of tracing. scripts/test_cost_report.py sums
+# the lines by file and by test.
 _CPU_RECORD = os.environ.get("TEST_CPU_RECORD")
 if _CPU_RECORD:
   import json
@@ -161,6 +163,17 @@ if _CPU_RECORD:
 
   subprocess.Popen.__init__ = _counting_popen_init
 
+  _jax_events = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0}
+
+  def _on_jax_event(event, seconds, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      _jax_events["compiles"] += 1
+      _jax_events["compile_s"] += seconds
+    elif event == "/jax/core/compile/jaxpr_trace_duration":
+      _jax_events["trace_s"] += seconds
+
+  jax.monitoring.register_event_duration_secs_listener(_on_jax_event)
+
   def _cpu(who):
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -168,7 +181,7 @@ if _CPU_RECORD:
   @pytest.hookimpl(hookwrapper=True)
   def pytest_runtest_protocol(item, nextitem):
     start = (time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN))
-    spawned = _spawned[0]
+    spawned, events = _spawned[0], dict(_jax_events)
     yield
     wall, own, children = (
         time.perf_counter() - start[0],
@@ -181,6 +194,9 @@ if _CPU_RECORD:
         "own_cpu_s": round(own, 3),
         "children_cpu_s": round(children, 3),
         "processes": _spawned[0] - spawned,
+        "compiles": _jax_events["compiles"] - events["compiles"],
+        "compile_s": round(_jax_events["compile_s"] - events["compile_s"], 3),
+        "trace_s": round(_jax_events["trace_s"] - events["trace_s"], 3),
     }
     with open(_CPU_RECORD, "a") as f:
       f.write(json.dumps(line) + "\n")
