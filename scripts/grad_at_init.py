@@ -251,10 +251,14 @@ def write_table(records, out: pathlib.Path) -> None:
           cells.append("-")
           continue
         last = [run[-1] for run in runs]
-        ratio = sum(run[-1] / run[0] for run in runs) / len(runs)
         mean = sum(last) / len(last)
-        lasts.append((d, mean))
-        cells.append(f"{mean:.3g} ({min(last):.3g}-{max(last):.3g}), {ratio:.2g}")
+        if any(run[0] == 0 for run in runs):  # a branch gated shut at init (ReZero's alpha = 0)
+          ratio = "-"
+        else:
+          ratio = f"{sum(run[-1] / run[0] for run in runs) / len(runs):.2g}"
+        if mean > 0:
+          lasts.append((d, mean))
+        cells.append(f"{mean:.3g} ({min(last):.3g}-{max(last):.3g}), {ratio}")
       slope = f"{depth_exponent(*zip(*lasts)):+.2f}" if len(lasts) > 1 else "-"
       rows.append(f"| {task} | {stack} | {p} | " + " | ".join(cells) + f" | {slope} |")
   seeds = len({r["seed"] for r in records})
@@ -274,7 +278,9 @@ def write_table(records, out: pathlib.Path) -> None:
       f"{seeds} seeds); `last/first` = its ratio to the first block's, seed mean; exponent a = "
       "least-squares slope of log(last) against log(depth). Xiong et al. 2020 predict a = 0 "
       "for post-norm (the last block's gradient does not shrink with depth) and a = -1/2 for "
-      "pre-norm, and post-norm's gradient growing towards the output (last/first > 1). "
+      "pre-norm, and post-norm's gradient growing towards the output (last/first > 1). A "
+      "gradient of 0 is a branch whose output is multiplied by a gain that starts at 0 (ReZero): "
+      "its ratio is '-', and it is left out of the exponent. "
       f"Models ({models}): the sweeps' own, layers scanned, dropout off.\n"
   )
   (out / "table.md").write_text(text)
