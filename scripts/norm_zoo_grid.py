@@ -39,7 +39,10 @@ flags.DEFINE_list(
 flags.DEFINE_integer("steps", 5, "SGD steps per cell.", flag_values=FLAGS)
 
 
-def tiny_config(family: str, placement: str, scan: bool):
+def tiny_config(family: str, placement: str, scan: bool = False, **overrides):
+  """A tiny model of `family` with `placement` (2 blocks per stack, d_model 8, vocabulary 16;
+  a 4 x 4 one-channel image in 2 x 2 patches for the ViT), `overrides` on top (tests/ use it
+  too)."""
   from transformers_jax.config import ModelConfig
 
   fields = dict(
@@ -57,7 +60,7 @@ def tiny_config(family: str, placement: str, scan: bool):
     fields.update(image_size=4, patch_size=2, num_classes=3, num_channels=1)
   if family == "encoder":
     fields.update(head="mlm")
-  return ModelConfig(**fields)
+  return ModelConfig(**{**fields, **overrides})
 
 
 def loss_of(cfg):

@@ -8,12 +8,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import linen as nn
 
 from transformers_jax.models import counting
-from transformers_jax.config import FAMILIES, ModelConfig
+from transformers_jax.config import FAMILIES
 from transformers_jax.interop.common import UnsupportedConfig
 from transformers_jax.interop.hf_export import save_hf
 from transformers_jax.models import build_model, initializer
@@ -24,48 +23,16 @@ from transformers_jax.modules.feed_forward import FeedForward
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Placement
 
+from conftest import load_script
+
 BUILT = [name for name, p in placements_lib.PLACEMENTS.items() if not p.unavailable]
 KEY = jax.random.PRNGKey(0)
-TOKENS = jax.random.randint(KEY, (2, 5), 0, 16)
-IMAGES = jax.random.normal(KEY, (2, 4, 4, 1))
 X = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 8))  # one block's input [B, T, D]
 
-
-def tiny(family, placement, scan=False, **overrides):
-  fields = dict(
-      family=family,
-      num_layers=2,
-      d_model=8,
-      num_heads=2,
-      d_ff=16,
-      max_len=8,
-      vocab_size=16,
-      norm_placement=placement,
-      scan_layers=scan,
-  )
-  if family == "vit":
-    fields.update(image_size=4, patch_size=2, num_classes=3, num_channels=1)
-  if family == "encoder":
-    fields.update(head="mlm")
-  return ModelConfig(**{**fields, **overrides})
-
-
-def loss_fn(c):
-  model = build_model(c)
-
-  def loss(params):
-    if c.family == "vit":
-      logits, labels = model.apply({"params": params}, IMAGES)["logits"], jnp.array([0, 1])
-    elif c.family == "encoder_decoder":
-      logits = model.apply({"params": params}, TOKENS, TOKENS[:, :-1])["logits"]
-      labels = TOKENS[:, 1:]
-    elif c.family == "encoder":
-      logits, labels = model.apply({"params": params}, TOKENS)["logits"], TOKENS
-    else:
-      logits, labels = model.apply({"params": params}, TOKENS[:, :-1])["logits"], TOKENS[:, 1:]
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-  return loss
+# the tiny models and their loss are the grid script's (scripts/norm_zoo_grid.py runs every
+# placement x family x layout; these tests run a rotation of it)
+_grid = load_script("norm_zoo_grid")
+tiny, loss_fn = _grid.tiny_config, _grid.loss_of
 
 
 LAYOUTS = [(family, False) for family in FAMILIES] + [("decoder", True)]
