@@ -91,30 +91,41 @@ def loss_of(cfg):
   return loss
 
 
+def train_steps(cfg, steps: int, rate: float = 0.3) -> list[float]:
+  """The losses of `steps` plain SGD steps from the model's init (tests/ use it too). A scanned
+  stack starts from the same model's looped init, its blocks stacked: op by op, a looped init
+  is cheaper than compiling one, and a scanned init compiles every nn.scan."""
+  import jax
+  from flax import linen as nn
+
+  from transformers_jax.models import initializer
+  from transformers_jax.modules.block import loop_to_scan
+
+  params = nn.unbox(initializer(cfg.replace(scan_layers=False))(jax.random.PRNGKey(0)))
+  params = loop_to_scan(params) if cfg.scan_layers else params
+  step = jax.jit(jax.value_and_grad(loss_of(cfg)))
+  losses = []
+  for _ in range(steps):
+    loss, grads = step(params)
+    params = jax.tree_util.tree_map(lambda p, g: p - rate * g, params, grads)
+    losses.append(float(loss))
+  return losses
+
+
 def run_cell(family: str, placement: str, scan: bool, steps: int) -> dict:
   import jax
   import numpy as np
   from flax import linen as nn
 
   from transformers_jax.models import counting, initializer
-  from transformers_jax.modules.block import loop_to_scan
 
   cfg = tiny_config(family, placement, scan)
-  key = jax.random.PRNGKey(0)
-  shapes = nn.unbox(jax.eval_shape(initializer(cfg), key))
+  shapes = nn.unbox(jax.eval_shape(initializer(cfg), jax.random.PRNGKey(0)))
   model_count = sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(shapes))
   counts_match = counting.analytic_count(cfg) == model_count and counting.tree_breakdown(
       shapes, cfg
   ) == counting.analytic_breakdown(cfg)
-  # a scanned stack starts from the same model's looped init, its blocks stacked
-  params = nn.unbox(initializer(cfg.replace(scan_layers=False))(key))
-  params = loop_to_scan(params) if scan else params
-  step = jax.jit(jax.value_and_grad(loss_of(cfg)))
-  losses = []
-  for _ in range(steps):
-    loss, grads = step(params)
-    params = jax.tree_util.tree_map(lambda p, g: p - 0.3 * g, params, grads)
-    losses.append(float(loss))
+  losses = train_steps(cfg, steps)
   trains = bool(np.all(np.isfinite(losses))) and losses[-1] < losses[0]
   return {
       "placement": placement,

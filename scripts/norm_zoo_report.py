@@ -218,6 +218,21 @@ def init_scale(out: pathlib.Path) -> list[str]:
   return lines
 
 
+def cost(out: pathlib.Path) -> str:
+  """The training CPU time of every population under OUT, from its populations.jsonl line."""
+  folders = sorted(p.parent for p in out.glob("*/populations.jsonl"))
+  parts = []
+  for folder in folders:
+    records = records_of(folder).values()
+    parts.append((folder.name, len(records), sum(r["cpu_s"] for r in records) / 60))
+  total = sum(minutes for _, _, minutes in parts)
+  return (
+      f"Training CPU time: {total:.1f} CPU-min over {sum(n for _, n, _ in parts)} populations ("
+      + ", ".join(f"{name} {n}: {minutes:.1f}" for name, n, minutes in parts)
+      + "); the probes' time is not in it."
+  )
+
+
 def main(argv=None) -> int:
   cli.parse_script_flags(FLAGS, argv)
   if not FLAGS.out:
@@ -241,8 +256,9 @@ def main(argv=None) -> int:
       "| paper | run | measured |\n|---|---|---|\n"
       + "\n".join(rows)
       + "\n\nLosses are held-out nats per token, seed mean (min-max over seeds). Commands: "
-      "docs/norm_zoo.md; readings: README.md.\n"
+      "docs/norm_zoo.md; readings: README.md.\n\n" + cost(out) + "\n"
   )
+  print(cost(out))
   print(f"wrote {out}/table.md, bleu.md, claims.md", flush=True)
   return 0
 

@@ -12,13 +12,11 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.tasks import task_data, task_for
 
-script = load_script
-
 
 @pytest.fixture(scope="module")
 def probe_records(tmp_path_factory):
   """Depth 3 translation models (encoder and decoder), 2 seeds, pre and post, Xavier-like init."""
-  grad = script("grad_at_init")
+  grad = load_script("grad_at_init")
   data = tmp_path_factory.mktemp("data")
   return {p: grad.probe("translation", p, 3, 2, 0, 8, data, init_std=0.25) for p in ("pre", "post")}
 
@@ -61,7 +59,7 @@ def test_post_norm_gradient_grows_towards_the_output_and_exceeds_pre_norms(probe
 
 
 def test_depth_exponent_and_table(tmp_path, probe_records):
-  grad = script("grad_at_init")
+  grad = load_script("grad_at_init")
   assert grad.depth_exponent([6, 12, 24], [3 * d**-0.5 for d in (6, 12, 24)]) == pytest.approx(-0.5)
   records = [r for rs in probe_records.values() for r in rs]
   grad.write_table(records, tmp_path)
@@ -72,7 +70,7 @@ def test_depth_exponent_and_table(tmp_path, probe_records):
 
 
 def test_sweep_files_cover_the_issue_grid():
-  lr = script("lr_sensitivity")
+  lr = load_script("lr_sensitivity")
   for name, placements, depths, warmups, rates in (
       ("deep_postnorm", {"post", "pre", "sandwich"}, {12}, 3, 7),
       ("deep_postnorm_xavier", {"post", "pre", "sandwich"}, {12}, 3, 7),
@@ -93,7 +91,7 @@ def test_sweep_files_cover_the_issue_grid():
 
 
 def test_report_trainable_range_and_per_seed_counts():
-  report = script("deep_postnorm_report")
+  report = load_script("deep_postnorm_report")
   by_lr = {1e-3: [3.0, 3.2], 1e-2: [2.5, 2.6], 1e-1: [2.6, 3.5], 1.0: [5.5, 5.5]}
   # seed means 3.1, 2.55, 3.05, 5.5: only 1e-2 is within 0.1 of the best; within 0.6, three
   assert report.trainable_rates(by_lr, 0.1) == [1e-2]

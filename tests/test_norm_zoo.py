@@ -18,7 +18,7 @@ from transformers_jax.interop.hf_export import save_hf
 from transformers_jax.models import build_model, initializer
 from transformers_jax.modules import placements as placements_lib
 from transformers_jax.modules.attention import Attention
-from transformers_jax.modules.block import Block, loop_to_scan
+from transformers_jax.modules.block import Block
 from transformers_jax.modules.feed_forward import FeedForward
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Placement
@@ -60,18 +60,7 @@ def test_every_placement_trains_five_steps(placement):
   i = BUILT.index(placement)
   family, scan = FAMILIES[i % len(FAMILIES)], bool((i // len(FAMILIES)) % 2)
   c = tiny(family, placement, scan, num_layers=2 if scan else 1)
-  # Op by op, the init of looped blocks is cheaper than compiling it; the init of scanned ones
-  # compiles every nn.scan (about 7 of a scanned case's 11 to 13 CPU-s, measured), so a scanned
-  # stack starts from the same model's looped init, stacked (the layouts' parameters correspond
-  # one to one: test_model.py's test_scanned_equals_looped).
-  params = nn.unbox(initializer(c.replace(scan_layers=False))(KEY))
-  params = loop_to_scan(params) if scan else params
-  step = jax.jit(jax.value_and_grad(loss_fn(c)))
-  losses = []
-  for _ in range(5):
-    loss, grads = step(params)
-    params = jax.tree_util.tree_map(lambda p, g: p - 0.3 * g, params, grads)
-    losses.append(float(loss))
+  losses = _grid.train_steps(c, 5)
   assert np.all(np.isfinite(losses)), losses
   assert losses[-1] < losses[0], losses
 

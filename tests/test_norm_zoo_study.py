@@ -12,13 +12,11 @@ from conftest import load_script
 from transformers_jax import models
 from transformers_jax.config import ModelConfig
 
-script = load_script
-
 
 def test_a_skipped_pre_ln_block_is_the_identity_and_costs_nothing():
   """Block 1 of a 2-block pre-LN decoder with its output projections zeroed: the probe finds it
   turns the residual stream by no angle and skipping it changes no loss; block 0 does turn it."""
-  probe = script("block_contribution")
+  probe = load_script("block_contribution")
   cfg = ModelConfig(
       family="decoder", vocab_size=64, d_model=16, num_heads=2, num_layers=2, max_len=16
   )
@@ -36,7 +34,7 @@ def test_a_skipped_pre_ln_block_is_the_identity_and_costs_nothing():
 
 def test_amplification_grows_linearly_with_a_small_perturbation():
   """Twice the noise, twice the relative output change (to first order), and none without."""
-  amplification = script("amplification")
+  amplification = load_script("amplification")
   change, _ = amplification.change_fn("post", 2, 0.25)
   none, small, double = (float(change(0, eps)) for eps in (0.0, 0.01, 0.02))
   assert none == 0 and small > 0
@@ -44,7 +42,7 @@ def test_amplification_grows_linearly_with_a_small_perturbation():
 
 
 def test_report_reads_best_configuration_and_steps_to_a_shared_loss():
-  report = script("norm_zoo_report")
+  report = load_script("norm_zoo_report")
 
   def member(lr, seed, losses):
     return {
