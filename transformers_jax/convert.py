@@ -10,7 +10,8 @@ tokenizer.json. `generate --workdir OUT` samples from it (a GPT-2),
 `python -m transformers_jax.param_count --config OUT/config.py` counts it, and
 `train --config OUT/config.py --config.init_from=OUT` fine-tunes it. `--to_hf` writes
 RUN's latest parameters as a directory Hugging Face's `from_pretrained` loads (`--member I`:
-member I of a population's run).
+member I of a population's run); a LoRA run's adapters are merged into the weights, or with
+`--lora=peft` written as a PEFT adapter folder (docs/lora.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from transformers_jax.errors import UserError
 from transformers_jax.config import DTYPES, ModelConfig
 from transformers_jax.train_config import experiment_config
 from transformers_jax.interop import load_hf, save_hf
+from transformers_jax.interop.peft import save_peft_adapter
+from transformers_jax.models import lora
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
 from transformers_jax.run_folder.runs import Run
 
@@ -50,6 +53,14 @@ flags.DEFINE_integer(
     None,
     "--to_hf of a population's run: the member to export (0-based, as `member` in its "
     "metrics.jsonl); required for a population, refused for a single run.",
+)
+flags.DEFINE_enum(
+    "lora",
+    "merge",
+    ["merge", "peft"],
+    "--to_hf of a LoRA run: `merge` folds the adapters into the weights (one plain model); "
+    "`peft` writes them as a PEFT adapter folder in --to_hf, with the frozen base model in "
+    "its base_model/ subfolder.",
 )
 FLAGS = flags.FLAGS
 
@@ -143,9 +154,13 @@ def _run_files(folder: pathlib.Path) -> str:
   return ", ".join(found)
 
 
-def export_hf(workdir, target, overwrite: bool = False, member: int | None = None) -> str:
+def export_hf(
+    workdir, target, overwrite: bool = False, member: int | None = None, lora_as: str = "merge"
+) -> str:
   """Write run `workdir`'s latest parameters (population member `member`'s) as a Hugging Face
-  folder `target`; returns the Hugging Face architecture written."""
+  folder `target`; returns the Hugging Face architecture written. A LoRA run's adapters are
+  merged into the weights, or with `lora_as="peft"` written as a PEFT adapter folder `target`
+  whose base model (the frozen weights) is `target`/base_model."""
   run = Run(workdir)
   if not run.config_path.is_file():
     raise UserError(f"{run.path} has no config.json: pass a run directory")
@@ -163,10 +178,26 @@ def export_hf(workdir, target, overwrite: bool = False, member: int | None = Non
   tok = run.tokenizer()
   if tok is not None and tok.pad_id is not None:  # the id the run's tokenizer pads with
     extra["pad_token_id"] = int(tok.pad_id)
-  architecture = save_hf(target, model_cfg, params, extra_config=extra)
+  model_folder = pathlib.Path(target)
+  if lora_as == "peft":
+    if not model_cfg.lora_rank:
+      raise UserError(
+          f"--lora=peft: {run.path} has no LoRA adapters (model.lora_rank is 0): leave --lora "
+          "out to export the whole model"
+      )
+    model_folder = model_folder / "base_model"
+    architecture = save_hf(
+        model_folder, model_cfg.replace(lora_rank=0), lora.base(params), extra_config=extra
+    )
+    count = save_peft_adapter(
+        target, model_cfg, params, architecture, base_model=str(model_folder.resolve())
+    )
+    print(f"wrote {count} LoRA adapters as a PEFT adapter folder; its base model: {model_folder}")
+  else:
+    architecture = save_hf(model_folder, model_cfg, params, extra_config=extra)
   tokenizer = run.tokenizer_path
   if tokenizer.is_file() and '"model"' in tokenizer.read_text()[:10_000]:  # an HF tokenizer file
-    shutil.copy(tokenizer, pathlib.Path(target) / "tokenizer.json")
+    shutil.copy(tokenizer, model_folder / "tokenizer.json")
   return architecture
 
 
@@ -194,7 +225,7 @@ def main(argv):
           "--prompt_ids works without"
       )
   else:
-    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member)
+    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member, FLAGS.lora)
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")
 
 

@@ -27,7 +27,9 @@ LABELS = {
     "attention": "attention",
     "feed_forward": "feed-forward",
     "norms": "norms",
+    "gains": "residual gains (norm placement)",
     "head": "head / pooler / unembedding",
+    "lora": "LoRA adapters",
 }
 
 
@@ -46,6 +48,8 @@ def render(s: dict, name: str) -> str:
     )
   if s["active_per_token"] != total:
     lines.append(f"  active per token (MoE):  {s['active_per_token']:>17,}")
+  if s["trainable"] != total:
+    lines.append(f"  trained (LoRA adapters): {s['trainable']:>17,}  (the rest frozen)")
   lines.append("  breakdown:")
   for key, n in s["breakdown"].items():
     lines.append(f"    {LABELS[key]:<32} {n:>17,}  {n / total:6.1%}")

@@ -26,7 +26,7 @@ from transformers_jax.interop.families import (
 )
 
 
-def _default_architecture(c: ModelConfig) -> str:
+def default_architecture(c: ModelConfig) -> str:
   for family in FAMILIES:
     architecture = family.default_architecture(c)
     if architecture:
@@ -87,11 +87,14 @@ def save_hf(
   from flax import linen as nn
   from safetensors.numpy import save_file
 
-  from transformers_jax.models import as_model_config
+  from transformers_jax.models import as_model_config, lora
   from transformers_jax.modules.block import scan_to_loop
 
   c = as_model_config(model)
-  architecture = architecture or _default_architecture(c)
+  params = params.get("params", params) if "params" in params and len(params) == 1 else params
+  # LoRA adapters are folded into their kernels: the plain model of the same architecture
+  params, c = lora.merged(nn.unbox(params), c)
+  architecture = architecture or default_architecture(c)
   if architecture not in FAMILY_OF:
     raise UnsupportedConfig(
         f"cannot write a {c.family} model with head {c.head_kind!r} as {architecture or 'any'} "
@@ -99,8 +102,7 @@ def save_hf(
     )
   family = FAMILY_OF[architecture]
   _check_exportable(c, architecture)
-  params = params.get("params", params) if "params" in params and len(params) == 1 else params
-  flat = {p: np.asarray(v) for p, v in _flat_arrays(scan_to_loop(nn.unbox(params))).items()}
+  flat = {p: np.asarray(v) for p, v in flat_arrays(scan_to_loop(nn.unbox(params))).items()}
   if c.padded_vocab != c.vocab_size:  # Hugging Face holds the V real rows only
     flat = _unpad_vocab(flat, c)
     c = c.replace(vocab_multiple=1)
@@ -163,11 +165,11 @@ def _unpad_vocab(flat: Mapping[tuple[str, ...], np.ndarray], c: ModelConfig) -> 
   return out
 
 
-def _flat_arrays(tree, prefix=()) -> dict[tuple[str, ...], Any]:
+def flat_arrays(tree, prefix=()) -> dict[tuple[str, ...], Any]:
   out = {}
   for key, value in tree.items():
     if isinstance(value, Mapping):
-      out.update(_flat_arrays(value, prefix + (str(key),)))
+      out.update(flat_arrays(value, prefix + (str(key),)))
     else:
       out[prefix + (str(key),)] = value
   return out

@@ -41,6 +41,7 @@ COMPONENTS = (
     "norms",
     "gains",
     "head",
+    "lora",
 )
 HEAD_MODULES = (
     "lm_head",
@@ -56,6 +57,8 @@ STACKS = ("decoder", "encoder")
 
 def component_of(path: tuple[str, ...]) -> str:
   """Which component a parameter (given its path of module names) belongs to."""
+  if path[-1] in ("lora_a", "lora_b"):  # LoRA adapters (models/lora.py)
+    return "lora"
   if path[0] in HEAD_MODULES:
     return "head"
   if any(p.endswith("_gain") for p in path):  # a norm placement's learned gains
@@ -152,10 +155,24 @@ def block_placement_params(c: ModelConfig, cross: bool) -> dict[str, int]:
   return {k: parts[k] for k in ("norms", "gains") if parts.get(k)}
 
 
+def _lora(c: ModelConfig, cross: bool) -> int:
+  """LoRA's parameters in one block: r * (inputs + outputs) per adapted projection."""
+  D, H, G, K, F = c.d_model, c.num_heads, c.kv_heads, c.head_width, c.ff_width
+  sizes = {"query": (D, H * K), "key": (D, G * K), "value": (D, G * K), "out": (H * K, D)}
+  ffn_in = ("wi_0", "wi_1") if c.gated else ("wi",)
+  sizes.update({name: (D, F) for name in ffn_in}, wo=(F, D))
+  attention = sum(
+      sum(sizes[n]) for n in ("query", "key", "value", "out") if n in c.lora_projections
+  )
+  ffn = sum(sum(sizes[n]) for n in (*ffn_in, "wo") if n in c.lora_projections)
+  return c.lora_rank * (attention * (2 if cross else 1) + ffn)
+
+
 def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
   out = {
       "attention": layers * _attention(c) * (2 if cross else 1),
       "feed_forward": sum(_ffn(c, c.is_moe_layer(i), active) for i in range(layers)),
+      "lora": layers * _lora(c, cross),
   }
   for component, n in block_placement_params(c, cross).items():
     out[component] = layers * n
@@ -217,6 +234,7 @@ def matmul_params_per_token(cfg) -> int:
   c = as_model_config(cfg)
   parts = analytic_breakdown(c, active=True)
   n = parts.get("attention", 0) + parts.get("feed_forward", 0) + parts.get("patch_embedding", 0)
+  n += parts.get("lora", 0)
   n += parts.get("head", 0)
   if c.head_kind in ("lm", "mlm") and c.tie_embeddings:
     n += c.vocab_size * c.d_model  # the tied unembedding is still a matmul
@@ -252,6 +270,8 @@ def summary(config) -> dict:
       "published": int(published.get("params", 0)) or None,
       "published_source": published.get("source", "") or None,
       "breakdown": {k: parts[k] for k in COMPONENTS if parts.get(k)},
+      # trained by the optimizer: every parameter, or with LoRA the adapters only
+      "trainable": parts.get("lora", 0) if c.lora_rank else total,
       "blocks": parts.get("blocks", 0),
       "blocks_share": parts.get("blocks", 0) / total,
       "feed_forward_share_of_blocks": ffn_share,

@@ -12,7 +12,14 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.modules.common import DenseWeights, constant, dtype_of, fused_dense
+from transformers_jax.modules.common import (
+    DenseWeights,
+    adapter_dropout,
+    constant,
+    dtype_of,
+    fused_dense,
+    apply_projection,
+)
 from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import blockwise_max_logit, flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense
@@ -240,12 +247,13 @@ class Attention(nn.Module):
     query = DenseWeights(c, (H, K), *q_names, rule=rules.get("query"), name="query")
     key = DenseWeights(c, (G, K), *kv_names, rule=rules.get("key"), name="key")
     value = DenseWeights(c, (G, K), *kv_names, rule=rules.get("value"), name="value")
+    lora_x = adapter_dropout(c, self.deterministic)  # LoRA's input (dropout while training)
     # Projections of one input with one shape run as one matmul (fused_dense).
     self_kv = None
     if not is_cross and G == H:
-      q, *self_kv = fused_dense(c, x, [query(D), key(D), value(D)])
+      q, *self_kv = fused_dense(c, x, [query(D), key(D), value(D)], lora_x(x))
     else:
-      (q,) = fused_dense(c, x, [query(D)])
+      (q,) = fused_dense(c, x, [query(D)], lora_x(x))
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
     if c.qk_norm:  # normalise each head's queries and keys over head_dim
       q = Norm(c, axis="head_dim", name="query_norm")(q)
@@ -263,7 +271,7 @@ class Attention(nn.Module):
       if self_kv is not None:
         return normed(*self_kv)
       width = source.shape[-1]
-      return normed(*fused_dense(c, source, [key(width), value(width)]))
+      return normed(*fused_dense(c, source, [key(width), value(width)], lora_x(source)))
 
     if self.decode:  # the cache paths take dense masks (over cache slots)
       mask = as_dense(mask)
@@ -316,9 +324,7 @@ class Attention(nn.Module):
     out_weights = DenseWeights(
         c, (D,), ("heads", "head_dim", "embed"), ("embed",), rule=rules.get("out"), name="out"
     )
-    kernel, bias = out_weights((H, K))
-    y = jnp.einsum("bthk,hkd->btd", out.astype(kernel.dtype), kernel)
-    return y if bias is None else y + bias
+    return apply_projection(out, out_weights((H, K)), 2, lora_x(out))
 
   def _cross_cached(self, project, context):
     """The context's keys/values [B, G, S, K]: projected by the first decode call, then reused

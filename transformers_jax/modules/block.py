@@ -83,7 +83,10 @@ class Block(nn.Module):
               ),
           )
       )
-    ffn = (MoE if self.moe else FeedForward)(c, name="ffn", **parts("ffn"))
+    if self.moe:
+      ffn = MoE(c, name="ffn", **parts("ffn"))
+    else:
+      ffn = FeedForward(c, name="ffn", deterministic=self.deterministic, **parts("ffn"))
     sublayers.append(("ffn", ffn))
     x = placement.block(site, x, sublayers)
     x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))

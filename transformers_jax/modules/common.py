@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,12 +66,33 @@ def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, ru
   )
 
 
+class Projection(NamedTuple):
+  """A projection's weights in the compute dtype: `kernel` [*in, *out], `bias` [*out] or None,
+  and `adapter`: None, or LoRA's (A [*in, r], B [r, *out]) with B already scaled by alpha / r,
+  whose product is added to the kernel's (`apply_projection`, `fused_dense`)."""
+
+  kernel: jax.Array
+  bias: jax.Array | None
+  adapter: tuple[jax.Array, jax.Array] | None = None
+
+
+def lora_a_init(n_in: int, names: tuple[str | None, ...]):
+  """LoRA's A: uniform(+-1/sqrt(fan in)), the bound of PyTorch's Linear default that the LoRA
+  reference code and PEFT use (B starts at zero, so the adapted model starts as the base)."""
+  bound = 1.0 / float(n_in) ** 0.5
+  return nn.with_logical_partitioning(
+      lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound), names
+  )
+
+
 class DenseWeights(nn.Module):
   """The kernel [*in_shape, *features] and bias [*features] that `nn.DenseGeneral` of the same
   name would hold (same shapes, initial values, logical names and parameter paths), returned in
-  the compute dtype instead of applied: projections of one input then run as one matmul
-  (`fused_dense`), and a kernel over several input axes (attention's [H, K, D] output) keeps its
-  logical names whole. Called with the input shape it contracts (an int for one axis)."""
+  the compute dtype instead of applied (a `Projection`): projections of one input then run as
+  one matmul (`fused_dense`), and a kernel over several input axes (attention's [H, K, D]
+  output) keeps its logical names whole. Called with the input shape it contracts (an int for
+  one axis). When the config's LoRA adapts this projection (`model.lora_targets` names it) it
+  also holds `lora_a` [*in_shape, r] and `lora_b` [r, *features] (zeros at init)."""
 
   cfg: "ModelConfig"  # noqa: F821
   features: tuple[int, ...]
@@ -79,7 +101,7 @@ class DenseWeights(nn.Module):
   rule: object = None  # a norm placement's initialiser rule (see kernel_init); None = normal
 
   @nn.compact
-  def __call__(self, in_shape):
+  def __call__(self, in_shape) -> Projection:
     c = self.cfg
     in_shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
     n_in, n_out = int(np.prod(in_shape)), int(np.prod(self.features))
@@ -105,18 +127,61 @@ class DenseWeights(nn.Module):
           tuple(self.features),
           dtype_of(c.param_dtype),
       ).astype(dtype_of(c.dtype))
-    return kernel.astype(dtype_of(c.dtype)), bias
+    adapter = None
+    if self.name in c.lora_projections:
+      r, in_names = c.lora_rank, self.kernel_names[: len(in_shape)]
+      out_names = self.kernel_names[len(in_shape) :]
+      a = self.param(
+          "lora_a", lora_a_init(n_in, (*in_names, None)), (*in_shape, r), dtype_of(c.param_dtype)
+      )
+      b = self.param(
+          "lora_b", zeros((None, *out_names)), (r, *self.features), dtype_of(c.param_dtype)
+      )
+      scale = c.lora_alpha / c.lora_rank
+      adapter = (a.astype(dtype_of(c.dtype)), (b * scale).astype(dtype_of(c.dtype)))
+    return Projection(kernel.astype(dtype_of(c.dtype)), bias, adapter)
 
 
-def fused_dense(cfg, x, weights):
+def adapter_dropout(cfg, deterministic: bool):
+  """x -> the LoRA adapters' input: x, or x with model.lora_dropout while training (called
+  inside the module whose projections it feeds, so each call draws its own mask)."""
+  if not cfg.lora_rank or not cfg.lora_dropout or deterministic:
+    return lambda x: None  # `apply_projection` and `fused_dense` then read x itself
+  return lambda x: nn.Dropout(cfg.lora_dropout, deterministic=False)(x)
+
+
+def apply_projection(x, weights: Projection, contract: int = 1, adapter_input=None):
+  """x [..., *in] (its last `contract` axes) through one projection: x W (+ b) (+ the LoRA
+  adapter's (x' A) B, x' = `adapter_input`, by default x: dropout on the adapter's input is
+  the caller's)."""
+  kernel, bias, adapter = weights
+  y = jnp.tensordot(x.astype(kernel.dtype), kernel, contract)
+  if bias is not None:
+    y = y + bias
+  if adapter is not None:
+    a, b = adapter
+    source = x if adapter_input is None else adapter_input
+    y = y + jnp.tensordot(jnp.tensordot(source.astype(a.dtype), a, contract), b, 1)
+  return y
+
+
+def fused_dense(cfg, x, weights, adapter_input=None):
   """x [..., D] through n same-shaped projections (`DenseWeights` results) at once: the kernels
   are stacked on a new axis after D, so one matmul [..., D] x [D, n * features] computes all n
   (a wider matmul runs faster, and the backward pass has one input-gradient product instead of
-  n). Returns the n outputs [..., *features], each what its own `dense` would give."""
-  kernels = jnp.stack([w for w, _ in weights], axis=1)  # [D, n, *features]
+  n). Returns the n outputs [..., *features], each what its own `apply_projection` would give
+  (LoRA adapters, where a projection has one, added to its own output; `adapter_input` as
+  there)."""
+  kernels = jnp.stack([w.kernel for w in weights], axis=1)  # [D, n, *features]
   y = jnp.tensordot(x.astype(kernels.dtype), kernels, 1)  # [..., n, *features]
-  if weights[0][1] is not None:
-    y = y + jnp.stack([b for _, b in weights], axis=0)
+  if weights[0].bias is not None:
+    y = y + jnp.stack([w.bias for w in weights], axis=0)
   axis = y.ndim - kernels.ndim + 1  # the stacking axis in y
   # split, not indexing: its gradient is one concatenation rather than n padded copies
-  return [part.squeeze(axis) for part in jnp.split(y, len(weights), axis=axis)]
+  outs = [part.squeeze(axis) for part in jnp.split(y, len(weights), axis=axis)]
+  source = x if adapter_input is None else adapter_input
+  for i, w in enumerate(weights):
+    if w.adapter is not None:
+      a, b = w.adapter
+      outs[i] = outs[i] + jnp.tensordot(jnp.tensordot(source.astype(a.dtype), a, 1), b, 1)
+  return outs

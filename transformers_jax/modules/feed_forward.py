@@ -11,9 +11,11 @@ from flax import linen as nn
 from transformers_jax.modules.common import (
     DenseWeights,
     activation,
+    adapter_dropout,
     dense,
     dtype_of,
     fused_dense,
+    apply_projection,
     kernel_init,
     zeros,
 )
@@ -31,26 +33,29 @@ class FeedForward(nn.Module):
   cfg: "ModelConfig"  # noqa: F821
   init_rules: tuple = ()
   features: tuple[str, ...] = ()
+  deterministic: bool = True  # False while training: dropout on LoRA adapters' input
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
     act = activation(c.activation)
     rules = dict(self.init_rules)
+    lora_x = adapter_dropout(c, self.deterministic)
     if c.gated:
       gate, up = (
           DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
           for name in ("wi_0", "wi_1")
       )
-      h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])])
+      h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
       h = act(h0) * h1
     else:
-      wi = dense(c, c.ff_width, -1, ("embed", "mlp"), ("mlp",), "wi", rule=rules.get("wi"))
-      h = act(wi(x))
+      wi = DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
+      h = act(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
       h = Norm(c, axis="mlp", name="mid_norm")(h)
-    return dense(c, c.d_model, -1, ("mlp", "embed"), ("embed",), "wo", rule=rules.get("wo"))(h)
+    wo = DenseWeights(c, (c.d_model,), ("mlp", "embed"), ("embed",), rules.get("wo"), name="wo")
+    return apply_projection(h, wo(h.shape[-1]), 1, lora_x(h))
 
 
 def route(router_probs, top_k: int, capacity: int):

@@ -9,7 +9,7 @@ import time
 import jax
 
 from transformers_jax.machine import parallel
-from transformers_jax.models import counting
+from transformers_jax.models import counting, param_shapes
 from transformers_jax.errors import UserError
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation, resume
@@ -86,7 +86,17 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   tokens_per_step = config.batch_size * tokens_per_example
   flops_per_step = counting.flops_per_token(model_cfg, tokens_per_example) * tokens_per_step
   if is_main:
-    print(f"{model_cfg.family} model, {counting.count(model_cfg):,} parameters; {data.summary}")
+    trained = ""
+    if model_cfg.lora_rank:  # models/lora.py: only the adapters train
+      adapters = counting.tree_breakdown(param_shapes(model_cfg)).get("lora", 0)
+      trained = (
+          f" ({adapters:,} trained: LoRA rank {model_cfg.lora_rank} on "
+          f"{model_cfg.lora_targets}, the rest frozen)"
+      )
+    print(
+        f"{model_cfg.family} model, {counting.count(model_cfg):,} parameters{trained}; "
+        f"{data.summary}"
+    )
     print(
         f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
         f"devices; {note}; MFU peak: {peak_source}",

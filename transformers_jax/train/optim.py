@@ -7,9 +7,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformers_jax.config import ModelConfig
+from transformers_jax.models import lora
 from transformers_jax.train_config import SCHEDULES
 
-DECAYED = ("kernel", "wi", "wi_1", "wo")  # matmul weights (dense kernels, MoE expert weights)
+# matmul weights: dense kernels, MoE expert weights, LoRA adapters
+DECAYED = ("kernel", "wi", "wi_1", "wo", "lora_a", "lora_b")
 
 
 # The hyperparameters a population varies per member (train/members.py); a solo run's are the
@@ -90,4 +93,11 @@ def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
           mask=lambda p: decay_mask(p, config.decay_embeddings),
       )
   )
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  model_cfg = ModelConfig.from_dict(config.model)
+  if not model_cfg.lora_rank:
+    return tx
+  # LoRA: the state covers the adapters only (the update body passes their gradients alone)
+  return optax.GradientTransformation(
+      lambda params: tx.init(lora.trainable(params, model_cfg)), tx.update
+  )

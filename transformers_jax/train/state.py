@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.machine import parallel
-from transformers_jax.models import initializer
+from transformers_jax.models import initializer, lora
 
 
 @flax.struct.dataclass
@@ -43,10 +43,13 @@ def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
   abstract_params = nn.unbox(abstract_boxed)
   opt_abstract = jax.eval_shape(tx.init, abstract_params)
   repl = parallel.replicated(mesh)
+  trained, trained_shardings = (
+      lora.trainable(tree, model_cfg) for tree in (abstract_params, param_shardings)
+  )  # the optimizer's state mirrors the trained parameters (LoRA: the adapters only)
   shardings = TrainState(
       step=repl,
       params=param_shardings,
-      opt_state=params_like(opt_abstract, abstract_params, param_shardings, repl),
+      opt_state=params_like(opt_abstract, trained, trained_shardings, repl),
       rng=repl,
   )
   abstract = TrainState(

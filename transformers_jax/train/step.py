@@ -11,7 +11,7 @@ import optax
 from flax import linen as nn
 
 from transformers_jax.machine import parallel
-from transformers_jax.models import build_model
+from transformers_jax.models import build_model, lora
 from transformers_jax.train import optim
 
 
@@ -91,12 +91,23 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
       moe_router_z_weight=config.moe_router_z_weight,
   )
   accum = config.grad_accum_steps
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  # What is differentiated and updated: every parameter, or with LoRA the adapters only (the
+  # rest enters the loss as a constant and gets neither gradients nor optimizer state).
+  trained_of = lambda p: lora.trainable(p, model_cfg)  # noqa: E731
+  if grad_shardings is not None:
+    grad_shardings = trained_of(grad_shardings)
+
+  def loss_of_trained(trained, params, *args):
+    return loss_fn(lora.with_trainable(params, trained, model_cfg), *args)
+
+  value_and_grad = jax.value_and_grad(loss_of_trained, has_aux=True)
 
   def update(params, opt_state, batch, rng, hparams, frozen=None):
     z_loss = hparams["z_loss"]
+    trained = trained_of(params)
+    grad_fn = lambda *args: value_and_grad(trained, params, *args)  # noqa: E731
     if accum == 1:
-      (_, sums), grads = grad_fn(params, batch, rng, z_loss, frozen)
+      (_, sums), grads = grad_fn(batch, rng, z_loss, frozen)
     else:
       micro = jax.tree_util.tree_map(
           lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch
@@ -104,7 +115,7 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
 
       def body(carry, xs):
         i, mb = xs
-        (_, s), g = grad_fn(params, mb, jax.random.fold_in(rng, i), z_loss, frozen)
+        (_, s), g = grad_fn(mb, jax.random.fold_in(rng, i), z_loss, frozen)
         if grad_shardings is not None:
           g = jax.lax.with_sharding_constraint(g, grad_shardings)
         return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
@@ -112,14 +123,14 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
       first = jax.tree_util.tree_map(lambda x: x[0], micro)
       # z_loss stays as given (a Python 0.0 drops "z_loss" from the sums; eval_shape would make
       # it abstract and keep it), so the zeros have the sums' own keys
-      shapes = jax.eval_shape(lambda p, b, r: grad_fn(p, b, r, z_loss, frozen), params, first, rng)
+      shapes = jax.eval_shape(lambda b, r: grad_fn(b, r, z_loss, frozen), first, rng)
       zero_sums = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0][1])
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), zero_sums)
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, trained), zero_sums)
       (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
     weight = jnp.maximum(sums["weight"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
-    updates, opt_state = optimizer(hparams).update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    updates, opt_state = optimizer(hparams).update(grads, opt_state, trained)
+    params = lora.with_trainable(params, optax.apply_updates(trained, updates), model_cfg)
     metrics = task.metrics(sums, weight)
     metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
     if "aux" in sums:

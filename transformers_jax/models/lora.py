@@ -1,0 +1,106 @@
+"""LoRA's parameters in a model's tree: which are trained, and the adapters merged away.
+
+With `model.lora_rank` > 0 every projection `model.lora_targets` names holds `lora_a`
+[*in, r] and `lora_b` [r, *out] beside its `kernel` (modules/common.py, DenseWeights), and its
+output gains (lora_alpha / r) * (x A) B. Training differentiates and updates the adapters
+only (`trainable` / `with_trainable`); everything else stays as loaded. `merged` folds the
+adapters into the kernels, which gives the plain model of the same architecture (what export
+to Hugging Face writes by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ADAPTER_NAMES = ("lora_a", "lora_b")
+
+
+def _is_tree(x) -> bool:
+  return hasattr(x, "items")
+
+
+def _filter(tree, keep):
+  """The nested dict of `tree`'s leaves whose name `keep`s, empty branches dropped."""
+  out = {}
+  for name, value in tree.items():
+    if _is_tree(value):
+      sub = _filter(value, keep)
+      if sub:
+        out[name] = sub
+    elif keep(name):
+      out[name] = value
+  return out
+
+
+def trainable(params, model_cfg) -> Any:
+  """What training differentiates and updates: with LoRA the adapters' leaves only (a nested
+  dict like `params` holding just them), else `params` itself."""
+  if not model_cfg.lora_rank:
+    return params
+  return _filter(params, lambda name: name in ADAPTER_NAMES)
+
+
+def base(params) -> Any:
+  """`params` without the adapters: the frozen model LoRA was trained on."""
+  return _filter(params, lambda name: name not in ADAPTER_NAMES)
+
+
+def with_trainable(params, updated, model_cfg) -> Any:
+  """`params` with the leaves of `updated` (a `trainable(params, ...)` tree) put back."""
+  if not model_cfg.lora_rank:
+    return updated
+
+  def put(base, new):
+    out = dict(base)
+    for name, value in new.items():
+      out[name] = put(base[name], value) if _is_tree(value) else value
+    return out
+
+  return put(params, updated)
+
+
+def count(params, model_cfg) -> int:
+  """Number of trained parameters (every parameter without LoRA)."""
+  return sum(
+      int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(trainable(params, model_cfg))
+  )
+
+
+def merged(params, model_cfg):
+  """(params with every adapter folded into its kernel and the adapter leaves dropped, the
+  same config without LoRA): the plain model that computes what the adapted one does (in
+  float32, cast back to each kernel's dtype)."""
+  if not model_cfg.lora_rank:
+    return params, model_cfg
+  scale = model_cfg.lora_alpha / model_cfg.lora_rank
+
+  def fold(tree):
+    out = {}
+    for name, value in tree.items():
+      if _is_tree(value):
+        out[name] = fold(value)
+      elif name not in ADAPTER_NAMES:
+        out[name] = value
+    if "lora_a" in tree:
+      kernel, a, b = tree["kernel"], tree["lora_a"], tree["lora_b"]
+      out["kernel"] = (jnp.asarray(kernel, jnp.float32) + kernel_delta(kernel, a, b, scale)).astype(
+          jnp.asarray(kernel).dtype
+      )
+    return out
+
+  return fold(params), model_cfg.replace(lora_rank=0)
+
+
+def kernel_delta(kernel, a, b, scale: float):
+  """scale * A B in the shape of `kernel` [*lead, *in, *out], for A [*lead, *in, r] and
+  B [*lead, r, *out] (lead: a scanned stack's layers axis, a population's members axis)."""
+  k, a, b = np.shape(kernel), jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+  n_out = len(k) - a.ndim + 1  # kernel = lead + in + out, A = lead + in + 1
+  lead = b.ndim - 1 - n_out  # B = lead + 1 + out
+  flat_a = a.reshape(*a.shape[:lead], -1, a.shape[-1])  # [*lead, n_in, r]
+  flat_b = b.reshape(*b.shape[: lead + 1], -1)  # [*lead, r, n_out]
+  return (jnp.matmul(flat_a, flat_b) * scale).reshape(k)
