@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
+from transformers_jax.modules.lora import config_problem as lora_config_problem
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
 
@@ -44,16 +45,6 @@ HEADS = {
     "vit": ("classifier", "pooler", "none"),
 }
 POOLS = ("cls", "mean")
-# LoRA targets: the name `model.lora_targets` lists -> the projections (parameter names) it
-# adapts, in every attention (self and cross) or feed-forward block.
-LORA_TARGETS = {
-    "q": ("query",),
-    "k": ("key",),
-    "v": ("value",),
-    "out": ("out",),
-    "mlp_in": ("wi", "wi_0", "wi_1"),
-    "mlp_out": ("wo",),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +120,8 @@ class ModelConfig:
   remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
   dtype: str = "float32"  # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"  # parameter storage dtype
-  # LoRA (Hu et al., 2021): a trainable rank-r update (lora_alpha / r) * A B beside each
-  # projection lora_targets names, everything else frozen (no optimizer state); 0 = off.
-  # See docs/lora.md.
+  # LoRA: a trained rank-r update (lora_alpha / r) * A B beside each projection lora_targets
+  # names, all else frozen (no optimizer state); 0 = off (docs/lora.md)
   lora_rank: int = 0
   lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
   lora_dropout: float = 0.0  # dropout on the adapters' input while training
@@ -191,14 +181,6 @@ class ModelConfig:
     if self.family == "vit":
       return self.num_patches + (1 if self.pool == "cls" else 0)
     return self.max_len
-
-  @property
-  def lora_projections(self) -> frozenset[str]:
-    """The parameter names of the projections LoRA adapts (empty when lora_rank is 0)."""
-    if not self.lora_rank:
-      return frozenset()
-    names = (t.strip() for t in self.lora_targets.split(",") if t.strip())
-    return frozenset(p for t in names for p in LORA_TARGETS.get(t, ()))
 
   def is_moe_layer(self, index: int) -> bool:
     return self.feed_forward == "moe" and (index + 1) % self.moe_every == 0
@@ -360,37 +342,14 @@ def validate(c: ModelConfig) -> None:
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
   _check_placement(c)
-  _check_lora(c)
+  lora_problem = lora_config_problem(c)
+  if lora_problem:
+    _fail(*lora_problem)
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
     _fail(
         "moe_every",
         str(c.moe_every),
         "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
-    )
-
-
-def _check_lora(c: ModelConfig) -> None:
-  if c.lora_rank < 0:
-    _fail("lora_rank", str(c.lora_rank), "must be >= 0 (0 = no LoRA), e.g. 8")
-  if not c.lora_rank:
-    return
-  if not c.lora_alpha > 0:
-    _fail("lora_alpha", str(c.lora_alpha), "must be positive (the scale is alpha / rank)")
-  if not 0.0 <= c.lora_dropout < 1.0:
-    _fail("lora_dropout", str(c.lora_dropout), "must be in [0, 1)")
-  targets = [t.strip() for t in c.lora_targets.split(",") if t.strip()]
-  unknown = [t for t in targets if t not in LORA_TARGETS]
-  if unknown or not targets:
-    _fail(
-        "lora_targets",
-        repr(c.lora_targets),
-        f"a comma-separated list of {', '.join(LORA_TARGETS)} (e.g. q,v)",
-    )
-  if c.feed_forward == "moe" and {"mlp_in", "mlp_out"} & set(targets):
-    _fail(
-        "lora_targets",
-        repr(c.lora_targets),
-        "LoRA adapts dense projections, not MoE experts: adapt q, k, v, out only",
     )
 
 
@@ -438,14 +397,3 @@ def load_config_module(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
-
-
-def flatten_dict(d: Mapping, prefix: str = "") -> dict:
-  """A nested mapping as {dotted.name: leaf value}."""
-  out = {}
-  for key, value in d.items():
-    if isinstance(value, Mapping):
-      out.update(flatten_dict(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out

@@ -207,6 +207,11 @@ def main(argv):
   if not FLAGS.workdir or bool(FLAGS.from_hf) == bool(FLAGS.to_hf):
     raise UserError("give --workdir and exactly one of --from_hf DIR or --to_hf DIR")
   if FLAGS.from_hf:
+    if FLAGS.lora != "merge":
+      raise UserError(
+          f"--lora={FLAGS.lora}: says how --to_hf writes a LoRA run's adapters; --from_hf "
+          "imports a whole model: leave --lora out"
+      )
     if FLAGS.member is not None:
       raise UserError(
           f"--member={FLAGS.member}: picks the member of a population's run to export with "

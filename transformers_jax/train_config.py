@@ -11,7 +11,8 @@ from typing import Any
 
 import ml_collections
 
-from transformers_jax.config import flatten_dict, model_config_dict
+
+from transformers_jax.config import model_config_dict
 from transformers_jax.machine.parallel import rule_names
 from transformers_jax.run_folder.records import read_config
 
@@ -383,3 +384,14 @@ def config_from_json(path) -> ml_collections.ConfigDict:
   config = experiment_config(**saved.pop("model"))
   config.update_from_flattened_dict(flatten_dict(saved))
   return config
+
+
+def flatten_dict(d: Mapping, prefix: str = "") -> dict:
+  """A nested mapping as {dotted.name: leaf value}."""
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, Mapping):
+      out.update(flatten_dict(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

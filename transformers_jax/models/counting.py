@@ -29,6 +29,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.models import as_model_config, param_shapes
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
+from transformers_jax.modules import lora
 from transformers_jax.modules.norms import Norm
 
 COMPONENTS = (
@@ -159,12 +160,10 @@ def _lora(c: ModelConfig, cross: bool) -> int:
   """LoRA's parameters in one block: r * (inputs + outputs) per adapted projection."""
   D, H, G, K, F = c.d_model, c.num_heads, c.kv_heads, c.head_width, c.ff_width
   sizes = {"query": (D, H * K), "key": (D, G * K), "value": (D, G * K), "out": (H * K, D)}
-  ffn_in = ("wi_0", "wi_1") if c.gated else ("wi",)
+  ffn_in, adapted = ("wi_0", "wi_1") if c.gated else ("wi",), lora.projections(c)
   sizes.update({name: (D, F) for name in ffn_in}, wo=(F, D))
-  attention = sum(
-      sum(sizes[n]) for n in ("query", "key", "value", "out") if n in c.lora_projections
-  )
-  ffn = sum(sum(sizes[n]) for n in (*ffn_in, "wo") if n in c.lora_projections)
+  attention = sum(sum(sizes[n]) for n in ("query", "key", "value", "out") if n in adapted)
+  ffn = sum(sum(sizes[n]) for n in (*ffn_in, "wo") if n in adapted)
   return c.lora_rank * (attention * (2 if cross else 1) + ffn)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from flax import linen as nn
 
 from transformers_jax.config import ACTIVATIONS
+from transformers_jax.modules import lora
 
 
 def dtype_of(name: str):
@@ -76,15 +77,6 @@ class Projection(NamedTuple):
   adapter: tuple[jax.Array, jax.Array] | None = None
 
 
-def lora_a_init(n_in: int, names: tuple[str | None, ...]):
-  """LoRA's A: uniform(+-1/sqrt(fan in)), the bound of PyTorch's Linear default that the LoRA
-  reference code and PEFT use (B starts at zero, so the adapted model starts as the base)."""
-  bound = 1.0 / float(n_in) ** 0.5
-  return nn.with_logical_partitioning(
-      lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound), names
-  )
-
-
 class DenseWeights(nn.Module):
   """The kernel [*in_shape, *features] and bias [*features] that `nn.DenseGeneral` of the same
   name would hold (same shapes, initial values, logical names and parameter paths), returned in
@@ -128,11 +120,11 @@ class DenseWeights(nn.Module):
           dtype_of(c.param_dtype),
       ).astype(dtype_of(c.dtype))
     adapter = None
-    if self.name in c.lora_projections:
+    if self.name in lora.projections(c):
       r, in_names = c.lora_rank, self.kernel_names[: len(in_shape)]
       out_names = self.kernel_names[len(in_shape) :]
       a = self.param(
-          "lora_a", lora_a_init(n_in, (*in_names, None)), (*in_shape, r), dtype_of(c.param_dtype)
+          "lora_a", lora.a_init(n_in, (*in_names, None)), (*in_shape, r), dtype_of(c.param_dtype)
       )
       b = self.param(
           "lora_b", zeros((None, *out_names)), (r, *self.features), dtype_of(c.param_dtype)

@@ -1,0 +1,60 @@
+"""LoRA's settings in the model definition: which projections `model.lora_targets` names, what
+the config must satisfy, and the adapters' initialiser. The adapters themselves live in each
+projection (modules/common.py, DenseWeights); models/lora.py splits a parameter tree into what
+trains and what stays frozen, and folds the adapters into the kernels."""
+
+from __future__ import annotations
+
+import jax
+from flax import linen as nn
+
+# The name `model.lora_targets` lists -> the projections (parameter names) it adapts, in every
+# attention (self and cross) or feed-forward block.
+LORA_TARGETS = {
+    "q": ("query",),
+    "k": ("key",),
+    "v": ("value",),
+    "out": ("out",),
+    "mlp_in": ("wi", "wi_0", "wi_1"),
+    "mlp_out": ("wo",),
+}
+
+
+def target_names(c) -> list[str]:
+  return [t.strip() for t in c.lora_targets.split(",") if t.strip()]
+
+
+def projections(c) -> frozenset[str]:
+  """The parameter names of the projections LoRA adapts (empty when lora_rank is 0)."""
+  if not c.lora_rank:
+    return frozenset()
+  return frozenset(p for t in target_names(c) for p in LORA_TARGETS.get(t, ()))
+
+
+def config_problem(c) -> tuple[str, str, str] | None:
+  """(field, value, fix) of the first LoRA setting that cannot work, or None."""
+  if c.lora_rank < 0:
+    return "lora_rank", str(c.lora_rank), "must be >= 0 (0 = no LoRA), e.g. 8"
+  if not c.lora_rank:
+    return None
+  if not c.lora_alpha > 0:
+    return "lora_alpha", str(c.lora_alpha), "must be positive (the scale is alpha / rank)"
+  if not 0.0 <= c.lora_dropout < 1.0:
+    return "lora_dropout", str(c.lora_dropout), "must be in [0, 1)"
+  targets = target_names(c)
+  if not targets or any(t not in LORA_TARGETS for t in targets):
+    fix = f"a comma-separated list of {', '.join(LORA_TARGETS)} (e.g. q,v)"
+    return "lora_targets", repr(c.lora_targets), fix
+  if c.feed_forward == "moe" and {"mlp_in", "mlp_out"} & set(targets):
+    fix = "LoRA adapts dense projections, not MoE experts: adapt q, k, v, out only"
+    return "lora_targets", repr(c.lora_targets), fix
+  return None
+
+
+def a_init(n_in: int, names: tuple[str | None, ...]):
+  """LoRA's A: uniform(+-1/sqrt(fan in)), the bound of PyTorch's Linear default that the LoRA
+  reference code and PEFT use (B starts at zero, so the adapted model starts as the base)."""
+  bound = 1.0 / float(n_in) ** 0.5
+  return nn.with_logical_partitioning(
+      lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound), names
+  )
