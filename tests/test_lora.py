@@ -165,3 +165,39 @@ def test_lora_refusals_name_the_field():
   ):
     with pytest.raises(ValueError, match=said):
       BASE.replace(**fields)
+
+
+def test_adapters_and_their_optimizer_state_shard_like_their_kernels():
+  """On a 2 x 2 mesh (a TPU topology's devices: nothing runs), A splits its input axis over
+  fsdp and B its heads over tensor, as the kernel does; Adam's moments follow them."""
+  import ml_collections
+  from jax.sharding import PartitionSpec as P
+
+  from transformers_jax.machine import hardware, parallel
+  from transformers_jax.train import optim
+  from transformers_jax.train.state import state_shardings
+  from transformers_jax.train_config import training_fields
+
+  cfg = BASE.replace(lora_rank=RANK, lora_targets=TARGETS)
+  config = training_fields()
+  config.model = ml_collections.ConfigDict(cfg.to_dict())
+  mesh = parallel.make_mesh({"fsdp": 2, "tensor": 2}, hardware.topology_devices("v5e:2x2"))
+  abstract, shardings = state_shardings(cfg, optim.make_optimizer(config), mesh, parallel.rules())
+  query = shardings.params["decoder"]["layer_0"]["self_attn"]["query"]
+  assert query["kernel"].spec == P("fsdp", "tensor", None)  # [embed, heads, head_dim]
+  assert query["lora_a"].spec == P("fsdp", None)  # [embed, rank]
+  assert query["lora_b"].spec == P(None, "tensor", None)  # [rank, heads, head_dim]
+  # the optimizer's arrays are Adam's two moments of each adapter, sharded as it is
+  adapters = sorted(
+      str(s.spec) for s in jax.tree_util.tree_leaves(lora.trainable(shardings.params, cfg))
+  )
+  state = [
+      str(s.spec)
+      for s, a in zip(
+          jax.tree_util.tree_leaves(shardings.opt_state),
+          jax.tree_util.tree_leaves(abstract.opt_state),
+      )
+      if a.ndim
+  ]
+  assert len(adapters) == 2 * 6 * BASE.num_layers
+  assert sorted(state) == sorted(adapters * 2)
