@@ -54,6 +54,7 @@ def training_fields() -> ml_collections.ConfigDict:
   c.moe_aux_weight = 0.01  # weight of the MoE load-balancing loss (Switch Transformer)
   c.moe_router_z_weight = 0.0  # weight of the MoE router z-loss (ST-MoE uses 1e-3); 0 = off
   c.z_loss = 0.0  # weight of log(Z)^2, the squared log-partition of the output logits; 0 = off
+  c.loss_chunks = 1  # LM loss over this many chunks of each row: no [tokens, V] logits at once
   c.seed = 0  # parameters, dropout and the batch stream all derive from it
   c.log_every = 50  # steps between metrics lines
   c.eval_every = 500  # steps between held-out evaluations (and at the end); 0 = only at the end

@@ -35,6 +35,19 @@ def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
   return output_logits(cfg, logits, bias)
 
 
+def unembedding(cfg, module, name="lm_head"):
+  """The [D, V padded] matrix `lm_logits` multiplies the hidden states by, in the compute dtype
+  (tied: the token table, transposed), read off `module`'s parameters: a loss over chunks of
+  tokens (tasks/base.py, `loss_chunks`) makes each chunk's logits from it, so the logits of
+  all tokens never exist at once."""
+  params = nn.unbox(module.variables["params"])
+  if cfg.tie_embeddings:
+    matrix = params["embed"]["token_embed"]["embedding"].T
+  else:
+    matrix = params[name]["kernel"]
+  return matrix.astype(jnp.dtype(cfg.dtype))
+
+
 def output_logits(cfg, logits, bias=None):
   """What every vocabulary head returns: float32 logits (+ `bias`), kept split over the batch and
   the vocabulary over `tensor`, the rows that only pad the vocabulary masked out."""

@@ -8,6 +8,7 @@ from transformers_jax.models.common import (
     check_length,
     default_positions,
     lm_logits,
+    unembedding,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import context_size, from_zigzag, to_zigzag
@@ -26,7 +27,8 @@ class DecoderOnly(nn.Module):
   def __call__(
       self, tokens, attention_mask=None, positions=None, last_logits_only=False, segment_ids=None
   ):
-    """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32}.
+    """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32, 'unembedding':
+    [D, V]} (the matrix of the logits; not when decoding).
 
     With `decode=True` (the KV cache, see Attention) `attention_mask` is over the cache's L slots
     ([B, L], 1 = a real token), and `positions` default to the cache's running count; a batch
@@ -64,4 +66,7 @@ class DecoderOnly(nn.Module):
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     x = from_zigzag(x, shards)
-    return {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}
+    out = {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}
+    if not self.decode:  # what a loss over chunks of tokens multiplies by (unused: no cost)
+      out["unembedding"] = unembedding(c, self)
+    return out

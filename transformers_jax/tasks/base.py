@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformers_jax.models.common import output_logits
+
 
 @dataclasses.dataclass
 class TaskData:
@@ -70,6 +72,9 @@ class Task:
   reads_seq_len = True  # the batch's length is seq_len (not, e.g., an image's patches)
   # training fields beyond the common ones that this objective reads ("data.source_len", ...)
   reads_fields: tuple[str, ...] = ()
+  # `loss` can take the logits a chunk of tokens at a time (config.loss_chunks): `outputs`
+  # then also returns (hidden states, unembedding matrix) after (logits, targets, weights)
+  chunked_loss = False
 
   def attends_causally(self, model_cfg) -> bool:
     """Whether `model_cfg`'s attention is causal under this objective (`causal`; an objective
@@ -95,6 +100,15 @@ class Task:
           f"task={self.name!r}: trains {wants} models and this is a {family} model with head "
           f"{head}: use such a model's --config, or leave task empty for this model's own"
       )
+
+    chunks = config.get("loss_chunks", 1)
+    if chunks != 1 and (not self.chunked_loss or chunks < 1 or config.seq_len % chunks):
+      fix = (
+          f"a divisor of seq_len={config.seq_len}, e.g. {max(1, config.seq_len // 512)}"
+          if self.chunked_loss
+          else f"the {self.name} objective computes its logits whole: leave it at 1"
+      )
+      raise ValueError(f"loss_chunks={chunks!r}: {fix}")
 
     def fail(field, problem):
       value = config.data[field.split(".", 1)[1]]
@@ -122,7 +136,10 @@ class Task:
   def loss_options(self, config):
     """What `loss` reads of the run's config while training (a pytree of Python values),
     resolved once when the step is built: by default the label smoothing."""
-    return {"label_smoothing": config.label_smoothing}
+    options = {"label_smoothing": config.label_smoothing}
+    if config.get("loss_chunks", 1) > 1:
+      options["loss_chunks"] = config.loss_chunks
+    return options
 
   def loss(self, outputs, batch, model_cfg, options, z_loss=0.0, train=True) -> dict:
     """Sums over the batch's weighted positions from `outputs` (what `outputs` returned):
@@ -132,7 +149,7 @@ class Task:
     bare number: the label smoothing) and the z-loss weight `z_loss` (a float, or a population
     member's traced scalar) while training, the output logits' mean and largest value at
     evaluation (train=False, options None)."""
-    logits, targets, weights = outputs
+    logits, targets, weights, *unembedded = outputs
     smoothing = (
         options
         if isinstance(options, (int, float))
@@ -146,7 +163,14 @@ class Task:
       sums["logit_sum"] = jnp.sum(jnp.mean(vocab, axis=-1) * weights.astype(jnp.float32))
       sums["logit_max"] = jnp.max(vocab)
       return sums
-    sums = cross_entropy(logits, targets, weights, smoothing, real, z_loss)
+    chunks = options.get("loss_chunks", 1) if isinstance(options, dict) else 1
+    if chunks > 1 and unembedded:  # the logits above are then never computed (XLA drops them)
+      hidden, matrix = unembedded[0]
+      sums = chunked_cross_entropy(
+          hidden, matrix, model_cfg, targets, weights, chunks, smoothing, real, z_loss
+      )
+    else:
+      sums = cross_entropy(logits, targets, weights, smoothing, real, z_loss)
     if isinstance(z_loss, (int, float)) and z_loss == 0:
       del sums["z_loss"]  # reported only where it is weighted
     return sums
@@ -286,3 +310,28 @@ def cross_entropy(
       "weight": jnp.sum(w),
       "z_loss": jnp.sum(lse_squared * w),
   }
+
+
+def chunked_cross_entropy(
+    hidden, unembedding, model_cfg, targets, weights, chunks, label_smoothing, num_classes, z_loss
+) -> dict:
+  """cross_entropy's sums for logits = hidden [B, T, D] x unembedding [D, V], made `chunks`
+  pieces of the sequence at a time inside a rematerialised scan: the forward pass holds one
+  chunk's [B, T / chunks, V] logits, and the backward pass makes each chunk's again from its
+  hidden states, so the [B, T, V] logits never exist. Equal to the whole computation up to the
+  order of the sums."""
+  B, T = targets.shape
+  split = lambda a: jnp.moveaxis(a.reshape(B, chunks, T // chunks, *a.shape[2:]), 1, 0)  # noqa: E731
+
+  def chunk_sums(h, t, w):
+    logits = output_logits(model_cfg, jnp.einsum("btd,dv->btv", h, unembedding))
+    return cross_entropy(logits, t, w, label_smoothing, num_classes, z_loss)
+
+  def body(total, xs):
+    return jax.tree_util.tree_map(jnp.add, total, chunk_sums(*xs)), None
+
+  pieces = (split(hidden), split(targets), split(weights))
+  shapes = jax.eval_shape(chunk_sums, *(p[0] for p in pieces))
+  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  total, _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), zeros, pieces)
+  return total

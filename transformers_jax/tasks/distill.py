@@ -133,9 +133,9 @@ class Distillation(Task):
 
     own = self.own(model.cfg)
     student = {"params": variables["params"]}
-    (logits, targets, weights), state = own.outputs(model, student, batch, rngs, mutable)
+    (logits, targets, weights, *_), state = own.outputs(model, student, batch, rngs, mutable)
     teacher_model = build_model(self.teacher_model_cfg)
-    (teacher_logits, _, _), _ = own.outputs(
+    (teacher_logits, *_), _ = own.outputs(
         teacher_model, {"params": variables["frozen"]["teacher"]}, batch, {}, ["intermediates"]
     )
     return (logits, targets, weights, jax.lax.stop_gradient(teacher_logits)), state

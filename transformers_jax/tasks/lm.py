@@ -42,6 +42,7 @@ class LanguageModeling(Task):
   language_model = True
   causal = True
   packs = "documents"
+  chunked_loss = True
 
   def batch_shapes(self, model_cfg, config):
     B, T = config.batch_size, config.seq_len
@@ -63,7 +64,8 @@ class LanguageModeling(Task):
         mutable=mutable,
     )
     weights = batch.get("weights", jnp.ones(tokens[:, 1:].shape, jnp.float32))
-    return (out["logits"], tokens[:, 1:], weights), state
+    unembedded = (out["hidden"], out["unembedding"])  # for a loss over chunks of tokens
+    return (out["logits"], tokens[:, 1:], weights, unembedded), state
 
   def data(self, config, model_cfg, workdir):
     if config.data.path:
