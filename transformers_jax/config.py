@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from transformers_jax.modules.lora import config_problem as lora_config_problem
+from transformers_jax.modules import lora, remat
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
 
@@ -36,7 +36,7 @@ ACTIVATIONS = {
 FEED_FORWARDS = ("dense", "moe")
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = remat.POLICIES  # modules/remat.py says what each keeps
 DTYPES = ("float32", "bfloat16", "float16")
 HEADS = {
     "decoder": ("lm",),
@@ -117,7 +117,9 @@ class ModelConfig:
   pool: str = "cls"  # vit: cls token or mean of patch tokens
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
-  remat: str = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
+  # none | full | minimal | save_dot_except_mlpwi | save_qkv_proj | ... | custom (modules/remat.py)
+  remat: str = "none"
+  remat_save: str = ""  # remat=custom: name:device|offload|remat,... e.g. qkv_proj:offload
   dtype: str = "float32"  # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"  # parameter storage dtype
   # LoRA: a trained rank-r update (lora_alpha / r) * A B beside each projection lora_targets
@@ -257,7 +259,6 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "activation", tuple(ACTIVATIONS))
   _choice(c, "feed_forward", FEED_FORWARDS)
   _choice(c, "moe_impl", MOE_IMPLS)
-  _choice(c, "remat", REMAT_POLICIES)
   _choice(c, "attention_impl", ATTENTION_IMPLS)
   _choice(c, "dtype", DTYPES)
   _choice(c, "param_dtype", DTYPES)
@@ -342,9 +343,9 @@ def validate(c: ModelConfig) -> None:
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
   _check_placement(c)
-  lora_problem = lora_config_problem(c)
-  if lora_problem:
-    _fail(*lora_problem)
+  for problem in (lora.config_problem(c), remat.config_problem(c)):
+    if problem:
+      _fail(*problem)
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
     _fail(
         "moe_every",

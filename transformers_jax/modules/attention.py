@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from transformers_jax.modules.common import (
     DenseWeights,
@@ -254,6 +255,7 @@ class Attention(nn.Module):
       q, *self_kv = fused_dense(c, x, [query(D), key(D), value(D)], lora_x(x))
     else:
       (q,) = fused_dense(c, x, [query(D)], lora_x(x))
+    q = checkpoint_name(q, "query_proj")  # the names remat policies keep (modules/remat.py)
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
     if c.qk_norm:  # normalise each head's queries and keys over head_dim
       q = Norm(c, axis="head_dim", name="query_norm")(q)
@@ -261,6 +263,7 @@ class Attention(nn.Module):
       q = norm_over_heads(c, q, "query_proj_norm")
 
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
+      k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
       if c.qk_norm:
         k = Norm(c, axis="head_dim", name="key_norm")(k)
       if QKV_NORM in self.features:
@@ -314,6 +317,7 @@ class Attention(nn.Module):
             c.attention_query_blocks,
             *blocks,
         )
+    out = checkpoint_name(out, "context")
     if HEAD_GAIN in self.features:  # NormFormer: a learned gain per head, initialised to 1
       gain = self.param(
           "head_gain", constant(1.0, ("heads",)), (H,), dtype_of(c.param_dtype)
@@ -324,7 +328,7 @@ class Attention(nn.Module):
     out_weights = DenseWeights(
         c, (D,), ("heads", "head_dim", "embed"), ("embed",), rule=rules.get("out"), name="out"
     )
-    return apply_projection(out, out_weights((H, K)), 2, lora_x(out))
+    return checkpoint_name(apply_projection(out, out_weights((H, K)), 2, lora_x(out)), "out_proj")
 
   def _cross_cached(self, project, context):
     """The context's keys/values [B, G, S, K]: projected by the first decode call, then reused

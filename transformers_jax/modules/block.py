@@ -11,13 +11,8 @@ from transformers_jax.modules.common import constant, dtype_of
 from transformers_jax.modules.feed_forward import FeedForward, MoE
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
+from transformers_jax.modules import remat
 from transformers_jax.modules.placements import PLACEMENTS
-
-
-def remat_policy(name: str):
-  """What a rematerialised block keeps for the backward pass: config.REMAT_POLICIES names
-  "full" (nothing: recompute the whole block) or one of jax.checkpoint_policies."""
-  return None if name == "full" else getattr(jax.checkpoint_policies, name)
 
 
 class Block(nn.Module):
@@ -115,7 +110,7 @@ class Stack(nn.Module):
       self.sow("profile", "input_var", jnp.var(x.astype(jnp.float32)))
     block = Block
     if c.remat != "none":
-      block = nn.remat(Block, policy=remat_policy(c.remat), prevent_cse=not c.scan_layers)
+      block = nn.remat(Block, policy=remat.policy(c), prevent_cse=not c.scan_layers)
     kw = dict(
         cfg=c,
         causal=self.causal,

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from transformers_jax.modules.common import (
     DenseWeights,
@@ -47,15 +48,15 @@ class FeedForward(nn.Module):
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
-      h = act(h0) * h1
+      h = act(checkpoint_name(h0, "mlpwi_0")) * checkpoint_name(h1, "mlpwi_1")
     else:
       wi = DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
-      h = act(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)))
+      h = act(checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi"))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
       h = Norm(c, axis="mlp", name="mid_norm")(h)
     wo = DenseWeights(c, (c.d_model,), ("mlp", "embed"), ("embed",), rules.get("wo"), name="wo")
-    return apply_projection(h, wo(h.shape[-1]), 1, lora_x(h))
+    return checkpoint_name(apply_projection(h, wo(h.shape[-1]), 1, lora_x(h)), "mlpwo")
 
 
 def route(router_probs, top_k: int, capacity: int):
@@ -158,7 +159,7 @@ class MoE(nn.Module):
     self.sow("moe_stats", "expert_fraction", fraction)
     self.sow("moe_stats", "dropped_fraction", 1.0 - kept_fraction)
     self.sow("intermediates", "moe_dropped_fraction", 1.0 - kept_fraction)
-    return out
+    return checkpoint_name(out, "moe_combine")  # (the ragged path's output is named here)
 
 
 def dense_experts(c, x, combine, dispatch, weights, mid_norm=None):
@@ -167,14 +168,16 @@ def dense_experts(c, x, combine, dispatch, weights, mid_norm=None):
   routing weights."""
   act = activation(c.activation)
   zero = 0.0
-  xe = jnp.einsum("btd,btec->becd", x, dispatch)  # [B, E, C, D]
+  xe = checkpoint_name(jnp.einsum("btd,btec->becd", x, dispatch), "moe_dispatch")  # [B, E, C, D]
   h = jnp.einsum("becd,edf->becf", xe, weights["wi"]) + weights.get("bi", zero)
   if c.gated:
     h1 = jnp.einsum("becd,edf->becf", xe, weights["wi_1"]) + weights.get("bi_1", zero)
-    h = act(h) * h1
+    h = act(checkpoint_name(h, "mlpwi_0")) * checkpoint_name(h1, "mlpwi_1")
   else:
-    h = act(h)
+    h = act(checkpoint_name(h, "mlpwi"))
   if mid_norm is not None:
     h = mid_norm(h)
-  out = jnp.einsum("becf,efd->becd", h, weights["wo"]) + weights.get("bo", zero)
-  return jnp.einsum("becd,btec->btd", out, combine)
+  out = checkpoint_name(
+      jnp.einsum("becf,efd->becd", h, weights["wo"]) + weights.get("bo", zero), "mlpwo"
+  )
+  return checkpoint_name(jnp.einsum("becd,btec->btd", out, combine), "moe_combine")

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from transformers_jax.modules.common import constant, dtype_of, ones, zeros
 
@@ -48,7 +49,7 @@ class Norm(nn.Module):
       y = y * self.param("scale", ones((self.axis,)), (features,), pdt)
     if c.has_norm_bias:
       y = y + self.param("bias", zeros((self.axis,)), (features,), pdt)
-    return y.astype(dtype_of(c.dtype))
+    return checkpoint_name(y.astype(dtype_of(c.dtype)), "norm")  # modules/remat.py
 
 
 def norm_over_heads(cfg, x, name: str):
