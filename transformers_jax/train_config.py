@@ -76,12 +76,19 @@ def training_fields() -> ml_collections.ConfigDict:
   c.init_member = -1  # init_from a population's run: the member to take (-1: not a population)
   c.data = ml_collections.ConfigDict()
   c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
-  c.data.path = ""  # user data: .txt file/folder (LM, MLM), .tsv (seq2seq, classification), .npz
+  # user data: .txt / .jsonl / .parquet / .arrow files or folders, or a Hugging Face dataset
+  # folder (LM, MLM); .tsv (seq2seq, classification); .npz (images)
+  c.data.path = ""
   c.data.tokenizer = "byte"  # byte | bpe (trained locally on the training text) | a .json file
   c.data.cache_dir = ""  # where token files go; "" = WORKDIR/data
   c.data.max_bytes = 4_000_000  # size cap of the bundled corpus's training split
   c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
-  c.data.text_field = "text"  # .jsonl field / .parquet column holding the text
+  c.data.text_field = "text"  # .jsonl field / .parquet or .arrow column holding the text
+  # LM / MLM: weighted text sources instead of data.path, PATH:WEIGHT,... (a schedule:
+  # PATH:W0|W1@STEP), e.g. "a.jsonl:0.5,b.txt:0.3,hf_folder:0.2"; docs/data.md
+  c.data.mixture = ""
+  # the split of a Hugging Face dataset folder (a save_to_disk DatasetDict, or the hub's shards)
+  c.data.split = "train"
   c.data.packing = False  # LM / MLM on data.path: rows of whole documents with segment ids
   # (text classification, seq2seq: rows of whole examples, which need no data.path)
   c.data.examples_per_row = 8  # packing: most examples one row holds (classification, seq2seq)
@@ -194,6 +201,14 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
   for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
     if config_value(config, field) < 0:
       fail(field, "must be >= 0")
+  if config.data.get("mixture", ""):
+    from transformers_jax.data.mixture import parse_mixture
+
+    if config.data.path:
+      fail("data.mixture", "names the sources instead of data.path: leave data.path empty")
+    parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
+  if not str(config.data.get("split", "train")).strip():
+    fail("data.split", "names a split of a Hugging Face dataset folder, e.g. train")
   task.check(config, model_cfg)
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
