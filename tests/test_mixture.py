@@ -181,6 +181,7 @@ def test_training_on_a_mixture_resumes_bit_exactly_and_logs_each_source(sources,
         ("a.txt:1|2@50|3@20", "each later weight names its first step, after the one before"),
         ("a.txt:1@5", "the first weight holds from step 0"),
         ("a.txt:1|0@10,b.txt:0|1@20", "from step 10 every weight is 0"),
+        ("a.txt:1,b.txt:1e-5", "the weights 1e-05 and 1 differ by more than 10,000 times"),
     ],
 )
 def test_a_bad_mixture_is_one_line(mixture, said):

@@ -34,9 +34,12 @@ from transformers_jax.data.errors import DataError
 from transformers_jax.data.pipeline import StepBatches, local_rows
 
 EXAMPLE = '--config.data.mixture="a.jsonl:0.5,b.txt:0.3,hf_folder:0.2"'
-# Rows scanned past a point of a stage's interleaving to find each source's next row: more
-# than a weight of 1 in a million of the stage's total needs.
-SCAN_LIMIT = 1 << 20
+# Largest ratio of two positive weights at one step: a source drawn once in every so many rows
+# (and counted by scanning that far: see MixtureBatches._counts).
+MAX_RATIO = 10_000
+# Rows scanned past a point of a stage's interleaving to find each source's next row: more than
+# weights within MAX_RATIO of each other need, for up to a few hundred sources.
+SCAN_LIMIT = 1 << 24
 # Rows of each grain row stream: endless, for a run's purposes.
 STREAM_ROWS = 1 << 62
 
@@ -112,8 +115,15 @@ def parse_mixture(spec: str) -> list[MixtureSource]:
     name = base if names[base] == 1 else f"{base}_{names[base]}"  # a.txt and x/a.txt: a, a_2
     parsed.append(MixtureSource(name or f"source_{len(parsed)}", path, schedule))
   for start, weights in stages(parsed):
-    if not sum(weights) > 0:
+    positive = [w for w in weights if w > 0]
+    if not positive:
       _fail(spec, f"from step {start} every weight is 0: give some source a weight > 0 there")
+    if max(positive) > MAX_RATIO * min(positive):
+      _fail(
+          spec,
+          f"from step {start} the weights {min(positive):g} and {max(positive):g} differ by more "
+          f"than {MAX_RATIO:,} times: raise the smallest (or leave that source out)",
+      )
   return parsed
 
 
@@ -145,6 +155,7 @@ class MixtureBatches:
     self.seq_len = parts[0].seq_len
     self.process_index, self.process_count = process_index, process_count
     self.stages = stages(sources)
+    self.first_rows = [start * self.batch_size for start, _ in self.stages]  # of each stage
     self._mixes = None
 
   def __getstate__(self):
@@ -187,22 +198,20 @@ class MixtureBatches:
         missing.discard(source)
         if not missing:
           return counts
-    raise DataError(  # pragma: no cover - weights this uneven are refused by grain first
-        f"data.mixture: some source's weight is below 1/{SCAN_LIMIT} of the total: raise it"
+    raise DataError(  # weights within MAX_RATIO of each other never get here
+        f"data.mixture: a source was not drawn in {SCAN_LIMIT:,} rows: raise its weight"
     )
 
   def source_of(self, n: int) -> tuple[int, int]:
     """(source, k): global row n is the k-th row of that source's stream."""
-    mixes = self._stage_mixes()
-    j = bisect.bisect_right([m[0] for m in mixes], n) - 1
-    first, mixed, _ = mixes[j]
+    j = bisect.bisect_right(self.first_rows, n) - 1
+    first, mixed, _ = self._stage_mixes()[j]
     return mixed[n - first]
 
   def rows_drawn(self, rows: int) -> np.ndarray:
     """Rows drawn from each source among the first `rows` of the global row stream."""
-    mixes = self._stage_mixes()
-    j = bisect.bisect_right([m[0] for m in mixes], max(rows - 1, 0)) - 1
-    first, mixed, bases = mixes[j]
+    j = bisect.bisect_right(self.first_rows, max(rows - 1, 0)) - 1
+    first, mixed, bases = self._stage_mixes()[j]
     active = [i for i, w in enumerate(self.stages[j][1]) if w > 0]
     counts = self._counts(mixed, bases, active, rows - first) if rows > first else [0] * len(bases)
     return np.asarray([b + c for b, c in zip(bases, counts)], np.int64)

@@ -114,7 +114,7 @@ class Task:
       fail(
           "data.mixture",
           f"mixes text sources for the objectives that read text documents (lm, mlm, "
-          f"span_corruption), and this run trains {self.name}: use --config.data.path",
+          f"span_corruption, distill), and this run trains {self.name}: use --config.data.path",
       )
     if packing and not self.packs:
       fail(
