@@ -5,7 +5,6 @@ file; read in row ranges, in order, every row once; bad input is one line."""
 import json
 import sys
 
-import datasets
 import numpy as np
 import pytest
 
@@ -21,6 +20,8 @@ def documents(n, seed=0):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
+  import datasets  # (imported here: collecting the tests should not pay for it)
+
   datasets.disable_progress_bars()
   root = tmp_path_factory.mktemp("hf")
   docs = documents(240)

@@ -5,7 +5,6 @@ bit-exact resumes, held-out losses per source, and bad mixtures as one line."""
 import json
 import pickle
 
-import datasets
 import jax
 import numpy as np
 import pytest
@@ -30,6 +29,8 @@ def sources(tmp_path_factory):
   (root / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
   (root / "b.txt").write_text("\n".join(d.upper() for d in docs))
   numbers = [" ".join(str(n) for n in rng.integers(0, 10**6, rng.integers(2, 20))) for _ in docs]
+  import datasets  # (imported here: collecting the tests should not pay for it)
+
   datasets.disable_progress_bars()
   datasets.Dataset.from_dict({"text": numbers}).save_to_disk(str(root / "digits"))
   return root
