@@ -14,7 +14,7 @@ import ml_collections
 
 from transformers_jax.config import model_config_dict
 from transformers_jax.machine.parallel import rule_names
-from transformers_jax.run_folder.records import read_config
+from transformers_jax.run_folder.records import flatten_dict, read_config
 
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
@@ -78,12 +78,19 @@ def training_fields() -> ml_collections.ConfigDict:
   c.init_member = -1  # init_from a population's run: the member to take (-1: not a population)
   c.data = ml_collections.ConfigDict()
   c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
-  c.data.path = ""  # user data: .txt file/folder (LM, MLM), .tsv (seq2seq, classification), .npz
+  # user data: .txt / .jsonl / .parquet / .arrow files or folders, or a Hugging Face dataset
+  # folder (LM, MLM); .tsv (seq2seq, classification); .npz (images)
+  c.data.path = ""
   c.data.tokenizer = "byte"  # byte | bpe (trained locally on the training text) | a .json file
   c.data.cache_dir = ""  # where token files go; "" = WORKDIR/data
   c.data.max_bytes = 4_000_000  # size cap of the bundled corpus's training split
   c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
-  c.data.text_field = "text"  # .jsonl field / .parquet column holding the text
+  c.data.text_field = "text"  # .jsonl field / .parquet or .arrow column holding the text
+  # LM / MLM: weighted text sources instead of data.path, PATH:WEIGHT,... (a schedule:
+  # PATH:W0|W1@STEP), e.g. "a.jsonl:0.5,b.txt:0.3,hf_folder:0.2"; docs/data.md
+  c.data.mixture = ""
+  # the split of a Hugging Face dataset folder (a save_to_disk DatasetDict, or the hub's shards)
+  c.data.split = "train"
   c.data.packing = False  # LM / MLM on data.path: rows of whole documents with segment ids
   # (text classification, seq2seq: rows of whole examples, which need no data.path)
   c.data.examples_per_row = 8  # packing: most examples one row holds (classification, seq2seq)
@@ -196,6 +203,14 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
   for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
     if config_value(config, field) < 0:
       fail(field, "must be >= 0")
+  if config.data.get("mixture", ""):
+    from transformers_jax.data.mixture import parse_mixture
+
+    if config.data.path:
+      fail("data.mixture", "names the sources instead of data.path: leave data.path empty")
+    parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
+  if not str(config.data.get("split", "train")).strip():
+    fail("data.split", "names a split of a Hugging Face dataset folder, e.g. train")
   task.check(config, model_cfg)
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
@@ -357,9 +372,8 @@ def preset_config(
     training: Mapping[str, dict] | None = None,
     default: str = "tiny",
 ) -> ml_collections.ConfigDict:
-  """What every experiments/*.py `get_config(arg)` does: look up the preset (an error lists the
-  choices), lay it over the family's `base` fields, attach its published count and its
-  training fields."""
+  """Every experiments/*.py `get_config(arg)`: the preset (an error lists the choices) over the
+  family's `base` fields, with its published count and its training fields."""
   name = arg or default
   if name not in presets:
     raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
@@ -371,8 +385,7 @@ def preset_config(
 
 
 def asks_for_population(population) -> bool:
-  """Whether population settings (a config's, or config.json's dict of them) ask for a
-  population: seeds > 0, or any list set."""
+  """Whether population settings (a config's, or a dict) ask for one: seeds > 0, or a list."""
   fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
   return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
 
@@ -385,14 +398,3 @@ def config_from_json(path) -> ml_collections.ConfigDict:
   config = experiment_config(**saved.pop("model"))
   config.update_from_flattened_dict(flatten_dict(saved))
   return config
-
-
-def flatten_dict(d: Mapping, prefix: str = "") -> dict:
-  """A nested mapping as {dotted.name: leaf value}."""
-  out = {}
-  for key, value in d.items():
-    if isinstance(value, Mapping):
-      out.update(flatten_dict(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out

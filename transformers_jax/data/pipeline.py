@@ -268,6 +268,14 @@ class StepBatches:
   def finish(self, tokens, segments, positions, step, rows) -> dict:
     return self.layout.finish(tokens, segments, positions, self.seed, step, rows)
 
+  def row(self, rng: np.random.Generator) -> tuple:
+    """One row drawn with `rng` (a mixture's rows, data/mixture.py): (tokens, segment ids,
+    positions) of a packed row, or (tokens of a random window, None, None)."""
+    if self.packing:
+      return self.data.packed_row(rng, self.length, self.pad_id, self.stride)
+    start = int(rng.integers(0, int(self.cumulative[-1])))
+    return self.data.window(start, self.length, self.cumulative), None, None
+
 
 def eval_windows(data: TokenSpans, batch_size: int, length: int, num_batches: int) -> list:
   """Up to `num_batches` global batches of non-overlapping windows from the start of each span."""

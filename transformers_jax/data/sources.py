@@ -1,8 +1,11 @@
-"""Text sources of any size, read in chunks: .txt files or folders, .jsonl and .parquet.
+"""Text sources of any size, read in chunks: .txt files or folders, .jsonl, .parquet and .arrow
+files, and Hugging Face dataset folders (save_to_disk, or shards as the hub lays them out:
+hf_datasets.py).
 
-A source is cut into *units* (a byte range of a .txt / .jsonl file, or a few row groups of a
-.parquet file) that can be read and tokenized independently, in any order and in parallel.
-A unit owns the lines that start inside its byte range, so every line is read exactly once.
+A source is cut into *units* (a byte range of a .txt / .jsonl file, a few row groups of a
+.parquet file, or a row range of an .arrow file) that can be read and tokenized independently,
+in any order and in parallel. A unit owns the lines that start inside its byte range, so every
+line is read exactly once.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import os
 import pathlib
 from collections.abc import Iterator
 
+from transformers_jax.data import hf_datasets
 from transformers_jax.data.errors import DataError
 
-SUFFIXES = (".txt", ".jsonl", ".parquet")
+SUFFIXES = (".txt", ".jsonl", ".parquet", ".arrow")
 # Bytes of text per unit: large enough that per-unit overhead vanishes, small enough to spread
 # a corpus over worker processes and to bound what one worker holds in memory.
 UNIT_BYTES = 16 << 20
@@ -24,36 +28,58 @@ UNIT_BYTES = 16 << 20
 @dataclasses.dataclass(frozen=True)
 class Unit:
   """One independently readable piece of a source file: bytes [start, end) of a text or JSONL
-  file, or row groups [start, end) of a Parquet file; `last` when it holds the file's end."""
+  file, row groups [start, end) of a Parquet file or rows [start, end) of an Arrow file; `last`
+  when it holds the file's end."""
 
   path: str
-  kind: str  # txt | jsonl | parquet
+  kind: str  # txt | jsonl | parquet | arrow
   start: int
   end: int
   last: bool
 
 
-def list_files(path: str | os.PathLike) -> list[pathlib.Path]:
-  """The .txt / .jsonl / .parquet files at `path` (a file, or a folder searched recursively)."""
+def list_files(
+    path: str | os.PathLike, split: str = "train", field: str = "data.path"
+) -> list[pathlib.Path]:
+  """The files of the source at `path`: a .txt / .jsonl / .parquet / .arrow file, the .arrow
+  files of a save_to_disk folder (of its `split`, for a DatasetDict), the shards of `split` in a
+  folder of .parquet / .arrow files (the hub's layout), or else every .txt / .jsonl file of a
+  folder, searched recursively. `field` names the setting in messages."""
   root = pathlib.Path(path)
-  fix = "pass a .txt, .jsonl or .parquet file, or a folder of them, with --config.data.path"
+  fix = (
+      f"pass a .txt, .jsonl, .parquet or .arrow file, a folder of them or a Hugging Face "
+      f"dataset folder, with --config.{field.split(' ')[0]}"
+  )
   if not root.exists():
-    raise DataError(f"data.path '{root}' does not exist: {fix}")
+    raise DataError(f"{field} '{root}' does not exist: {fix}")
   if root.is_file():
     if root.suffix not in SUFFIXES:
-      raise DataError(f"data.path '{root}' is not a .txt, .jsonl or .parquet file: {fix}")
+      raise DataError(f"{field} '{root}' is not a .txt, .jsonl, .parquet or .arrow file: {fix}")
     return [root]
+  if hf_datasets.is_saved_folder(root):
+    return hf_datasets.saved_files(root, split, field)
   files = sorted(f for f in root.rglob("*") if f.suffix in SUFFIXES and f.is_file())
   if not files:
-    raise DataError(f"data.path '{root}' holds no .txt, .jsonl or .parquet files: {fix}")
+    raise DataError(
+        f"{field} '{root}' holds no .txt, .jsonl or .parquet files, nor .arrow shards: {fix}"
+    )
+  if any(f.suffix in hf_datasets.SHARD_SUFFIXES for f in files):  # the hub's layout: one split
+    return hf_datasets.hub_split_files(root, split, field, SUFFIXES)
   return files
 
 
-def plan_units(files: list[pathlib.Path], unit_bytes: int = UNIT_BYTES) -> list[Unit]:
-  """Every file cut into units of about `unit_bytes` (Parquet: whole row groups)."""
+def plan_units(
+    files: list[pathlib.Path], unit_bytes: int = UNIT_BYTES, text_field: str = "text"
+) -> list[Unit]:
+  """Every file cut into units of about `unit_bytes` (Parquet: whole row groups; Arrow: rows
+  holding about that many bytes of the file). `text_field`: checked in an Arrow file's schema."""
   units = []
   for f in files:
     kind = f.suffix[1:]
+    if kind == "arrow":
+      for a, b, last in hf_datasets.arrow_row_ranges(f, unit_bytes, text_field):
+        units.append(Unit(str(f), kind, a, b, last))
+      continue
     if kind == "parquet":
       meta = _parquet_file(f).metadata
       groups, size, first = meta.num_row_groups, 0, 0
@@ -110,7 +136,7 @@ def _decode(data: bytes, unit: Unit) -> str:
 
 def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]]:
   """(text, ends_document) pieces of a unit in order. A .txt file is one document, read in
-  pieces; each JSONL line and each Parquet row is one document."""
+  pieces; each JSONL line and each Parquet or Arrow row is one document."""
   if unit.kind == "txt":
     text = _decode(_line_range(unit), unit)
     yield text, unit.last
@@ -150,6 +176,9 @@ def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]
       for text in column.to_pylist():
         if text:
           yield str(text), True
+  elif unit.kind == "arrow":
+    for text in hf_datasets.read_arrow_rows(unit.path, unit.start, unit.end, text_field):
+      yield text, True
   else:
     raise DataError(f"unknown source kind {unit.kind!r}")
 
@@ -157,7 +186,7 @@ def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]
 def sample_texts(files: list[pathlib.Path], text_field: str, max_bytes: int) -> list[str]:
   """Documents from the start of the source, about `max_bytes` of them (to train a BPE)."""
   out, size = [], 0
-  for unit in plan_units(files, min(max_bytes, UNIT_BYTES)):
+  for unit in plan_units(files, min(max_bytes, UNIT_BYTES), text_field):
     for text, _ in read_unit(unit, text_field):
       out.append(text)
       size += len(text)

@@ -244,16 +244,20 @@ def build_cache(
     unit_bytes: int = sources.UNIT_BYTES,
     progress: bool | None = None,
     log=None,
+    split: str = "train",
+    field: str = "data.path",
 ) -> TokenCache:
   """The token cache of the source at `path` under `root`, built (or completed, or repaired)
-  with `workers` processes if needed. `progress`: a tqdm bar (None = only on a terminal)."""
+  with `workers` processes if needed. `progress`: a tqdm bar (None = only on a terminal);
+  `split`: the split of a Hugging Face dataset folder; `field`: the setting that names `path`,
+  for messages."""
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-  files = sources.list_files(path)
+  files = sources.list_files(path, split, field)
   folder = pathlib.Path(root) / cache_key(files, tokenizer, text_field)
   folder.mkdir(parents=True, exist_ok=True)
   dtype = token_dtype(vocab_size)
   manifest_path = folder / "manifest.json"
-  units = sources.plan_units(files, unit_bytes)
+  units = sources.plan_units(files, unit_bytes, text_field)
   records: dict[int, dict] = {}
   try:
     manifest = json.loads(manifest_path.read_text())
@@ -315,7 +319,8 @@ def build_cache(
   shards = [records[i] for i in range(len(units))]
   if not any(s["tokens"] for s in shards):
     raise DataError(
-        f"the text at data.path '{path}' is empty: pass non-empty .txt, .jsonl or .parquet files"
+        f"the text at {field} '{path}' is empty: pass non-empty .txt, .jsonl, .parquet or "
+        ".arrow files"
     )
   manifest = {"format": FORMAT, "dtype": dtype.name, "vocab_size": vocab_size, "shards": shards}
   _write_atomic(manifest_path, json.dumps(manifest, indent=1).encode())

@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import tempfile
+from collections.abc import Mapping
 
 from transformers_jax.errors import RunError
 
@@ -69,3 +70,14 @@ def write_text_atomically(path, text: str) -> None:
   except BaseException:
     pathlib.Path(tmp).unlink(missing_ok=True)
     raise
+
+
+def flatten_dict(d: Mapping, prefix: str = "") -> dict:
+  """A nested mapping as {dotted.name: leaf value}."""
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, Mapping):
+      out.update(flatten_dict(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

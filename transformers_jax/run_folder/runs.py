@@ -325,7 +325,7 @@ def settings_in_force(run: "Run") -> dict | None:
 def resume_changes(run: "Run", config) -> dict[str, list]:
   """{dotted field: [value in force, value now]} of the settings that `config` (a ConfigDict)
   changes: every field but the model's, whose implementation fields alone may change."""
-  from transformers_jax.train_config import flatten_dict
+  from transformers_jax.run_folder.records import flatten_dict
 
   in_force = flatten_dict(settings_in_force(run) or {})
   now = flatten_dict(json.loads(config.to_json_best_effort()))

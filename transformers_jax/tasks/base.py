@@ -44,6 +44,13 @@ class TaskData:
   source: str | None = None
   # held-out batches a task decodes at evaluation (seq2seq translations); None = its default
   decode_batches: list | None = None
+  # a mixture's sources (data.mixture): their names, in the order of the one-hot `source` [B,
+  # sources] its held-out batches carry (the evaluation reports each source's loss), and the
+  # UTF-8 bytes of each source's held-out targets (bits per byte), or None
+  source_names: list[str] | None = None
+  source_eval_bytes: list[float] | None = None
+  # step -> metrics of the data itself at a logged step (a mixture's tokens seen per source)
+  step_metrics: Callable[[int], dict] | None = None
 
   def rows(self, step: int, start: int, stop: int) -> dict:
     """Rows [start, stop) of the global batch of `step`."""
@@ -114,8 +121,15 @@ class Task:
       value = config.data[field.split(".", 1)[1]]
       raise ValueError(f"{field}={value!r}: {problem}")
 
-    if packing and self.packs == "documents" and not config.data.path:
+    mixture = config.data.get("mixture", "")
+    if packing and self.packs == "documents" and not (config.data.path or mixture):
       fail("data.packing", "packs the documents of --config.data.path; set one or turn it off")
+    if mixture and self.packs != "documents":  # the objectives that stream a user's text
+      fail(
+          "data.mixture",
+          f"mixes text sources for the objectives that read text documents (lm, mlm, "
+          f"span_corruption, distill), and this run trains {self.name}: use --config.data.path",
+      )
     if packing and not self.packs:
       fail(
           "data.packing",
@@ -157,8 +171,8 @@ class Task:
     )
     padded = logits.shape[-1] == model_cfg.padded_vocab != model_cfg.vocab_size
     real = model_cfg.vocab_size if padded else None  # the real classes of a padded vocabulary
-    if not train:
-      sums = cross_entropy(logits, targets, weights, num_classes=real)
+    if not train:  # a mixture's held-out rows name their source: sums per source too
+      sums = cross_entropy(logits, targets, weights, num_classes=real, groups=batch.get("source"))
       vocab = logits[..., : model_cfg.vocab_size].astype(jnp.float32)
       sums["logit_sum"] = jnp.sum(jnp.mean(vocab, axis=-1) * weights.astype(jnp.float32))
       sums["logit_max"] = jnp.max(vocab)
@@ -198,6 +212,14 @@ class Task:
       out["eval_bits_per_byte"] = float(totals["nll"]) / math.log(2) / data.eval_bytes
     out["eval_logit_mean"] = float(totals["logit_sum"]) / w
     out["eval_logit_max"] = float(totals["logit_max"])
+    if data.source_names and "source_nll" in totals:  # a mixture: each source's held-out loss
+      nll, weight = np.asarray(totals["source_nll"]), np.asarray(totals["source_weight"])
+      for i, name in enumerate(data.source_names):
+        out[f"eval_loss/{name}"] = float(nll[i]) / max(float(weight[i]), 1.0)
+        if data.source_eval_bytes:
+          out[f"eval_bits_per_byte/{name}"] = (
+              float(nll[i]) / math.log(2) / max(data.source_eval_bytes[i], 1.0)
+          )
     return out
 
   def frozen_runs(self, config) -> dict[str, str]:
@@ -259,6 +281,7 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     num_classes: int | None = None,
     z_loss=0.0,
+    groups=None,
 ) -> dict:
   """Sums over weighted positions: smoothed loss, plain nll, correct predictions, weight.
 
@@ -270,7 +293,8 @@ def cross_entropy(
   the model); label smoothing spreads over the real ones only. `z_loss` (a float, or a traced
   scalar) adds z_loss * log(Z)^2 per position, log(Z) being the log-partition function
   (log-sum-exp of the logits): it keeps the output logits from drifting (PaLM); "z_loss" in the
-  sums is the weighted sum of log(Z)^2 either way.
+  sums is the weighted sum of log(Z)^2 either way. `groups` (a one-hot [B, G] of each row's
+  group: a mixture's source) adds "source_nll" and "source_weight", [G] sums per group.
   """
   logits = logits.astype(jnp.float32)
   n = logits.shape[-1]
@@ -303,13 +327,19 @@ def cross_entropy(
   largest = jnp.max(logits, axis=-1)
   uniform = lse - largest >= np.log(num_classes or n) - 1e-4
   correct = ((target_logit[..., 0] >= largest) & ~uniform).astype(jnp.float32)
-  return {
+  sums = {
       "loss": jnp.sum(loss * w),
       "nll": jnp.sum(nll * w),
       "correct": jnp.sum(correct * w),
       "weight": jnp.sum(w),
       "z_loss": jnp.sum(lse_squared * w),
   }
+  if groups is not None:
+    rows = lambda x: jnp.sum(jnp.reshape(x, (x.shape[0], -1)), axis=1)  # noqa: E731
+    one_hot = groups.astype(jnp.float32)
+    sums["source_nll"] = rows(nll * w) @ one_hot
+    sums["source_weight"] = rows(jnp.broadcast_to(w, nll.shape)) @ one_hot
+  return sums
 
 
 def chunked_cross_entropy(

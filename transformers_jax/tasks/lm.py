@@ -68,7 +68,7 @@ class LanguageModeling(Task):
     return (out["logits"], tokens[:, 1:], weights, unembedded), state
 
   def data(self, config, model_cfg, workdir):
-    if config.data.path:
+    if config.data.path or config.data.get("mixture", ""):  # streamed: stream_data.py
       from transformers_jax.tasks.stream_data import streamed_text_data
 
       return streamed_text_data(config, model_cfg, workdir, lambda tok: NextTokenRows(), False)

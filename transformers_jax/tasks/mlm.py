@@ -82,7 +82,7 @@ class MaskedLM(Task):
     return (out["logits"], batch["labels"], batch["weights"]), state
 
   def data(self, config, model_cfg, workdir):
-    if config.data.path:
+    if config.data.path or config.data.get("mixture", ""):  # streamed: stream_data.py
       from transformers_jax.tasks.stream_data import streamed_text_data
 
       p = config.data.mlm_probability

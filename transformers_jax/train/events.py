@@ -180,6 +180,9 @@ class Progress:
       text += f" ppl {ev['eval_perplexity']:.2f}"
     if "eval_moe_dropped_fraction" in ev:
       text += f"; router dropped {ev['eval_moe_dropped_fraction']:.1%}"
+    sources = [(k.split("/", 1)[1], v) for k, v in ev.items() if k.startswith("eval_loss/")]
+    if sources:  # a mixture: each source's held-out loss
+      text += "; by source " + ", ".join(f"{name} {v:.4f}" for name, v in sources)
     (self.bar.write if self.bar is not None else print)(text)
 
   def close(self):

@@ -138,6 +138,8 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
         values["mfu"] = steps_per_s * flops_per_step / peak if peak else None
       if task.language_model and "nll" in values:
         values["perplexity"] = math.exp(min(values["nll"], 50.0))
+      if data.step_metrics is not None:  # a mixture's tokens seen per source
+        values.update(data.step_metrics(done))
       writer.write(done, values)
       progress.update(done, values, pace.describe(done, steps_per_s))
       result.update(values)

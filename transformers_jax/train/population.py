@@ -120,8 +120,10 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
     if log_now:
       values = _on_host(metrics)
       alive, diverged_at = _on_host((state.alive, state.diverged_at))
+      # a mixture's tokens seen per source: the same rows for every member
+      seen = data.step_metrics(done) if data.step_metrics is not None else {}
       for i, m in enumerate(table):
-        line = {**m, **{k: float(v[i]) for k, v in values.items()}}
+        line = {**m, **{k: float(v[i]) for k, v in values.items()}, **seen}
         line["diverged"] = not bool(alive[i])
         if line["diverged"]:
           line["diverged_at"] = int(diverged_at[i])
