@@ -115,6 +115,11 @@ def training_fields() -> ml_collections.ConfigDict:
           "tensor": 1,
           "expert": 1,
           "topology": "",
+          # slices joined by the data-center network (DCN): the axes above are within a slice,
+          # the dcn_* ones across slices (each mesh axis is their product); topology: one slice
+          "num_slices": 1,
+          "dcn_data": -1,  # slices the data axis spans (-1 = the rest)
+          "dcn_fsdp": 1,  # slices the fsdp axis spans (parameters sharded across slices too)
       }
   )
   # logical-axis rule overrides, one field per logical name (transformers_jax/machine/parallel.py):
@@ -218,12 +223,13 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
     fail("init_member", "a member index is >= 0 (-1: init_from is not a population)")
   if config.get("init_member", -1) >= 0 and not config.init_from:
     fail("init_member", "picks a member of --config.init_from's population: set init_from")
-  if not config.adam_eps > 0:
-    fail("adam_eps", "must be positive")
-  if not 0 <= config.min_lr_ratio <= 1:
-    fail("min_lr_ratio", "must be in [0, 1]")
-  if not 0 <= config.label_smoothing < 1:
-    fail("label_smoothing", "must be in [0, 1)")
+  for field, ok, problem in (
+      ("adam_eps", config.adam_eps > 0, "must be positive"),
+      ("min_lr_ratio", 0 <= config.min_lr_ratio <= 1, "must be in [0, 1]"),
+      ("label_smoothing", 0 <= config.label_smoothing < 1, "must be in [0, 1)"),
+  ):
+    if not ok:
+      fail(field, problem)
   if not 0 < config.data.mlm_probability <= 1:
     fail("data.mlm_probability", "the fraction of tokens predicted must be in (0, 1]")
   temperature = config.sample.temperature
@@ -382,12 +388,6 @@ def preset_config(
   return experiment_config(
       published, source if published else "", (training or {}).get(name), **{**base, **preset}
   )
-
-
-def asks_for_population(population) -> bool:
-  """Whether population settings (a config's, or a dict) ask for one: seeds > 0, or a list."""
-  fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
-  return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
 
 
 def config_from_json(path) -> ml_collections.ConfigDict:

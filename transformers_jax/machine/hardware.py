@@ -63,8 +63,9 @@ def chip_for_topology(topology: str) -> Chip:
   )
 
 
-def topology_devices(topology: str) -> list:
-  """The devices of a TPU topology, from libtpu's compiler, on any host (no TPU needed)."""
+def topology_devices(topology: str, num_slices: int = 1) -> list:
+  """The devices of a TPU topology (`num_slices` slices of it, joined by DCN), from libtpu's
+  compiler, on any host (no TPU needed)."""
   chip_for_topology(topology)
   if ":" not in topology:
     raise ValueError(
@@ -87,7 +88,9 @@ def topology_devices(topology: str) -> list:
 
   try:
     with _stderr_quiet():  # libtpu warns that this host is no TPU VM, which we know
-      desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+      desc = topologies.get_topology_desc(
+          platform="tpu", topology_name=topology, num_slices=num_slices
+      )
   except (RuntimeError, ValueError) as e:  # e.g. a shape the generation does not come in
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     text = re.sub(r"^[A-Z_]+: ", "", text)  # libtpu's status code
@@ -156,5 +159,8 @@ def _stderr_quiet():
 
 def chips_of(devices) -> int:
   """Chips spanned by a list of devices (a chip with two cores may show as two devices)."""
-  coords = {tuple(getattr(d, "coords", ())) for d in devices}
-  return len(coords) if all(coords) and len(coords) > 1 else len(devices)
+  # a chip is its coordinates within its slice (every slice of a multi-slice has the same ones)
+  if not all(getattr(d, "coords", None) for d in devices):
+    return len(devices)
+  coords = {(getattr(d, "slice_index", 0), *d.coords) for d in devices}
+  return len(coords) if len(coords) > 1 else len(devices)

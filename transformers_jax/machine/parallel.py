@@ -24,6 +24,8 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
+DCN_AXES = ("data", "fsdp")  # the axes that may span slices (mesh.dcn_data, mesh.dcn_fsdp)
+SLICE_FIELDS = ("num_slices", "dcn_data", "dcn_fsdp")
 BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical name -> mesh axis (None = replicated)
@@ -63,6 +65,8 @@ def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
   """`mesh.preset` names a layout; axis sizes given beside it (other than 1) override it."""
   axes = dict(axes)
   axes.pop("topology", None)  # which devices, not how they are split (see train/compile.py)
+  for key in SLICE_FIELDS:  # how slices are joined: make_mesh reads them
+    axes.pop(key, None)
   preset = axes.pop("preset", "") or ""
   if not preset:
     return axes
@@ -105,11 +109,42 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
   return sizes
 
 
+def dcn_shape(axes: Mapping[str, int], num_slices: int) -> dict[str, int]:
+  """{axis: slices it spans} for the axes DCN_AXES names (`mesh.dcn_data`, `mesh.dcn_fsdp`;
+  -1 = the rest), checked to multiply to `num_slices`."""
+  dcn = {a: int(axes.get(f"dcn_{a}", -1 if a == "data" else 1)) for a in DCN_AXES}
+  rest = [a for a, n in dcn.items() if n == -1]
+  if len(rest) > 1 or any(n == 0 or n < -1 for n in dcn.values()):
+    raise ValueError(f"mesh: dcn sizes {dcn}: positive, or -1 (the rest) for one axis")
+  known = math.prod(n for n in dcn.values() if n != -1)
+  if rest and num_slices % known == 0:
+    dcn[rest[0]] = num_slices // known
+  if math.prod(dcn.values()) != num_slices:
+    raise ValueError(
+        f"mesh: dcn_data x dcn_fsdp = {' x '.join(str(n) for n in dcn.values())} must equal "
+        f"mesh.num_slices={num_slices}: set them to multiply to it (or dcn_data=-1)"
+    )
+  return dcn
+
+
 def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   """The mesh over `devices` (default: all of them), laid onto the physical topology: on TPUs
   each mesh axis takes whole torus axes where it can (so its collectives ride neighbouring
-  links), splitting a physical axis only where the sizes require it."""
+  links), splitting a physical axis only where the sizes require it.
+
+  With `num_slices` > 1 the devices form that many slices joined by the data-center network
+  (DCN): the axis sizes are per slice (ICI), `dcn_data` / `dcn_fsdp` say how many slices the
+  data and fsdp axes span, and each mesh axis is the product, laid out so that only those two
+  axes' collectives cross slices. TPU devices know their slice (`slice_index`: jax's hybrid
+  mesh places them); others (simulated CPU devices) are taken as consecutive equal groups."""
   devices = jax.devices() if devices is None else list(devices)
+  slices = int(axes.get("num_slices", 1) or 1)
+  if slices < 1 or len(devices) % slices:
+    raise ValueError(
+        f"mesh.num_slices={slices}: must be >= 1 and divide the {len(devices)} devices"
+    )
+  if slices > 1:
+    return _multislice_mesh(axes, devices, slices)
   sizes = mesh_shape(axes, len(devices))
   shape = tuple(sizes.get(a, 1) for a in MESH_AXES)
   from jax.experimental import mesh_utils
@@ -122,6 +157,40 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
     except (ValueError, NotImplementedError, AssertionError):  # no physical layout known
       array = np.asarray(devices).reshape(shape)
   return Mesh(array, MESH_AXES)
+
+
+def _multislice_mesh(axes, devices, slices: int) -> Mesh:
+  from jax.experimental import mesh_utils
+
+  dcn = dcn_shape(axes, slices)
+  per_slice = mesh_shape(axes, len(devices) // slices)
+  ici = tuple(per_slice.get(a, 1) for a in MESH_AXES)
+  dcn_shape_ = tuple(dcn.get(a, 1) for a in MESH_AXES)
+  known = {getattr(d, "slice_index", None) for d in devices}
+  if None not in known and len(known) == slices:
+    array = mesh_utils.create_hybrid_device_mesh(
+        ici, dcn_shape_, devices, allow_split_physical_axes=True
+    )
+  else:  # no slice_index: consecutive groups of devices stand for the slices
+    n = len(devices) // slices
+    granules = np.empty(slices, dtype=object)
+    for i in range(slices):
+      granules[i] = np.asarray(devices[i * n : (i + 1) * n], dtype=object).reshape(ici)
+    grid = np.stack(list(granules)).reshape(*dcn_shape_, *ici)  # [*dcn, *ici]
+    k = len(MESH_AXES)  # interleave (dcn_0, ici_0, dcn_1, ici_1, ...), then merge the pairs
+    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]
+    array = grid.transpose(order).reshape([d * i for d, i in zip(dcn_shape_, ici)])
+  return Mesh(array, MESH_AXES)
+
+
+def slices_of(devices, num_slices: int) -> dict[int, int]:
+  """{device id: its slice}: the device's `slice_index`, or for devices without one (simulated
+  slices, see make_mesh) the index of its consecutive group in `devices`."""
+  n = max(1, len(devices) // max(1, num_slices))
+  known = {getattr(d, "slice_index", None) for d in devices}
+  if None not in known and len(known) == num_slices:
+    return {d.id: int(d.slice_index) for d in devices}
+  return {d.id: i // n for i, d in enumerate(devices)}
 
 
 def rule_names() -> tuple[str, ...]:

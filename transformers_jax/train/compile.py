@@ -4,6 +4,7 @@ report what XLA says it needs per device (memory) and costs (FLOPs) — before a
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -24,7 +25,9 @@ def devices_for(config) -> list:
   """The devices the mesh spans: a TPU topology's (compiled for, never run) when
   `mesh.topology` names one, else this host's."""
   topology = config.mesh.get("topology", "")
-  return hardware.topology_devices(topology) if topology else jax.devices()
+  if not topology:
+    return jax.devices()
+  return hardware.topology_devices(topology, int(config.mesh.get("num_slices", 1) or 1))
 
 
 def build_step(config, devices=None, task=None) -> Setup:
@@ -128,6 +131,30 @@ def xla_flops(compiled) -> dict:
   return {"xla_flops_per_device_per_step": float(cost.get("flops", 0.0))} if cost else {}
 
 
+# A transfer between slices in a multi-slice TPU program: a host-transfer send whose attributes
+# name the DCN collective it is part of (`_xla_megascale_transfer_type`, e.g. ALL_REDUCE).
+_DCN_SEND = re.compile(
+    r"= \(?(\w+)\[([\d,]*)\][^=]*? send\(.*?_xla_host_transfer_rendezvous=\"([^\"]+)\".*?"
+    r"_xla_megascale_transfer_type=\"(\w+)\""
+)
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f64": 8, "s8": 1, "u8": 1, "pred": 1}
+
+
+def dcn_collectives(compiled) -> dict:
+  """{kind: {"count", "mib"}} of the collectives that cross slices (the data-center network)
+  in a compiled multi-slice TPU step: XLA runs them as host transfers tagged with their kind
+  (ALL_REDUCE, ALL_GATHER, ...); count is the distinct collectives, mib their bytes per chip."""
+  seen, out = set(), {}
+  for dtype, dims, rendezvous, kind in _DCN_SEND.findall(compiled.as_text()):
+    size = _BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+    entry = out.setdefault(kind, {"count": 0, "mib": 0.0})
+    if rendezvous not in seen:
+      seen.add(rendezvous)
+      entry["count"] += 1
+    entry["mib"] += size / 2**20
+  return out
+
+
 # A while loop in XLA's HLO text: `name = (types) while(operands), condition=..., body=...`.
 _WHILE = re.compile(r"\bwhile\(")
 
@@ -213,6 +240,9 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       out["fits"] = worst <= chip.hbm_gib
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   out.update(xla_flops(compiled))
+  if int(config.mesh.get("num_slices", 1) or 1) > 1:
+    out["num_slices"] = int(config.mesh.num_slices)
+    out["dcn_collectives"] = dcn_collectives(compiled)
   # every member's tokens for a population: its step does the arithmetic of all of them
   out["model_flops_per_step"] = (
       counting.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
