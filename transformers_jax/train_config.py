@@ -118,6 +118,23 @@ def training_fields() -> ml_collections.ConfigDict:
   c.device_peak_flops = 0.0
   # a jax.profiler trace of steps [start_step, start_step + num_steps) in WORKDIR/tb; 0 steps = off
   c.profile = ml_collections.ConfigDict({"start_step": 0, "num_steps": 0})
+  c.wandb = ml_collections.ConfigDict()  # Weights & Biases logging (docs/tracking.md)
+  c.wandb.project = ""  # W&B project to log to (process 0); "" = no W&B logging
+  c.wandb.entity = ""  # W&B team or user owning the project; "" = the account's default
+  c.wandb.name = ""  # run name shown in W&B; "" = the workdir's folder name
+  c.wandb.group = ""  # W&B group of related runs (a sweep, an ablation); "" = none
+  c.wandb.tags = ""  # comma-separated W&B tags, e.g. "baseline,gpt2"
+  c.wandb.notes = ""  # a longer description of the run, shown in W&B
+  c.wandb.mode = ""  # online | offline (no network) | disabled; "" = $WANDB_MODE, else online
+  c.eval_harness = ml_collections.ConfigDict()  # lm-eval tasks in training (docs/tracking.md)
+  c.eval_harness.every = 0  # steps between harness evaluations (and at the last step); 0 = off
+  c.eval_harness.tasks = ""  # comma-separated lm-eval task or group names, e.g. "pysyntax_choice"
+  c.eval_harness.include_path = ""  # a folder of task YAMLs, searched before lm-eval's own tasks
+  c.eval_harness.limit = 0  # examples per task; 0 = all
+  c.eval_harness.num_fewshot = -1  # few-shot examples before each prompt; -1 = each task's own
+  c.eval_harness.batch_size = 16  # sequences per forward pass, split over the data-parallel devices
+  c.eval_harness.max_gen_toks = 256  # generate_until: most new tokens when a task does not say
+  c.eval_harness.bootstrap_iters = 1000  # resamples for bootstrapped standard errors; 0 = none
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
   c.sample.max_new_tokens = 120  # length of the end-of-run sample; 0 = no sample
@@ -366,13 +383,6 @@ def preset_config(
   return experiment_config(
       published, source if published else "", (training or {}).get(name), **{**base, **preset}
   )
-
-
-def asks_for_population(population) -> bool:
-  """Whether population settings (a config's, or config.json's dict of them) ask for a
-  population: seeds > 0, or any list set."""
-  fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
-  return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
 
 
 def config_from_json(path) -> ml_collections.ConfigDict:

@@ -70,3 +70,35 @@ def check_attention_platform(model_cfg, devices) -> None:
       f"model.attention_impl='cudnn' needs an NVIDIA GPU, and this step compiles for {named}: "
       f"use auto ({best}), flash or einsum"
   )
+
+
+def check_tracking(config, model_cfg) -> None:
+  """The W&B mode is one W&B knows; the harness settings (when it runs) have a meaning."""
+  mode = (config.get("wandb") or {}).get("mode", "")
+  if mode not in ("", "online", "offline", "disabled"):
+    raise ValueError(
+        f"wandb.mode={mode!r}: choose online, offline (no network; `wandb sync` uploads the run "
+        "later) or disabled, or '' for $WANDB_MODE"
+    )
+  harness = config.get("eval_harness")
+  if harness is None or not harness.every:
+    return
+  if not [t for t in harness.tasks.split(",") if t.strip()]:
+    raise ValueError(
+        f"eval_harness.every={harness.every} but eval_harness.tasks is empty: name lm-eval "
+        "tasks, e.g. --config.eval_harness.tasks=pysyntax_choice with --config.eval_harness."
+        "include_path=experiments/eval_tasks, or set every=0"
+    )
+  if model_cfg.family != "decoder":
+    raise ValueError(
+        f"eval_harness.every={harness.every}: the harness scores decoder-only language models, "
+        f"not model.family={model_cfg.family}; set --config.eval_harness.every=0"
+    )
+  for field in ("batch_size", "max_gen_toks"):
+    if harness[field] < 1:
+      raise ValueError(f"eval_harness.{field}={harness[field]}: must be a positive integer")
+  if harness.num_fewshot < -1:
+    raise ValueError(
+        f"eval_harness.num_fewshot={harness.num_fewshot}: give a number of examples >= 0, or -1 "
+        "for each task's own"
+    )

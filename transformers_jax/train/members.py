@@ -38,7 +38,6 @@ from transformers_jax.train.step import (
     make_evaluate,
     make_update,
 )
-from transformers_jax.train_config import asks_for_population
 
 # population list field -> the training field it varies (one value per member)
 LISTS = {
@@ -52,7 +51,7 @@ HPARAMS = optim.HPARAMS
 
 def enabled(config) -> bool:
   """Whether `config` asks for a population (any list set, or seeds > 0)."""
-  return asks_for_population(config.get("population"))
+  return resume.asks_for_population(config.get("population"))
 
 
 def list_values(config, name: str) -> tuple[float, ...]:
