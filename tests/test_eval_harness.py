@@ -160,3 +160,31 @@ def test_bad_requests_are_one_error_line(population_run, monkeypatch):
       UserError, match=r'needs lm-eval, which is not installed: pip install -e "\.\[eval\]"'
   ):
     evaluate_run(population_run, {}, member=0)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"eval_harness.every": -1}, r"eval_harness.every=-1: must be >= 0"),
+        ({"eval_harness.every": 5}, r"eval_harness.tasks is empty: name lm-eval tasks"),
+        ({"eval_harness.batch_size": 0}, r"eval_harness.batch_size=0: give a positive number"),
+        ({"eval_harness.num_fewshot": -2}, r"eval_harness.num_fewshot=-2: give a number"),
+        ({"wandb.mode": "ofline"}, r"wandb.mode='ofline': choose online, offline"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_before_training(experiment, fields, message):
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train.field_checks import check_tracking
+
+  config = experiment("gpt2", "tiny")
+  config.unlock()
+  config.update_from_flattened_dict(fields)
+  with pytest.raises(ValueError, match=message):
+    check_tracking(config, ModelConfig.from_dict(config.model))
+  bert = experiment("bert", "tiny")
+  bert.unlock()
+  bert.update_from_flattened_dict({"eval_harness.every": 5, "eval_harness.tasks": "x"})
+  with pytest.raises(
+      ValueError, match=r"scores decoder-only language models, not model.family=encoder"
+  ):
+    check_tracking(bert, ModelConfig.from_dict(bert.model))

@@ -50,6 +50,19 @@ class Settings:
       tasks = tuple(t.strip() for t in tasks.split(",") if t.strip())
     return cls(tasks=tuple(tasks), **fields)
 
+  def problem(self) -> str | None:
+    """What is wrong with these settings, as "<name>=<value>: why", or None."""
+    for name, low, meaning in (
+        ("batch_size", 1, "a positive number of sequences"),
+        ("max_gen_toks", 1, "a positive number of tokens"),
+        ("limit", 0, "a number of examples >= 0 (0: all)"),
+        ("num_fewshot", -1, "a number of examples >= 0 (-1: each task's own)"),
+        ("bootstrap_iters", 0, "a number of resamples >= 0 (0: no standard errors)"),
+    ):
+      if getattr(self, name) < low:
+        return f"{name}={getattr(self, name)}: give {meaning}"
+    return None
+
 
 def require_lm_eval():
   """lm_eval, or one error line saying which extra installs it."""
@@ -98,6 +111,8 @@ class Harness:
       )
     if not settings.tasks:
       raise UserError("no lm-eval tasks given: name them, e.g. --tasks pysyntax_choice")
+    if settings.problem():
+      raise UserError(f"eval_harness.{settings.problem()}")
     self.model_cfg, self.tokenizer, self.mesh = model_cfg, tokenizer, mesh
     self.settings, self.rules = settings, rules
     self.manager = task_manager(settings.include_path, settings.tasks)

@@ -5,6 +5,8 @@ these run where a model is trained or counted, so that a run saved before them s
 
 from __future__ import annotations
 
+from transformers_jax.evaluate.harness import Settings
+
 # Training fields that only the seq2seq task (an encoder_decoder model) reads, with the value
 # that means "not set".
 SEQ2SEQ_DATA_FIELDS = {"source_len": 0, "eval_translations": 0}
@@ -53,6 +55,7 @@ def check_training(config, model_cfg, task, devices) -> None:
           f"{unset})"
       )
   check_attention_platform(model_cfg, devices)
+  check_tracking(config, model_cfg)
 
 
 def check_attention_platform(model_cfg, devices) -> None:
@@ -81,7 +84,14 @@ def check_tracking(config, model_cfg) -> None:
         "later) or disabled, or '' for $WANDB_MODE"
     )
   harness = config.get("eval_harness")
-  if harness is None or not harness.every:
+  if harness is None:
+    return
+  if harness.every < 0:
+    raise ValueError(f"eval_harness.every={harness.every}: must be >= 0 (0 turns it off)")
+  problem = Settings.from_config(harness).problem()
+  if problem:
+    raise ValueError(f"eval_harness.{problem}")
+  if not harness.every:
     return
   if not [t for t in harness.tasks.split(",") if t.strip()]:
     raise ValueError(
@@ -93,12 +103,4 @@ def check_tracking(config, model_cfg) -> None:
     raise ValueError(
         f"eval_harness.every={harness.every}: the harness scores decoder-only language models, "
         f"not model.family={model_cfg.family}; set --config.eval_harness.every=0"
-    )
-  for field in ("batch_size", "max_gen_toks"):
-    if harness[field] < 1:
-      raise ValueError(f"eval_harness.{field}={harness[field]}: must be a positive integer")
-  if harness.num_fewshot < -1:
-    raise ValueError(
-        f"eval_harness.num_fewshot={harness.num_fewshot}: give a number of examples >= 0, or -1 "
-        "for each task's own"
     )
