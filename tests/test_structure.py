@@ -112,10 +112,11 @@ LAYERS = [
     # objectives' own fields (Task.config_defaults): it sits with the objectives
     ("objectives and decoding", ["tasks", "decode", "interop", "train_config"]),
     ("run folder", ["run_folder"]),
-    ("training", ["train"]),
+    # the harness (lm-eval) runs on finished runs and during training: beside the training
+    ("training", ["train", "evaluate"]),
     (
         "commands",
-        ["train.__main__", "cli", "config_reference", "scripting"]
+        ["train.__main__", "evaluate.__main__", "cli", "config_reference", "scripting"]
         + ["generate", "convert", "compare", "param_count"],
     ),
 ]

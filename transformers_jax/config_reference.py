@@ -22,6 +22,7 @@ from typing import Any
 
 from transformers_jax import config as config_lib
 from transformers_jax import train_config
+from transformers_jax.data.fields import add_data_fields
 from transformers_jax.tasks import TASKS, registry_lines
 
 DOC_PATH = "docs/config.md"
@@ -117,6 +118,7 @@ def meanings() -> dict[str, str]:
   """Every documented field of an experiment config by dotted name (`model.d_model`,
   `data.path`, `rules` for the whole group ...)."""
   found = _assigned_meanings(train_config.training_fields)
+  found.update(_assigned_meanings(add_data_fields))  # the `data` group, data/fields.py
   found.update(
       {k: v for k, v in _assigned_meanings(train_config.experiment_config).items() if k != "model"}
   )

@@ -13,6 +13,7 @@ import ml_collections
 
 
 from transformers_jax.config import model_config_dict
+from transformers_jax.data.fields import add_data_fields
 from transformers_jax.machine.parallel import rule_names
 from transformers_jax.run_folder.records import flatten_dict, read_config
 
@@ -76,33 +77,7 @@ def training_fields() -> ml_collections.ConfigDict:
   )
   c.init_from = ""  # a run (or its checkpoints/, or one step there) whose parameters start ours
   c.init_member = -1  # init_from a population's run: the member to take (-1: not a population)
-  c.data = ml_collections.ConfigDict()
-  c.data.name = ""  # "" = the family's bundled data: corpus | corpus_kind | numbers | digits
-  # user data: .txt / .jsonl / .parquet / .arrow files or folders, or a Hugging Face dataset
-  # folder (LM, MLM); .tsv (seq2seq, classification); .npz (images)
-  c.data.path = ""
-  c.data.tokenizer = "byte"  # byte | bpe (trained locally on the training text) | a .json file
-  c.data.cache_dir = ""  # where token files go; "" = WORKDIR/data
-  c.data.max_bytes = 4_000_000  # size cap of the bundled corpus's training split
-  c.data.mlm_probability = 0.15  # MLM: fraction of tokens chosen for prediction
-  c.data.text_field = "text"  # .jsonl field / .parquet or .arrow column holding the text
-  # LM / MLM: weighted text sources instead of data.path, PATH:WEIGHT,... (a schedule:
-  # PATH:W0|W1@STEP), e.g. "a.jsonl:0.5,b.txt:0.3,hf_folder:0.2"; docs/data.md
-  c.data.mixture = ""
-  # the split of a Hugging Face dataset folder (a save_to_disk DatasetDict, or the hub's shards)
-  c.data.split = "train"
-  c.data.packing = False  # LM / MLM on data.path: rows of whole documents with segment ids
-  # (text classification, seq2seq: rows of whole examples, which need no data.path)
-  c.data.examples_per_row = 8  # packing: most examples one row holds (classification, seq2seq)
-  c.data.workers = 0  # batch worker processes of the grain pipeline (0 = threads in-process)
-  c.data.prefetch = 4  # batches computed ahead of the train step
-  c.data.tokenize_workers = 0  # processes tokenizing data.path into its cache; 0 = all cores
-  c.data.max_number = 99_999  # numbers task: largest number translated
-  c.data.direction = "digits_to_words"  # numbers task: digits_to_words | words_to_digits
-  c.data.source_len = 0  # seq2seq: source row length (tokens); 0 = seq_len, the target's
-  # seq2seq: held-out pairs translated (greedy, in one batch) for exact match and BLEU at each
-  # evaluation, the first of the eval batches' pairs; 0 = the first two eval batches
-  c.data.eval_translations = 0
+  add_data_fields(c)  # the `data` group: data/fields.py
   # device mesh: axis sizes (-1 = the rest) or a preset: data | fsdp | fsdp_tensor
   # topology: with --compile_only, a TPU topology to compile for instead of this host's devices
   # (e.g. v5p:4x4x4, v5e:16x16; needs the `tpu` extra), "" = this host's devices
@@ -132,6 +107,23 @@ def training_fields() -> ml_collections.ConfigDict:
   c.device_peak_flops = 0.0
   # a jax.profiler trace of steps [start_step, start_step + num_steps) in WORKDIR/tb; 0 steps = off
   c.profile = ml_collections.ConfigDict({"start_step": 0, "num_steps": 0})
+  c.wandb = ml_collections.ConfigDict()  # Weights & Biases logging (docs/tracking.md)
+  c.wandb.project = ""  # W&B project to log to (process 0); "" = no W&B logging
+  c.wandb.entity = ""  # W&B team or user owning the project; "" = the account's default
+  c.wandb.name = ""  # run name shown in W&B; "" = the workdir's folder name
+  c.wandb.group = ""  # W&B group of related runs (a sweep, an ablation); "" = none
+  c.wandb.tags = ""  # comma-separated W&B tags, e.g. "baseline,gpt2"
+  c.wandb.notes = ""  # a longer description of the run, shown in W&B
+  c.wandb.mode = ""  # online | offline (no network) | disabled; "" = $WANDB_MODE, else online
+  c.eval_harness = ml_collections.ConfigDict()  # lm-eval tasks in training (docs/tracking.md)
+  c.eval_harness.every = 0  # steps between harness evaluations (and at the last step); 0 = off
+  c.eval_harness.tasks = ""  # comma-separated lm-eval task or group names, e.g. "pysyntax_choice"
+  c.eval_harness.include_path = ""  # a folder of task YAMLs, searched before lm-eval's own tasks
+  c.eval_harness.limit = 0  # examples per task; 0 = all
+  c.eval_harness.num_fewshot = -1  # few-shot examples before each prompt; -1 = each task's own
+  c.eval_harness.batch_size = 16  # sequences per forward pass, split over the data-parallel devices
+  c.eval_harness.max_gen_toks = 256  # generate_until: most new tokens when a task does not say
+  c.eval_harness.bootstrap_iters = 1000  # resamples for bootstrapped standard errors; 0 = none
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = "def "  # prompt of the end-of-run sample (decoder-only)
   c.sample.max_new_tokens = 120  # length of the end-of-run sample; 0 = no sample

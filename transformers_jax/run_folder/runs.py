@@ -127,11 +127,18 @@ class Run:
       self, step: int | None = None, on_damaged=print, member=None, member_flag="--member"
   ):
     """(parameters as numpy arrays, step) of the latest (or the given) checkpoint, from a full
-    train state or a parameters-only checkpoint alike. Checkpoints are verified as training's
-    resume verifies them (recorded checksums, finite values): without a step, a damaged one is
-    set aside with a one-line note to `on_damaged` and the next older one used; a damaged
-    given step, or no intact checkpoint at all, raises RunError. A population's checkpoint
-    holds every member: `member` picks one (without it, a RunError names `member_flag`)."""
+    train state or a parameters-only checkpoint alike (restore_tree says how checkpoints are
+    verified). A population's checkpoint holds every member: `member` picks one (without it, a
+    RunError names `member_flag`)."""
+    tree, step = self.restore_tree(step, on_damaged)
+    return self.member_params(tree, member, member_flag), step
+
+  def restore_tree(self, step: int | None = None, on_damaged=print):
+    """(the restored tree as numpy arrays, step) of the latest (or the given) checkpoint: a
+    train state (a population's: every member's), or parameters only. Checkpoints are verified
+    as training's resume verifies them (recorded checksums, finite values): without a step, a
+    damaged one is set aside with a one-line note to `on_damaged` and the next older one used;
+    a damaged given step, or no intact checkpoint at all, raises RunError."""
     if not self.config_path.is_file():
       raise RunError(f"{self.path} has no config.json: pass the --workdir of a run")
     steps = self.steps()
@@ -159,19 +166,23 @@ class Run:
           )
     finally:
       manager.close()
-    return self.member_params(tree, member, member_flag), step
+    return tree, step
+
+  @staticmethod
+  def member_count(tree) -> int | None:
+    """How many members a restored tree holds (None: one model, not a population)."""
+    return len(tree["alive"]) if "alive" in tree else None
 
   def member_params(self, tree, member, member_flag: str = "--member"):
     """The parameters of a restored checkpoint tree: member `member`'s of a population's."""
-    population = "alive" in tree  # a population's state: every leaf has a member axis
-    if not population:
+    if self.member_count(tree) is None:  # one model (a population: every leaf has a member axis)
       if member is not None:
         raise RunError(
             f"{member_flag}={member}: {self.path} holds one model, not a population: leave "
             f"out {member_flag}"
         )
       return tree["params"]
-    count = len(tree["alive"])
+    count = self.member_count(tree)
     if member is None or not 0 <= member < count:
       said = "" if member is None else f"{member_flag}={member}: "
       raise RunError(
@@ -327,14 +338,19 @@ def resume_changes(run: "Run", config) -> dict[str, list]:
   changes: every field but the model's, whose implementation fields alone may change."""
   from transformers_jax.run_folder.records import flatten_dict
 
+  from transformers_jax.train_config import training_fields
+
   in_force = flatten_dict(settings_in_force(run) or {})
   now = flatten_dict(json.loads(config.to_json_best_effort()))
+  defaults = flatten_dict(json.loads(training_fields().to_json_best_effort()))
   out = {}
   for field in sorted(set(in_force) | set(now)):
     if field in UNRECORDED_FIELDS or (
         field.startswith("model.") and field not in IMPLEMENTATION_FIELDS
     ):
       continue
+    if field not in in_force and field in defaults and now.get(field) == defaults[field]:
+      continue  # a field newer than the run's config.json, left at its default: no change
     if in_force.get(field) != now.get(field):
       out[field] = [in_force.get(field), now.get(field)]
   return out

@@ -7,10 +7,11 @@ from __future__ import annotations
 import jax
 
 from transformers_jax.errors import UserError
+from transformers_jax.evaluate.harness import require_lm_eval
 from transformers_jax.machine import parallel
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.run_folder.workdir_lock import WorkdirBusy, WorkdirLock
-from transformers_jax.train import loop, population
+from transformers_jax.train import loop, population, trackers
 from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.setup import Setup
 
@@ -20,6 +21,10 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
   model's (tasks.task_for) unless a Task is given. A config with `population` settings trains
   its members as one program (train/population.py). One run per workdir: a second one stops
   with an error naming the first."""
+  # before the workdir is locked: one line when wandb or lm-eval is asked for but missing
+  trackers.check(config)
+  if config.get("eval_harness", {}).get("every"):
+    require_lm_eval()
   run = Run(workdir)
   is_main = jax.process_index() == 0
   lock = WorkdirLock(run.path)

@@ -185,6 +185,13 @@ class Progress:
       text += "; by source " + ", ".join(f"{name} {v:.4f}" for name, v in sources)
     (self.bar.write if self.bar is not None else print)(text)
 
+  def say(self, text: str) -> None:
+    """A line of its own (above the bar on a terminal)."""
+    if self.enabled and self.bar is not None:
+      self.bar.write(text)
+    elif self.enabled:
+      print(text, flush=True)
+
   def close(self):
     if self.bar is not None:
       self.bar.close()

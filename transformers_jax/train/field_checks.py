@@ -5,6 +5,8 @@ these run where a model is trained or counted, so that a run saved before them s
 
 from __future__ import annotations
 
+from transformers_jax.evaluate.harness import Settings
+
 # Training fields that only the seq2seq task (an encoder_decoder model) reads, with the value
 # that means "not set".
 SEQ2SEQ_DATA_FIELDS = {"source_len": 0, "eval_translations": 0}
@@ -53,6 +55,7 @@ def check_training(config, model_cfg, task, devices) -> None:
           f"{unset})"
       )
   check_attention_platform(model_cfg, devices)
+  check_tracking(config, model_cfg)
 
 
 def check_attention_platform(model_cfg, devices) -> None:
@@ -70,3 +73,34 @@ def check_attention_platform(model_cfg, devices) -> None:
       f"model.attention_impl='cudnn' needs an NVIDIA GPU, and this step compiles for {named}: "
       f"use auto ({best}), flash or einsum"
   )
+
+
+def check_tracking(config, model_cfg) -> None:
+  """The W&B mode is one W&B knows; the harness settings (when it runs) have a meaning."""
+  mode = (config.get("wandb") or {}).get("mode", "")
+  if mode not in ("", "online", "offline", "disabled"):
+    raise ValueError(
+        f"wandb.mode={mode!r}: choose online, offline (no network; `wandb sync` uploads the run "
+        "later) or disabled, or '' for $WANDB_MODE"
+    )
+  harness = config.get("eval_harness")
+  if harness is None:
+    return
+  if harness.every < 0:
+    raise ValueError(f"eval_harness.every={harness.every}: must be >= 0 (0 turns it off)")
+  problem = Settings.from_config(harness).problem()
+  if problem:
+    raise ValueError(f"eval_harness.{problem}")
+  if not harness.every:
+    return
+  if not [t for t in harness.tasks.split(",") if t.strip()]:
+    raise ValueError(
+        f"eval_harness.every={harness.every} but eval_harness.tasks is empty: name lm-eval "
+        "tasks, e.g. --config.eval_harness.tasks=pysyntax_choice with --config.eval_harness."
+        "include_path=experiments/eval_tasks, or set every=0"
+    )
+  if model_cfg.family != "decoder":
+    raise ValueError(
+        f"eval_harness.every={harness.every}: the harness scores decoder-only language models, "
+        f"not model.family={model_cfg.family}; set --config.eval_harness.every=0"
+    )

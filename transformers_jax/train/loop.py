@@ -11,8 +11,10 @@ import jax
 from transformers_jax.machine import parallel
 from transformers_jax.models import counting, param_shapes
 from transformers_jax.errors import UserError
+from transformers_jax.evaluate import harness as harness_lib
+from transformers_jax.evaluate.runs import TrainingHarness
 from transformers_jax.run_folder.runs import Run
-from transformers_jax.train import evaluation, resume
+from transformers_jax.train import evaluation, resume, trackers
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import (
     Pace,
@@ -80,7 +82,8 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   state, start, note = setup.start(checkpoints)
   resume.note_changes(run, start, changes)
   train_step, eval_step = setup.train_step(), setup.eval_step()
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
+  harness = TrainingHarness(setup, data.tokenizer, workdir) if config.eval_harness.every else None
+  writer = trackers.open_writer(config, workdir, is_main)
   peak, peak_source = metrics_lib.device_peak(per_device_override=config.device_peak_flops)
   tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens_per_step = config.batch_size * tokens_per_example
@@ -150,6 +153,13 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       progress.note(done, ev)
       result.update(ev)
       pace.leave_out(began)  # evaluation time is not training throughput
+    if harness is not None and harness_lib.due(config, done):
+      began = time.perf_counter()
+      scores = harness(done, state.params)
+      writer.write(done, scores)
+      progress.say(f"step {done}/{config.steps}: harness {harness_lib.describe(scores)}")
+      result.update(scores)
+      pace.leave_out(began)
     if save_now:
       at["saved"] = done
 

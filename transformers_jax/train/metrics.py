@@ -94,37 +94,69 @@ def drop_torn_last_line(path: pathlib.Path) -> None:
     f.truncate(f.read().rfind(b"\n") + 1)
 
 
-class MetricsWriter:
-  """WORKDIR/metrics.jsonl (one JSON object per line) and TensorBoard events in WORKDIR/tb."""
+def scalars(values: dict, prefix: str = ""):
+  """(name, number) of each number of a metrics line, named as TensorBoard and W&B show them:
+  `prefix` + key; a dict's entries under key/entry and a list's under key/layer_<i> (the
+  per-layer diagnostics: residual_rms/decoder/layer_0); None and text left out."""
+  for key, value in values.items():
+    yield from _flat(prefix + str(key), value)
 
-  def __init__(self, workdir, enabled: bool = True):
+
+def _flat(name: str, value):
+  if isinstance(value, dict):
+    for key, inner in value.items():
+      yield from _flat(f"{name}/{key}", inner)
+  elif isinstance(value, (list, tuple)):
+    for i, inner in enumerate(value):
+      yield from _flat(f"{name}/layer_{i}", inner)
+  elif isinstance(value, (bool, int, float)):
+    yield name, value
+
+
+class TensorBoard:
+  """TensorBoard scalars in `directory` (WORKDIR/tb): every finite number of a metrics line (a
+  diverged member's NaN stays in metrics.jsonl only)."""
+
+  def __init__(self, directory):
+    from tensorboardX import SummaryWriter
+
+    self.tb = SummaryWriter(str(directory))
+
+  def write(self, step: int, values: dict, prefix: str = "") -> None:
+    for name, value in scalars(values, prefix):
+      if math.isfinite(value):
+        self.tb.add_scalar(name, value, step)
+
+  def close(self) -> None:
+    self.tb.close()
+
+
+class MetricsWriter:
+  """WORKDIR/metrics.jsonl (one JSON object per line) and the same lines to each tracker: a
+  TensorBoard in WORKDIR/tb, and those given (train/trackers.py: Weights & Biases). A tracker
+  has write(step, values, prefix) and close(); `prefix` names a population member's values
+  (member_<i>/)."""
+
+  def __init__(self, workdir, enabled: bool = True, trackers=()):
     self.enabled = enabled
     if not enabled:
       return
     workdir = pathlib.Path(workdir)
     drop_torn_last_line(workdir / "metrics.jsonl")
     self.file = open(workdir / "metrics.jsonl", "a", buffering=1)
-    from tensorboardX import SummaryWriter
-
-    self.tb = SummaryWriter(str(workdir / "tb"))
+    self.trackers = [TensorBoard(workdir / "tb"), *trackers]
 
   def write(self, step: int, values: dict, tb_prefix: str = "") -> None:
-    """One metrics.jsonl line; TensorBoard scalars named `tb_prefix` + key (a population
-    member's values go under member_<i>/)."""
+    """One metrics.jsonl line; the trackers' values named `tb_prefix` + key (a population
+    member's go under member_<i>/)."""
     if not self.enabled:
       return
     self.file.write(json.dumps({"step": step, **values}) + "\n")
-    for key, value in values.items():
-      if isinstance(value, (int, float)):
-        if math.isfinite(value):  # a diverged member's NaN stays in metrics.jsonl only
-          self.tb.add_scalar(tb_prefix + key, value, step)
-      elif isinstance(value, dict):  # per layer, per stack (residual RMS, attention logits)
-        for stack, layers in value.items():
-          for i, v in enumerate(layers):
-            if math.isfinite(v):
-              self.tb.add_scalar(f"{tb_prefix}{key}/{stack}/layer_{i}", v, step)
+    for tracker in self.trackers:
+      tracker.write(step, values, tb_prefix)
 
   def close(self) -> None:
     if self.enabled:
       self.file.close()
-      self.tb.close()
+      for tracker in self.trackers:
+        tracker.close()

@@ -18,10 +18,11 @@ import time
 import jax
 import numpy as np
 
+from transformers_jax.evaluate import harness as harness_lib
+from transformers_jax.evaluate.runs import TrainingHarness
 from transformers_jax.machine import parallel
 from transformers_jax.run_folder.runs import Run
-from transformers_jax.train import evaluation, resume
-from transformers_jax.train import metrics as metrics_lib
+from transformers_jax.train import evaluation, resume, trackers
 from transformers_jax.train.events import Pace, run_steps
 from transformers_jax.train.members import (
     LISTS,
@@ -93,9 +94,10 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
   state, start, note = setup.start(checkpoints)
   resume.note_changes(run, start, changes)
   train_step, eval_step = setup.train_step(), setup.eval_step()
+  harness = TrainingHarness(setup, data.tokenizer, workdir) if config.eval_harness.every else None
   split = setup.mesh.shape["data"] if setup.member_axis else 1
   layout = {a: n for a, n in setup.mesh.shape.items() if n > 1 and a != setup.member_axis}
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
+  writer = trackers.open_writer(config, workdir, is_main, members=table)
   if is_main:
     print(
         f"population of {count} {setup.model_cfg.family} models ({len(seeds)} seeds x "
@@ -160,6 +162,16 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
       if is_main:
         print(f"step {done}/{config.steps}: eval {best_member(evals, table)}", flush=True)
       pace.leave_out(began)  # evaluation time is not training throughput
+    if harness is not None and harness_lib.due(config, done):
+      began = time.perf_counter()
+      whole = parallel.gather_to_host(state.params)  # each member scored on the whole mesh
+      for i in range(count):
+        scores = harness(done, member(whole, i), member=i)
+        writer.write(done, {**table[i], **scores}, tb_prefix=f"member_{i:03d}/")
+        results[i].update(scores)
+        if is_main:
+          print(f"step {done}/{config.steps}: member {i} harness {harness_lib.describe(scores)}")
+      pace.leave_out(began)
 
   run_steps(
       config,

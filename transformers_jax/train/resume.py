@@ -19,7 +19,8 @@ from transformers_jax.run_folder.runs import Run, config_differences
 
 
 def asks_for_population(population) -> bool:
-  """Whether population settings (a config's, or a dict) ask for one: seeds > 0, or a list."""
+  """Whether population settings (a config's, or config.json's dict of them) ask for a
+  population: seeds > 0, or any list set."""
   fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
   return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
 
