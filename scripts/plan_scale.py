@@ -3,6 +3,7 @@
 
     python scripts/plan_scale.py                    # every row, skipping those already written
     python scripts/plan_scale.py --only=gpt3,bert --redo  # recompile rows naming gpt3 or bert
+    python scripts/plan_scale.py --table=maxtext    # MaxText's published recipes: maxtext.md
 
 Each row is one `python -m transformers_jax.train --compile_only --config.mesh.topology=...`
 run (bf16 compute, float32 parameters and Adam state, scanned layers, full remat unless the row
@@ -29,6 +30,14 @@ flags.DEFINE_list(
     "only", [], "Compile only the rows whose name contains one of these texts.", flag_values=FLAGS
 )
 flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.", flag_values=FLAGS)
+flags.DEFINE_enum(
+    "table",
+    "presets",
+    ["presets", "maxtext"],
+    "presets: this project's presets (tpu.json, tpu.md); maxtext: MaxText's published recipes "
+    "with their shapes, meshes, batches and remat policies (maxtext.json, maxtext.md).",
+    flag_values=FLAGS,
+)
 flags.DEFINE_integer(
     "timeout",
     900,
@@ -189,11 +198,160 @@ ROWS = [
 ]
 
 
+# MaxText's published recipes (its README's v5p tables and configs), compiled with the same
+# model shape, topology, per-chip batch and sequence length and the same remat policy. Llama
+# shapes: RMSNorm, RoPE, SwiGLU, no biases, untied 32,000-token head. MaxText splits the
+# activations' embedding axis over the tensor axis (its activation_embed rule), which
+# --config.rules.act_embed=tensor does here; loss_chunks=8 makes the logits an 8th at a time.
+LLAMA = [
+    "--config.model.activation=swiglu",
+    "--config.model.positions=rope",
+    "--config.model.norm=rmsnorm",
+    "--config.model.use_bias=False",
+    "--config.model.vocab_size=32000",
+    "--config.model.tie_embeddings=False",
+    "--config.loss_chunks=8",
+]
+
+
+def llama(layers, d_model, heads, d_ff, seq_len, kv_heads=None, extra=()):
+  """A Llama-style shape on gpt3.py's 6.7b preset (its training fields), as overrides."""
+  return [
+      *LLAMA,
+      f"--config.model.num_layers={layers}",
+      f"--config.model.d_model={d_model}",
+      f"--config.model.num_heads={heads}",
+      *([f"--config.model.num_kv_heads={kv_heads}"] if kv_heads else []),
+      f"--config.model.d_ff={d_ff}",
+      f"--config.model.max_len={seq_len}",
+      *extra,
+  ]
+
+
+def recipe(name, source, topology, per_chip, seq_len, fsdp, remat, shape, tensor=1, extra=()):
+  """A MaxText recipe's row: `per_chip` sequences per chip of `seq_len` tokens."""
+  chips = {"v5p:4x4x4": 64, "v5p:4x8x8": 256, "v5p:8x8x8": 512}[topology.split("+")[0]]
+  r = row(
+      name,
+      "experiments/gpt3.py:6.7b",
+      topology,
+      per_chip * chips,
+      seq_len,
+      fsdp,
+      tensor=tensor,
+      remat=remat,
+      extra=[*shape, *extra, "--config.model.attention_impl=auto"],
+  )
+  r["source"] = source
+  return r
+
+
+MAXTEXT_ROWS = [
+    recipe(
+        "32B llama minimal v5p-64",
+        "MaxText v5p 32B: 71.5% MFU, fsdp 16 x tensor 4, 6 x 2,048 per chip, remat minimal",
+        "v5p:4x4x4",
+        6,
+        2048,
+        16,
+        "minimal",
+        llama(32, 8192, 64, 28672, 2048),
+        tensor=4,
+        extra=["--config.rules.act_embed=tensor"],
+    ),
+    recipe(
+        "32B llama minimal, activations whole over tensor v5p-64",
+        "the same, with this project's default rules (activations' embedding replicated)",
+        "v5p:4x4x4",
+        6,
+        2048,
+        16,
+        "minimal",
+        llama(32, 8192, 64, 28672, 2048),
+        tensor=4,
+    ),
+    recipe(
+        "Llama-2 70B save_dot_except_mlpwi v5p-256",
+        "MaxText v5p Llama-2 70B: 65.4% MFU, fsdp 256, 4 x 4,096 per chip",
+        "v5p:4x8x8",
+        4,
+        4096,
+        256,
+        "save_dot_except_mlpwi",
+        llama(80, 8192, 64, 28672, 4096, kv_heads=8),
+    ),
+    recipe(
+        "Mixtral 8x7B full v5p-64",
+        "MaxText v5p Mixtral 8x7B: 52.6% MFU, fsdp 64, 36 x 4,096 per chip, bf16 weights",
+        "v5p:4x4x4",
+        36,
+        4096,
+        64,
+        "full",
+        llama(
+            32,
+            4096,
+            32,
+            14336,
+            4096,
+            kv_heads=8,
+            extra=[
+                "--config.model.feed_forward=moe",
+                "--config.model.num_experts=8",
+                "--config.model.top_k=2",
+                "--config.model.moe_impl=ragged",
+                "--config.model.param_dtype=bfloat16",
+            ],
+        ),
+    ),
+    recipe(
+        "GPT-3 6.7B two slices v5p-64 x 2",
+        "data parallel across 2 slices (dcn_data 2): which collectives cross DCN",
+        "v5p:4x4x4",
+        1,
+        2048,
+        64,
+        "full",
+        ["--config.mesh.num_slices=2", "--config.mesh.dcn_data=2"],
+    ),
+]
+
+
 def compile_row(r) -> dict:
   result = bench_report.compile_only(r["args"], FLAGS.timeout)
   if "exit_code" not in result:  # timed out
     return {"name": r["name"], **result}
   return {"name": r["name"], "config": r["config"], "remat": r["remat"], **result}
+
+
+def maxtext_markdown(results: list[dict]) -> str:
+  lines = [
+      "| recipe | source | policy | per-chip peak GiB | XLA peak GiB | HBM GiB | fits | DCN "
+      "collectives | compile s |",
+      "|---|---|---|---:|---:|---:|---|---|---:|",
+  ]
+  sources = {r["name"]: r.get("source", "") for r in MAXTEXT_ROWS}
+  for r in results:
+    dcn = r.get("dcn_collectives")
+    dcn_text = (
+        ", ".join(f"{k} ×{v['count']} ({v['mib']:,.0f} MiB)" for k, v in dcn.items())
+        if dcn
+        else "—"
+    )
+    lines.append(
+        f"| {r['name']} | {sources.get(r['name'], '')} | {r.get('remat', '')} | "
+        f"{gib(r.get('per_device_peak_estimate_gib'))} | {gib(r.get('per_device_peak_xla_gib'))}"
+        f" | {gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | {dcn_text} | "
+        f"{r.get('compile_s', '—')} |"
+    )
+  commands = [
+      f"- {r['name']}: `python -m transformers_jax.train --compile_only "
+      + " ".join(x["args"])
+      + "`"
+      for x in MAXTEXT_ROWS
+      for r in [x]
+  ]
+  return "\n".join(lines) + "\n\nCommands:\n\n" + "\n".join(commands) + "\n"
 
 
 def gib(x) -> str:
@@ -234,11 +392,12 @@ def check_flags() -> str:
   """What is wrong with the flags (one line naming the fix), or ''."""
   if FLAGS.timeout < 1:
     return f"--timeout={FLAGS.timeout}: give the seconds one compile may take, e.g. 900"
-  unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in ROWS)]
+  rows = MAXTEXT_ROWS if FLAGS.table == "maxtext" else ROWS
+  unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in rows)]
   if unmatched:
     return (
         f"--only={','.join(FLAGS.only)}: {unmatched[0]!r} names no row; rows are "
-        f"{', '.join(r['name'] for r in ROWS)}"
+        f"{', '.join(r['name'] for r in rows)}"
     )
   return ""
 
@@ -249,19 +408,22 @@ def main(argv=None):
   problem = check_flags()
   if problem:
     raise UserError(problem)
+  maxtext = FLAGS.table == "maxtext"
+  table = maxtext_markdown if maxtext else markdown
   ordered = bench_report.compile_table(
-      ROWS,
+      MAXTEXT_ROWS if maxtext else ROWS,
       compile_row,
       FLAGS.out,
       FLAGS.only,
       FLAGS.redo,
-      markdown,
+      table,
       lambda result: (
           f"fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
           f"GiB compile={result.get('compile_s')} s {result.get('error', '')}".rstrip()
       ),
+      name="maxtext" if maxtext else "tpu",
   )
-  print(markdown(ordered))
+  print(table(ordered))
 
 
 if __name__ == "__main__":

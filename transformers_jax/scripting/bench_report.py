@@ -54,18 +54,20 @@ def compile_only(args: list[str], timeout_s: float) -> dict:
   return out
 
 
-def compile_table(rows, compile_row, out, only, redo: bool, markdown, summary) -> list[dict]:
+def compile_table(
+    rows, compile_row, out, only, redo: bool, markdown, summary, name: str = "tpu"
+) -> list[dict]:
   """The driver of the compile tables (scripts/plan_scale.py, scripts/moe_capacity.py): each row
   of `rows` (dicts with a "name") that `only` selects (substrings of names; empty: all) and
-  OUT/tpu.json does not hold yet (or every selected one with `redo`) is compiled by
-  `compile_row(row) -> result`, with progress and `summary(result)` on stderr; tpu.json and
-  tpu.md are rewritten after each row, so a stopped run keeps what it compiled. Returns the
+  OUT/<name>.json does not hold yet (or every selected one with `redo`) is compiled by
+  `compile_row(row) -> result`, with progress and `summary(result)` on stderr; <name>.json and
+  <name>.md are rewritten after each row, so a stopped run keeps what it compiled. Returns the
   results in the order of `rows`."""
   from transformers_jax.scripting.sweeps import RowProgress
 
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  path = out / "tpu.json"
+  path = out / f"{name}.json"
   done = {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
   todo = [
       r
@@ -80,6 +82,6 @@ def compile_table(rows, compile_row, out, only, redo: bool, markdown, summary) -
     progress.finish(r["name"], summary(done[r["name"]]))
     ordered = [done[x["name"]] for x in rows if x["name"] in done]
     path.write_text(json.dumps(ordered, indent=1) + "\n")
-    (out / "tpu.md").write_text(markdown(ordered))
-  (out / "tpu.md").write_text(markdown(ordered))
+    (out / f"{name}.md").write_text(markdown(ordered))
+  (out / f"{name}.md").write_text(markdown(ordered))
   return ordered
