@@ -141,17 +141,19 @@ _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f64": 8, "s8": 1, 
 
 
 def dcn_collectives(compiled) -> dict:
-  """{kind: {"count", "mib"}} of the collectives that cross slices (the data-center network)
-  in a compiled multi-slice TPU step: XLA runs them as host transfers tagged with their kind
-  (ALL_REDUCE, ALL_GATHER, ...); count is the distinct collectives, mib their bytes per chip."""
+  """{kind: {"count", "mib_in_text"}} of the collectives that cross slices (the data-center
+  network) in a compiled multi-slice TPU step: XLA runs them as host transfers tagged with their
+  kind (ALL_REDUCE, ALL_GATHER, ...). `count` is the distinct collectives in the program text
+  and `mib_in_text` the bytes per chip they send, a loop's body (a scanned stack's layer)
+  counted once, as in XLA's cost analysis: what crosses, not how much per step."""
   seen, out = set(), {}
   for dtype, dims, rendezvous, kind in _DCN_SEND.findall(compiled.as_text()):
     size = _BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
-    entry = out.setdefault(kind, {"count": 0, "mib": 0.0})
+    entry = out.setdefault(kind, {"count": 0, "mib_in_text": 0.0})
     if rendezvous not in seen:
       seen.add(rendezvous)
       entry["count"] += 1
-    entry["mib"] += size / 2**20
+    entry["mib_in_text"] += size / 2**20
   return out
 
 
