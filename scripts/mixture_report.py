@@ -37,7 +37,7 @@ from absl import flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
-from transformers_jax.scripting import output_paths
+from transformers_jax.scripting import bench_report, output_paths
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -278,15 +278,7 @@ def main(argv=None) -> int:
     report["kill_and_resume"] = kill_and_resume(mixture, tmp, args.train_steps)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  text = json.dumps(report, indent=1)
-  print(text)
-  table = markdown(report)
-  print(table, file=sys.stderr)
-  if args.out:
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-    out.with_suffix(".md").write_text(table + "\n")
+  bench_report.print_report(report, markdown(report), args.out)
 
 
 if __name__ == "__main__":

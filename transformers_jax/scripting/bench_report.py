@@ -29,6 +29,19 @@ def print_json(result: dict, out: str = "") -> None:
     pathlib.Path(out).write_text(text + "\n")
 
 
+def print_report(report: dict, table: str, out: str = "") -> None:
+  """Print `report` as indented JSON on stdout and its markdown `table` on stderr; with `out`,
+  write the JSON there and the table beside it (the same name, .md)."""
+  text = json.dumps(report, indent=1)
+  print(text)
+  print(table, file=sys.stderr)
+  if out:
+    path = pathlib.Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    path.with_suffix(".md").write_text(table + "\n")
+
+
 def compile_only(args: list[str], timeout_s: float) -> dict:
   """Runs `python -m transformers_jax.train --compile_only ARGS` in a subprocess (a compile for a
   TPU topology holds gigabytes that end with it) and returns its command, exit code and wall
