@@ -2,8 +2,7 @@
 
 Config files under experiments/ build an `ml_collections.ConfigDict` whose `model` field holds
 these names; `ModelConfig.from_dict(config.model)` validates it before anything is traced. Every
-field has a default and a line saying what it does; `None` means "derived" (see `resolved`).
-"""
+field has a default and a line saying what it does; `None` means "derived" (see `resolved`)."""
 
 from __future__ import annotations
 
@@ -96,6 +95,8 @@ class ModelConfig:
   attention_query_blocks: int = 4  # einsum, causal: query blocks that skip their masked keys
   attention_block_q: int = 512  # flash / splash: queries per block (splash: a multiple of 128)
   attention_block_kv: int = 512  # flash / splash: keys per block (splash: a multiple of 128)
+  # mesh.context > 1: all_gather (every device gathers all keys/values) | ring (blocks passed on)
+  context_strategy: str = "all_gather"
   feed_forward: str = "dense"  # dense | moe
   num_experts: int = 8  # moe: experts per layer (E)
   top_k: int = 2  # moe: experts each token is routed to
@@ -107,9 +108,7 @@ class ModelConfig:
   moe_dropless: bool = True  # ragged: compute every routing choice; False = capacity_factor drops
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
-  head: str = (
-      ""  # output head, one of HEADS[family]; "" = family default (lm | pooler | classifier)
-  )
+  head: str = ""  # output head (HEADS[family]); "" = the family's: lm | pooler | classifier
   num_classes: int = 0  # classifier heads (encoder classifier, vit)
   image_size: int = 224  # vit: square image side in pixels
   patch_size: int = 16  # vit: square patch side in pixels
@@ -260,6 +259,7 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "feed_forward", FEED_FORWARDS)
   _choice(c, "moe_impl", MOE_IMPLS)
   _choice(c, "attention_impl", ATTENTION_IMPLS)
+  _choice(c, "context_strategy", ("all_gather", "ring"))
   _choice(c, "dtype", DTYPES)
   _choice(c, "param_dtype", DTYPES)
   _choice(c, "pool", POOLS)

@@ -297,7 +297,9 @@ class Attention(nn.Module):
         blocks = (c.attention_block_q, c.attention_block_kv)
         core, logit_max = attend, max_attention_logit
         if context_size() > 1:  # the tokens split over mesh.context: modules/context.py
-          core, logit_max = split_attention(attend, max_attention_logit, positions)
+          core, logit_max = split_attention(
+              attend, max_attention_logit, positions, c.context_strategy
+          )
         if self.is_mutable_collection("intermediates"):  # evaluation: logit growth
           chosen = choose_impl(c.attention_impl, q, k, dropout_fn is not None)
           blockwise = blocks if chosen in ("flash", "splash") else None

@@ -94,7 +94,9 @@ def from_zigzag(x, shards: int, axis: int = 1):
   return jax.shard_map(local, in_specs=spec, out_specs=spec, check_vma=False)(x)
 
 
-def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: bool = False):
+def attend_over_context(
+    fn, q, kvs, mask, positions, causal: bool, reduce_max: bool = False, ring: bool = False
+):
   """fn(q, *kvs, mask, causal) with the tokens split over `context`: q [B, T, H, K] stays
   split, the key-side arrays `kvs` ([B, S, ...]: keys, values) and the mask's key fields are
   all-gathered over `context` (their gradients reduce-scattered back).
@@ -102,7 +104,8 @@ def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: b
   `mask` is an AttentionMask (modules/masks.py) or None; `positions` [B, T] are the queries'
   true positions (self-attention: the keys' too), which a causal mask then compares, so that a
   zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
-  like q, or with `reduce_max` a scalar maxed over `context`."""
+  like q, or with `reduce_max` a scalar maxed over `context`. With `ring` the keys and values
+  are not gathered but passed around the context axis (`ring_attention`; fn is not used)."""
   if mask is not None and not isinstance(mask, AttentionMask):
     raise ValueError(
         "attention over mesh.context takes per-token masks (modules/masks.AttentionMask), not a "
@@ -126,12 +129,17 @@ def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: b
         "--config.mesh.tensor=1"
     )
   token_spec = P(q_spec[0], CONTEXT_AXIS)
+  shards = context_size()
 
   def local(q, kvs, mask):
     # Tie the mask to this layer's queries: otherwise a scan over layers, seeing the positions
     # the same in every layer, hoists the mask of every block pair out of the loop (jax's
     # loop-invariant residuals), one [T/N x S] mask per head, which is more than the scores.
     q, mask = jax.lax.optimization_barrier((q, mask))
+    if ring and not reduce_max:
+      if mask.q_segments is not None and mask.kv_segments is None:
+        mask = mask.replace(kv_segments=mask.q_segments)
+      return ring_attention(q, kvs, mask, causal, shards)
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
@@ -154,6 +162,57 @@ def attend_over_context(fn, q, kvs, mask, positions, causal: bool, reduce_max: b
   )(q, tuple(kvs), mask)
 
 
+def ring_attention(q, kvs, mask, causal: bool, shards: int):
+  """Attention of this device's queries q [B, T, H, K] over every device's keys and values,
+  with the key-side arrays passed around the `context` ring instead of gathered: `shards`
+  steps, each scoring the queries against the block it holds ([T, T] scores per head, never
+  [T, N T]) while `ppermute` passes that block (keys, values and the mask's key fields) to the
+  next device; the blocks' softmaxes merge by their log-sum-exp (online softmax), so the result
+  equals attention over all keys. Runs inside attend_over_context's shard_map; each step is
+  rematerialised, so the backward pass holds a step's inputs, not its scores."""
+  k, v = kvs
+  B, T, H, K = q.shape
+  G = k.shape[2]
+  qh = q.reshape(B, T, G, H // G, K)
+  ring = [(j, (j + 1) % shards) for j in range(shards)]
+  scale = 1.0 / float(K) ** 0.5
+
+  def step(carry, _):
+    k, v, fields, out, lse = carry
+    block_mask = mask.replace(**fields).dense(causal=causal, length=T)  # [B, 1, T, S] or None
+    s = jnp.einsum("btgrk,bsgk->bgrts", qh, k, preferred_element_type=jnp.float32) * scale
+    if block_mask is not None:  # a large finite fill: a fully masked block then weighs 0
+      s = jnp.where(block_mask[:, :, None], s, -1e30)
+    block_lse = jax.nn.logsumexp(s, axis=-1)  # [B, G, R, T]
+    p = jnp.exp(s - block_lse[..., None])
+    block_out = jnp.einsum("bgrts,bsgk->bgrtk", p, v.astype(jnp.float32))
+    new_lse = jnp.logaddexp(lse, block_lse)
+    out = (
+        out * jnp.exp(lse - new_lse)[..., None]
+        + block_out * jnp.exp(block_lse - new_lse)[..., None]
+    )
+    passed = jax.tree_util.tree_map(
+        lambda x: jax.lax.ppermute(x, CONTEXT_AXIS, ring), (k, v, fields)
+    )
+    return (*passed, out, new_lse), None
+
+  fields = {
+      name: getattr(mask, name)
+      for name in ("kv_segments", "kv_valid", "kv_positions")
+      if getattr(mask, name) is not None
+  }
+  if mask.q_segments is not None and "kv_segments" not in fields:
+    fields["kv_segments"] = mask.q_segments  # self-attention: the keys' segments travel
+  R = H // G
+  out = jnp.zeros((B, G, R, T, K), jnp.float32)
+  lse = jnp.full((B, G, R, T), -jnp.inf, jnp.float32)
+  carry, _ = jax.lax.scan(
+      jax.checkpoint(step, prevent_cse=False), (k, v, fields, out, lse), None, length=shards
+  )
+  out = carry[3]  # [B, G, R, T, K]
+  return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K).astype(q.dtype)
+
+
 def _spec(names, shape) -> P:
   """The PartitionSpec the active rules give logical `names`, with `context` on the tokens and
   dimensions the mapped axes do not divide (e.g. fewer kv heads than `tensor`) left whole."""
@@ -170,11 +229,12 @@ def _spec(names, shape) -> P:
   return P(*dims)
 
 
-def split_attention(attend_fn, logit_max_fn, positions):
+def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gather"):
   """(attend, max_attention_logit) of modules/attention.py, run with the tokens split over
   `context` (`attend_over_context`); same signatures as the two functions. Splash attention
   (whose kernel runs under a shard_map of its own) is replaced by flash attention here, which
-  also masks by true position, as the zig-zag order needs."""
+  also masks by true position, as the zig-zag order needs. `strategy` (model.context_strategy):
+  "all_gather" gathers the keys and values, "ring" passes them around (`ring_attention`)."""
 
   def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args):
     if dropout_fn is not None:
@@ -184,7 +244,8 @@ def split_attention(attend_fn, logit_max_fn, positions):
     if impl == "splash" or (impl == "auto" and target_platform() == "tpu"):
       impl = "flash"
     core = lambda q, k, v, m, cz: attend_fn(q, k, v, m, cz, None, impl, *args)  # noqa: E731
-    return attend_over_context(core, q, (k, v), mask, positions, causal)
+    ring = strategy == "ring"
+    return attend_over_context(core, q, (k, v), mask, positions, causal, ring=ring)
 
   def logit_max(q, k, mask, causal, *args):
     core = lambda q, k, m, cz: logit_max_fn(q, k, m, cz, *args)  # noqa: E731
