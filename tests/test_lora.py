@@ -201,3 +201,22 @@ def test_adapters_and_their_optimizer_state_shard_like_their_kernels():
   ]
   assert len(adapters) == 2 * 6 * BASE.num_layers
   assert sorted(state) == sorted(adapters * 2)
+
+
+def test_init_from_a_lora_run_into_a_full_model_takes_the_merged_weights(tuned):
+  """A full fine-tune started from a LoRA run begins where the adapted model is (the adapters
+  folded into the kernels), not at the frozen base."""
+  from transformers_jax.train.setup import Setup
+
+  root, _, tuned_run = tuned
+  params, _ = tuned_run.load_params()
+  config = tuned_run.config()
+  config.model.lora_rank = 0
+  config.init_from = str(tuned_run.path)
+  setup = Setup(config)
+  state, start, note = setup.start(Run(root / "full").checkpoints(async_save=False))
+  assert start == 0 and "initialised" in note
+  merged, _ = lora.merged(jax.device_get(params), tuned_run.model_config())
+  np.testing.assert_allclose(
+      logits(setup.model_cfg, state.params), logits(setup.model_cfg, merged), rtol=1e-5, atol=1e-6
+  )

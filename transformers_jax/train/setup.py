@@ -23,6 +23,7 @@ from transformers_jax.machine import parallel
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
+from transformers_jax.models import lora
 from transformers_jax.modules import block
 from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
 from transformers_jax.run_folder.records import read_config
@@ -215,6 +216,9 @@ class Setup:
     if self.config.init_from:
       source = self.config.init_from
       params, src_step = resume.load_init_from(source, self.config.get("init_member", -1))
+      source_cfg = Run(resume.init_from_run(source)).model_config()
+      if source_cfg.lora_rank and not self.model_cfg.lora_rank:  # a LoRA fine-tune, merged
+        params, _ = lora.merged(params, source_cfg)
       state, (loaded, fresh) = self.copy_params(state, params)
       fresh_names = ", ".join(sorted({f.split("/")[0] for f in fresh})) or "-"
       if not loaded:
