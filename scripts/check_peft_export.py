@@ -19,26 +19,37 @@ import pathlib
 import tempfile
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
-flags.DEFINE_string("out", None, "Folder for the runs and exports (default: a temporary one).")
-flags.DEFINE_integer("steps", 5, "LoRA training steps.")
-FLAGS = flags.FLAGS
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_string(
+    "out",
+    None,
+    "Folder for the runs and exports (default: a temporary one).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_integer("steps", 5, "LoRA training steps.", lower_bound=1, flag_values=FLAGS)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)
 
 
 def relative(a, b) -> float:
   return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise UserError("unexpected arguments: pass options as --flag=value")
   logging.set_verbosity(logging.WARNING)
   try:
     import peft
     import torch
     import transformers
   except ImportError as e:
-    raise SystemExit(f"error: {e.name} is missing: pip install -e '.[hf]'") from None
+    raise UserError(f"this script needs {e.name}: pip install -e '.[hf]'") from None
   import jax
 
   from transformers_jax.convert import export_hf, import_hf
@@ -105,4 +116,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)
