@@ -4,7 +4,6 @@ per byte (transformers_jax/data/sources.py, token_cache.py, pipeline.py)."""
 import json
 import os
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,8 @@ from transformers_jax.data import pipeline as P
 from transformers_jax.data.token_cache import build_cache
 from transformers_jax.tasks.lm import NextTokenRows
 from transformers_jax.tasks.mlm import MaskedRows
+
+from conftest import start_python_cluster
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hex jolly numbers".split()
@@ -239,12 +240,9 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
       lambda tok: NextTokenRows(),
       False,
   )
-  from transformers_jax.machine import local_cluster
-
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-  procs = local_cluster.start_processes(
+  procs = start_python_cluster(
       lambda i, address: [
-          sys.executable,
           "-c",
           WORKER,
           address,
@@ -255,7 +253,6 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
       ],
       2,
       env=env,
-      cwd=ROOT,
   )
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][1][-2000:] + outs[1][1][-2000:]
