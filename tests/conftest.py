@@ -228,6 +228,8 @@ def start_python(args, env: dict | None = None, cwd=ROOT, stderr_to_stdout: bool
   out_dir = tempfile.mkdtemp(prefix="forked_")
   files = {"stdout": os.path.join(out_dir, "stdout")}
   files["stderr"] = files["stdout"] if stderr_to_stdout else os.path.join(out_dir, "stderr")
+  for path in files.values():  # there before the child starts: readable while it runs
+    open(path, "w").close()
   spec = dict(argv=args, env=env, cwd=str(cwd), stdin=os.devnull, **files)
   reply = server.ask({"spawn": spec})
   if "fallback" in reply:

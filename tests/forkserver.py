@@ -112,6 +112,9 @@ def _become(spec):
       (1, spec["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
       (2, spec["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
   ):
+    if fd == 2 and path == spec["stdout"]:  # stderr merged into stdout: one offset for both
+      os.dup2(1, 2)
+      continue
     opened = os.open(path, mode, 0o644)
     os.dup2(opened, fd)
     os.close(opened)
