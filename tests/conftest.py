@@ -101,11 +101,13 @@ class _ForkServer:
     return json.loads(line)
 
 
-def _server_for(env: dict) -> _ForkServer | None:
-  key = tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CHILD_ENV))
-  if key not in _servers:
-    _servers[key] = _ForkServer(dict(key))
-  return _servers[key]
+def _server_for(env: dict, slot: int = 0) -> _ForkServer:
+  """The server for `env`; `slot` i > 0 is another server for the same environment, with a hash
+  seed of its own (process i of a multi-process run)."""
+  variables = tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CHILD_ENV))
+  if (variables, slot) not in _servers:
+    _servers[variables, slot] = _ForkServer(dict(variables))
+  return _servers[variables, slot]
 
 
 class ForkedProcess:
@@ -215,16 +217,19 @@ def _popen(args, env: dict, cwd, stderr_to_stdout: bool):
   )
 
 
-def start_python(args, env: dict | None = None, cwd=ROOT, stderr_to_stdout: bool = False):
+def start_python(
+    args, env: dict | None = None, cwd=ROOT, stderr_to_stdout: bool = False, server: int = 0
+):
   """`python *args` started as a child of the fork server (a plain subprocess where the server
-  cannot run it): a ForkedProcess, or a subprocess.Popen with text pipes."""
+  cannot run it): a ForkedProcess, or a subprocess.Popen with text pipes. Children of one
+  `server` share its hash seed: give each process of a multi-process run its own."""
 
   args = [str(a) for a in args]
   env = dict(os.environ if env is None else env)
   forkable = args and (args[0] in ("-m", "-c") and len(args) > 1 or not args[0].startswith("-"))
   if _FORKSERVER_OFF or not forkable:
     return _popen(args, env, cwd, stderr_to_stdout)
-  server = _server_for(env)
+  server = _server_for(env, server)
   out_dir = tempfile.mkdtemp(prefix="forked_")
   files = {"stdout": os.path.join(out_dir, "stdout")}
   files["stderr"] = files["stdout"] if stderr_to_stdout else os.path.join(out_dir, "stderr")
@@ -246,7 +251,9 @@ def start_python_cluster(command, num_processes: int, env: dict | None = None, *
   from transformers_jax.machine.local_cluster import free_port
 
   address = f"localhost:{free_port()}"
-  return [start_python(command(i, address), env=env, **kw) for i in range(num_processes)]
+  # each from a server of its own: separate interpreters differ in hash seed, so an order that
+  # depends on it (a set of names) differs between the processes, as it would on a cluster
+  return [start_python(command(i, address), env=env, server=i, **kw) for i in range(num_processes)]
 
 
 def run_python(args, env: dict | None = None, cwd=ROOT, timeout: float | None = None):

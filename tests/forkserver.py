@@ -17,6 +17,9 @@ interpreter shutdown (atexit handlers run; an uncaught exception prints its trac
 with status 1). XLA reads XLA_FLAGS when a backend starts, which happens in the child, so each
 command can simulate its own number of CPU devices. Environment variables read while JAX is
 imported (JAX_*, PYTHON*) must equal the server's: conftest keeps one server per such set.
+Python's `random` reseeds itself in a forked child, and the child reseeds NumPy's global
+generator; the children of one server share its hash seed (str hashes, set order), so the
+processes of one multi-process run come from different servers, as separate interpreters would.
 """
 
 import json
@@ -118,6 +121,8 @@ def _become(spec):
     opened = os.open(path, mode, 0o644)
     os.dup2(opened, fd)
     os.close(opened)
+  if "numpy" in sys.modules:  # a new interpreter's global generator starts from fresh entropy
+    sys.modules["numpy"].random.seed()
   argv = spec["argv"]
   import runpy
 

@@ -54,6 +54,7 @@ def test_a_taken_port_ends_both_processes_with_one_line_each(holder, tmp_path):
               f"--process_id={i}",
           ],
           env=env,
+          server=i,  # (each process of a cluster from a fork server of its own)
       )
       for i in range(2)
   ]
