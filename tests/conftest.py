@@ -325,20 +325,20 @@ def lesson_positional_encoding(pos, d_model):
 # order; the order inside a file is unchanged. A wrong or stale entry costs time, not results.
 COSTLIEST_FIRST = (
     "test_train.py",
-    "test_parallel.py",
-    "test_scale.py",
     "test_population.py",
+    "test_slurm.py",  # little CPU, but its jobs take minutes of wall time: started early
     "test_pods.py",
-    "test_slurm.py",
+    "test_scale.py",
+    "test_parallel.py",
     "test_norm_zoo.py",
     "test_model.py",
+    "test_moe.py",
     "test_decode.py",
     "test_checkpoint_meshes.py",
     "test_counting.py",
-    "test_moe.py",
-    "test_data_pipeline.py",
-    "test_attention_impls.py",
     "test_experiments.py",
+    "test_attention_impls.py",
+    "test_data_pipeline.py",
     "test_context.py",
 )
 
