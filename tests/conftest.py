@@ -62,7 +62,8 @@ def run_worker(script: str, spec=None, devices: int | None = None):
 # (XLA_FLAGS, the simulated device count included, is read when the child starts it), but it
 # does not pay the 2-3 CPU-s of importing JAX again. One server per pytest process and per set
 # of the environment variables read at import time; TEST_FORKSERVER=0 runs plain subprocesses.
-_FORKSERVER_OFF = os.environ.get("TEST_FORKSERVER") == "0"
+# (Linux: the client waits for a child through a pidfd; elsewhere plain subprocesses)
+_FORKSERVER_OFF = os.environ.get("TEST_FORKSERVER") == "0" or not hasattr(os, "pidfd_open")
 # read only when a backend starts, or only by the tests: a child may set them as it likes
 _PER_CHILD_ENV = ("XLA_FLAGS", "PYTEST_CURRENT_TEST", "TEST_CPU_RECORD")
 _servers: dict = {}
