@@ -48,18 +48,228 @@ def run_worker(script: str, spec=None, devices: int | None = None):
   """Run tests/<script> in a subprocess (the spec as its JSON argument, `devices` simulated CPU
   devices) and return the JSON object its last line prints; its stderr's end when it fails."""
   import json
-  import subprocess
 
   args = [] if spec is None else [json.dumps(spec)]
-  out = subprocess.run(
-      [sys.executable, str(ROOT / "tests" / script), *args],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=subprocess_env(devices),
-  )
+  out = run_python([str(ROOT / "tests" / script), *args], env=subprocess_env(devices))
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------ python subprocesses
+# A test's `python ...` command lines run as children forked from a Python process that has
+# imported JAX and the package already (tests/forkserver.py): each is still a process of its
+# own, with its own environment, working directory, streams, exit status and JAX backend
+# (XLA_FLAGS, the simulated device count included, is read when the child starts it), but it
+# does not pay the 2-3 CPU-s of importing JAX again. One server per pytest process and per set
+# of the environment variables read at import time; TEST_FORKSERVER=0 runs plain subprocesses.
+# (Linux: the client waits for a child through a pidfd; elsewhere plain subprocesses)
+_FORKSERVER_OFF = os.environ.get("TEST_FORKSERVER") == "0" or not hasattr(os, "pidfd_open")
+# read only when a backend starts, or only by the tests: a child may set them as it likes
+_PER_CHILD_ENV = ("XLA_FLAGS", "PYTEST_CURRENT_TEST", "TEST_CPU_RECORD")
+_servers: dict = {}
+# processes forked for the tests, and their CPU seconds (not children of this process, so the
+# CPU record adds them itself); a server's import CPU counts toward the test that started it
+_forked = {"processes": 0, "cpu_s": 0.0}
+
+
+class _ForkServer:
+
+  def __init__(self, env: dict):
+    import json
+    import subprocess
+
+    self.proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "forkserver.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    ready = self.proc.stdout.readline()
+    if not ready:
+      raise RuntimeError(f"tests/forkserver.py did not start (exit status {self.proc.wait()})")
+    _forked["cpu_s"] += json.loads(ready)["cpu_s"]
+
+  def ask(self, request: dict) -> dict:
+    import json
+
+    self.proc.stdin.write(json.dumps(request) + "\n")
+    self.proc.stdin.flush()
+    line = self.proc.stdout.readline()
+    if not line:
+      raise RuntimeError(f"tests/forkserver.py ended (exit status {self.proc.wait()})")
+    return json.loads(line)
+
+
+def _server_for(env: dict, slot: int = 0) -> _ForkServer:
+  """The server for `env`; `slot` i > 0 is another server for the same environment, with a hash
+  seed of its own (process i of a multi-process run)."""
+  variables = tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CHILD_ENV))
+  if (variables, slot) not in _servers:
+    _servers[variables, slot] = _ForkServer(dict(variables))
+  return _servers[variables, slot]
+
+
+class ForkedProcess:
+  """A child of the fork server with the part of subprocess.Popen's interface the tests use
+  (pid, returncode, poll, wait, communicate, send_signal, kill); its output goes to files and is
+  read, as text, when it has ended."""
+
+  def __init__(self, server: _ForkServer, pid: int, files: dict, args: list):
+    self.server, self.pid, self.files, self.args = server, pid, files, args
+    self.returncode = None
+
+  def _ended(self, reply: dict) -> int:
+    self.returncode = reply["returncode"]
+    _forked["processes"] += 1
+    _forked["cpu_s"] += reply["cpu_s"]
+    return self.returncode
+
+  def poll(self):
+    if self.returncode is None:
+      reply = self.server.ask({"wait": self.pid, "block": False})
+      if "running" not in reply:
+        self._ended(reply)
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    import select
+    import subprocess
+
+    if self.returncode is None:
+      # the child is not this process's to wait for: a pidfd says when it has ended (it stays a
+      # zombie, its pid not reused, until the server reaps it)
+      pidfd = os.pidfd_open(self.pid)
+      try:
+        if not select.select([pidfd], [], [], timeout)[0]:
+          raise subprocess.TimeoutExpired(self.args, timeout)
+      finally:
+        os.close(pidfd)
+      self._ended(self.server.ask({"wait": self.pid, "block": True}))
+    return self.returncode
+
+  def communicate(self, timeout: float | None = None):
+    import shutil
+
+    self.wait(timeout)
+    said = self.output("stdout"), self.output("stderr")
+    shutil.rmtree(os.path.dirname(self.files["stdout"]), ignore_errors=True)
+    return said
+
+  def wait_for_line(self, predicate, timeout: float) -> bool:
+    """Whether the child printed, within `timeout` seconds, a line of stdout that `predicate`
+    accepts (False when it ended or the time ran out first)."""
+    import time
+
+    end, seen = time.monotonic() + timeout, 0
+    while time.monotonic() < end:
+      with open(self.files["stdout"], encoding="utf-8", errors="replace") as f:
+        text = f.read()
+      lines = text.split("\n")[:-1]  # whole lines only
+      if any(predicate(line) for line in lines[seen:]):
+        return True
+      seen = len(lines)
+      if self.poll() is not None:
+        return False
+      time.sleep(0.05)
+    return False
+
+  def output(self, stream: str) -> str | None:
+    path = self.files.get(stream)
+    if path is None:
+      return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+      return f.read()
+
+  def send_signal(self, signum: int) -> None:
+    if self.returncode is None:
+      os.kill(self.pid, signum)
+
+  def kill(self) -> None:
+    import signal
+
+    self.send_signal(signal.SIGKILL)
+
+  def terminate(self) -> None:
+    import signal
+
+    self.send_signal(signal.SIGTERM)
+
+
+def _popen(args, env: dict, cwd, stderr_to_stdout: bool):
+  """`python *args` as a plain subprocess, with text pipes (and wait_for_line)."""
+  import subprocess
+
+  class Piped(subprocess.Popen):
+
+    def wait_for_line(self, predicate, timeout: float) -> bool:
+      del timeout  # (each line is read as it comes: the caller's own timeouts bound the run)
+      return any(predicate(line) for line in self.stdout)
+
+  return Piped(
+      [sys.executable, *args],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE,
+      stdin=subprocess.DEVNULL,
+      text=True,
+      cwd=cwd,
+      env=env,
+  )
+
+
+def start_python(
+    args, env: dict | None = None, cwd=ROOT, stderr_to_stdout: bool = False, server: int = 0
+):
+  """`python *args` started as a child of the fork server (a plain subprocess where the server
+  cannot run it): a ForkedProcess, or a subprocess.Popen with text pipes. Children of one
+  `server` share its hash seed: give each process of a multi-process run its own."""
+
+  args = [str(a) for a in args]
+  env = dict(os.environ if env is None else env)
+  forkable = args and (args[0] in ("-m", "-c") and len(args) > 1 or not args[0].startswith("-"))
+  if _FORKSERVER_OFF or not forkable:
+    return _popen(args, env, cwd, stderr_to_stdout)
+  server = _server_for(env, server)
+  out_dir = tempfile.mkdtemp(prefix="forked_")
+  files = {"stdout": os.path.join(out_dir, "stdout")}
+  files["stderr"] = files["stdout"] if stderr_to_stdout else os.path.join(out_dir, "stderr")
+  for path in files.values():  # there before the child starts: readable while it runs
+    open(path, "w").close()
+  spec = dict(argv=args, env=env, cwd=str(cwd), stdin=os.devnull, **files)
+  reply = server.ask({"spawn": spec})
+  if "fallback" in reply:
+    return _popen(args, env, cwd, stderr_to_stdout)
+  if stderr_to_stdout:
+    files.pop("stderr")
+  return ForkedProcess(server, reply["pid"], files, [sys.executable, *args])
+
+
+def start_python_cluster(command, num_processes: int, env: dict | None = None, **kw):
+  """local_cluster.start_processes for `python` command lines, through the fork server: process
+  i runs `python *command(i, address)`, with `address` the coordinator's (localhost and a free
+  port). Keywords as start_python's."""
+  from transformers_jax.machine.local_cluster import free_port
+
+  address = f"localhost:{free_port()}"
+  # each from a server of its own: separate interpreters differ in hash seed, so an order that
+  # depends on it (a set of names) differs between the processes, as it would on a cluster
+  return [start_python(command(i, address), env=env, server=i, **kw) for i in range(num_processes)]
+
+
+def run_python(args, env: dict | None = None, cwd=ROOT, timeout: float | None = None):
+  """subprocess.run([sys.executable, *args], capture_output=True, text=True, ...) for a test,
+  through the fork server: a subprocess.CompletedProcess."""
+  import subprocess
+
+  proc = start_python(args, env=env, cwd=cwd)
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.communicate()
+    raise
+  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def load_script(name: str):
@@ -116,20 +326,20 @@ def lesson_positional_encoding(pos, d_model):
 # order; the order inside a file is unchanged. A wrong or stale entry costs time, not results.
 COSTLIEST_FIRST = (
     "test_train.py",
-    "test_parallel.py",
-    "test_scale.py",
     "test_population.py",
+    "test_slurm.py",  # little CPU, but its jobs take minutes of wall time: started early
     "test_pods.py",
-    "test_slurm.py",
+    "test_scale.py",
+    "test_parallel.py",
     "test_norm_zoo.py",
     "test_model.py",
+    "test_moe.py",
     "test_decode.py",
     "test_checkpoint_meshes.py",
     "test_counting.py",
-    "test_moe.py",
-    "test_data_pipeline.py",
-    "test_attention_impls.py",
     "test_experiments.py",
+    "test_attention_impls.py",
+    "test_data_pipeline.py",
     "test_context.py",
 )
 
@@ -143,10 +353,11 @@ def pytest_collection_modifyitems(session, config, items):
 # teardown, so a module fixture counts toward the first test that uses it) appends one JSON line
 # with its wall seconds, the CPU seconds of the process that ran it (`own`: tracing, compiling and
 # running in the pytest worker) and of the subprocesses it waited for (`children`: command lines,
-# multi-device and multi-process workers), how many processes it started, and how many XLA
-# compilations the pytest worker ran for it (a count that does not depend on the machine's load,
-# unlike the seconds) with their seconds and those of tracing. scripts/test_cost_report.py sums
-# the lines by file and by test.
+# multi-device and multi-process workers, the fork server's children and its imports included),
+# how many processes it started (forked ones too), and how many XLA compilations the pytest
+# worker ran for it (a count that does not depend on the machine's load, unlike the seconds) with
+# their seconds and those of tracing. scripts/test_cost_report.py sums the lines by file and by
+# test.
 _CPU_RECORD = os.environ.get("TEST_CPU_RECORD")
 if _CPU_RECORD:
   import json
@@ -181,22 +392,33 @@ if _CPU_RECORD:
   @pytest.hookimpl(hookwrapper=True)
   def pytest_runtest_protocol(item, nextitem):
     start = (time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN))
-    spawned, events = _spawned[0], dict(_jax_events)
+    spawned, events, forked = _spawned[0], dict(_jax_events), dict(_forked)
     yield
     wall, own, children = (
         time.perf_counter() - start[0],
         _cpu(resource.RUSAGE_SELF) - start[1],
-        _cpu(resource.RUSAGE_CHILDREN) - start[2],
+        _cpu(resource.RUSAGE_CHILDREN) - start[2] + _forked["cpu_s"] - forked["cpu_s"],
     )
     line = {
         "test": item.nodeid,
         "wall_s": round(wall, 3),
         "own_cpu_s": round(own, 3),
         "children_cpu_s": round(children, 3),
-        "processes": _spawned[0] - spawned,
+        "processes": _spawned[0] - spawned + _forked["processes"] - forked["processes"],
         "compiles": _jax_events["compiles"] - events["compiles"],
         "compile_s": round(_jax_events["compile_s"] - events["compile_s"], 3),
         "trace_s": round(_jax_events["trace_s"] - events["trace_s"], 3),
     }
     with open(_CPU_RECORD, "a") as f:
       f.write(json.dumps(line) + "\n")
+
+
+def _stop_servers():
+  for server in _servers.values():
+    server.proc.stdin.close()  # the server ends when its stdin does
+    server.proc.wait()
+
+
+import atexit  # noqa: E402
+
+atexit.register(_stop_servers)

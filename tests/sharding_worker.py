@@ -1,9 +1,10 @@
 """Run in a subprocess by tests/test_parallel.py, with 8 simulated CPU devices.
 
-    python tests/sharding_worker.py '{"families": [...], "meshes": {...}, "steps": 3}'
+    python tests/sharding_worker.py '{"runs": {family: [mesh, ...]}, "meshes": {...}, "steps": 3}'
 
-For each family's tiny preset and each mesh, trains `steps` steps on the same batches and prints
-one JSON object: losses per (family, mesh), and per-device shard shapes of a few weights.
+For each family's tiny preset and each of the meshes its entry in "runs" names, trains `steps`
+steps on the same batches and prints one JSON object: losses per (family, mesh), and per-device
+shard shapes of a few weights.
 """
 
 import json
@@ -48,7 +49,7 @@ def main():
   spec = json.loads(sys.argv[1])
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for family in spec["families"]:
+    for family, meshes in spec["runs"].items():
       config = load_config_module(str(ROOT / "experiments" / f"{family}.py")).get_config("tiny")
       config.unlock()
       config.batch_size = spec.get("batch_size", 16)
@@ -60,8 +61,8 @@ def main():
       task = task_for(model_cfg)
       data = task_data(task, config, model_cfg, tmp + "/" + family)
       batches = [data.train_batch(s) for s in range(spec["steps"])]
-      for name, axes in spec["meshes"].items():
-        axes = dict(axes)
+      for name in meshes:
+        axes = dict(spec["meshes"][name])
         devices = jax.devices()[: axes.pop("devices", 8)]
         mesh = parallel.make_mesh(axes, devices)
         rules = parallel.rules()

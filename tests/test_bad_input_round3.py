@@ -15,6 +15,8 @@ from transformers_jax.data import pipeline as P
 from transformers_jax.data.token_cache import build_cache
 from transformers_jax.tasks.lm import NextTokenRows
 
+from conftest import run_python
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -616,15 +618,10 @@ def test_a_hugging_face_cache_snapshot_of_symlinks_loads(tmp_path):
 
 
 def test_converting_a_folder_without_a_tokenizer_says_what_generate_needs(tmp_path):
-  import subprocess
-  import sys
 
-  out = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.convert", "--from_hf", str(FIXTURES / "gpt2")]
-      + ["--workdir", str(tmp_path / "run")],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+  out = run_python(
+      ["-m", "transformers_jax.convert", "--from_hf", str(FIXTURES / "gpt2")]
+      + ["--workdir", str(tmp_path / "run")]
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert "has no tokenizer.json" in out.stdout and "generate --prompt needs one" in out.stdout
@@ -701,16 +698,8 @@ def test_compile_cache_off_in_any_case_is_off(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flag, said", [("--only=nosuchrow", "names no row"), ("--timeout=-5", "")])
 def test_plan_scale_refuses_flags_that_select_nothing(tmp_path, flag, said):
-  import subprocess
-  import sys
 
-  out = subprocess.run(
-      [sys.executable, "scripts/plan_scale.py", flag, f"--out={tmp_path}"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      timeout=120,
-  )
+  out = run_python(["scripts/plan_scale.py", flag, f"--out={tmp_path}"], timeout=120)
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
   assert flag in lines[0]

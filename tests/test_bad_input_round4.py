@@ -10,11 +10,12 @@ import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import types
 
 import numpy as np
 import pytest
+
+from conftest import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
@@ -120,32 +121,17 @@ def test_an_imported_tokenizer_that_is_not_one_is_refused_before_anything_is_wri
 
 
 def test_member_with_from_hf_and_a_script_output_folder_for_a_file_are_one_line(tmp_path):
-  out = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.convert", "--from_hf", str(FIXTURES / "gpt2")]
-      + ["--workdir", str(tmp_path / "run"), "--member", "1"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+  out = run_python(
+      ["-m", "transformers_jax.convert", "--from_hf", str(FIXTURES / "gpt2")]
+      + ["--workdir", str(tmp_path / "run"), "--member", "1"]
   )
   assert "--member=1: picks the member of a population's run" in _one_error_line(out)
   assert not (tmp_path / "run").exists()
   # 7. bench_population.py --json=FOLDER ran its 160 s before it found the path was a folder
-  out = subprocess.run(
-      [sys.executable, "scripts/bench_population.py", f"--json={tmp_path}"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      timeout=60,
-  )
+  out = run_python(["scripts/bench_population.py", f"--json={tmp_path}"], timeout=60)
   assert f"--json={tmp_path} is a folder: give the path of a file" in _one_error_line(out)
   # a depth the sweep has no population for was a StopIteration traceback
-  out = subprocess.run(
-      [sys.executable, "scripts/bench_population.py", "--depth=3"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      timeout=60,
-  )
+  out = run_python(["scripts/bench_population.py", "--depth=3"], timeout=60)
   assert "depth 2 or 4" in _one_error_line(out)
 
 

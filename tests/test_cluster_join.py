@@ -6,11 +6,10 @@ one line each; --coordinator_port where no cluster manager is detected is refuse
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, run_python, start_python, subprocess_env
 from test_train import assert_one_line_error, run_cli
 from transformers_jax.machine import cluster_join, local_cluster
 
@@ -40,9 +39,8 @@ def test_a_listener_that_is_not_grpc_does_not_pass_for_the_coordinator(holder):
 def test_a_taken_port_ends_both_processes_with_one_line_each(holder, tmp_path):
   env = {k: v for k, v in subprocess_env().items() if not k.startswith(("SLURM_", "OMPI_"))}
   procs = [
-      subprocess.Popen(
+      start_python(
           [
-              sys.executable,
               "-m",
               "transformers_jax.train",
               "--config",
@@ -55,11 +53,8 @@ def test_a_taken_port_ends_both_processes_with_one_line_each(holder, tmp_path):
               "--num_processes=2",
               f"--process_id={i}",
           ],
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-          cwd=ROOT,
           env=env,
+          server=i,  # (each process of a cluster from a fork server of its own)
       )
       for i in range(2)
   ]
@@ -77,12 +72,9 @@ def test_a_taken_port_ends_both_processes_with_one_line_each(holder, tmp_path):
 
 def test_a_coordinator_port_without_a_cluster_manager_is_one_line():
   env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "TPU_"))}
-  out = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.train", "--config", GPT2_TINY, "--workdir", "w"]
+  out = run_python(
+      ["-m", "transformers_jax.train", "--config", GPT2_TINY, "--workdir", "w"]
       + ["--coordinator_port=12345"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
       env=env,
   )
   assert_one_line_error(out, "--coordinator_port=12345", "no cluster manager")

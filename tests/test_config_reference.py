@@ -1,12 +1,9 @@
 """The config reference: every field of every preset has a meaning read from the source, the
 generated docs/config.md is current, and --config_help prints the fields of one config."""
 
-import subprocess
-import sys
-
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, run_python, subprocess_env
 from transformers_jax import config_reference
 from transformers_jax.config import load_config_module
 
@@ -44,9 +41,8 @@ def test_meanings_come_from_the_comments_beside_the_fields():
 
 
 def test_config_help_lists_values_defaults_and_meanings():
-  out = subprocess.run(
+  out = run_python(
       [
-          sys.executable,
           "-m",
           "transformers_jax.train",
           "--config",
@@ -54,9 +50,6 @@ def test_config_help_lists_values_defaults_and_meanings():
           "--config.steps=7",
           "--config_help",
       ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
       env=subprocess_env(),
   )
   assert out.returncode == 0 and not out.stderr, out.stderr[-2000:]

@@ -1,8 +1,6 @@
 """python -m transformers_jax.convert: Hugging Face directory <-> a run other commands accept."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -17,7 +15,7 @@ from transformers_jax.models import build_model
 from transformers_jax.modules.block import scan_to_loop
 from transformers_jax.run_folder.checkpoints import Checkpoints
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
@@ -59,19 +57,15 @@ def test_import_writes_a_run_and_export_gives_the_same_weights(tmp_path):
 
 
 def test_convert_cli_errors_are_one_line(tmp_path):
-  out = subprocess.run(
+  out = run_python(
       [
-          sys.executable,
           "-m",
           "transformers_jax.convert",
           "--from_hf",
           str(tmp_path),
           "--workdir",
           str(tmp_path / "o"),
-      ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+      ]
   )
   assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].startswith("error: ")
@@ -81,24 +75,19 @@ def test_convert_cli_errors_are_one_line(tmp_path):
 def test_generate_on_converted_gpt2_equals_the_reference_greedy_continuation(tmp_path):
   ref = np.load(FIXTURES / "gpt2" / "reference.npz", allow_pickle=False)
   prompt, greedy = ref["prompt"][0].tolist(), ref["greedy"][0].tolist()
-  out = subprocess.run(
+  out = run_python(
       [
-          sys.executable,
           "-m",
           "transformers_jax.convert",
           "--from_hf",
           str(FIXTURES / "gpt2"),
           "--workdir",
           str(tmp_path / "run"),
-      ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+      ]
   )
   assert out.returncode == 0, out.stderr[-2000:]
-  out = subprocess.run(
+  out = run_python(
       [
-          sys.executable,
           "-m",
           "transformers_jax.generate",
           "--workdir",
@@ -110,10 +99,7 @@ def test_generate_on_converted_gpt2_equals_the_reference_greedy_continuation(tmp
           "0",
           "--max_new_tokens",
           str(len(greedy)),
-      ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+      ]
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert [int(t) for t in out.stdout.strip().splitlines()[-1].split(",")] == greedy

@@ -2,8 +2,6 @@
 
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +10,7 @@ from transformers_jax.models import counting
 from transformers_jax.config import ModelConfig, load_config_module
 from transformers_jax.models import as_model_config
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 
 _SHAPES = {}
 
@@ -213,20 +211,11 @@ def test_flops_per_token_convention(experiment):
 
 
 def test_params_cli_json():
-  out = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "transformers_jax.param_count",
-          "--config",
-          str(ROOT / "experiments/gpt2.py") + ":small",
-          "--json",
-      ],
-      capture_output=True,
-      text=True,
-      check=True,
-      cwd=ROOT,
+  out = run_python(
+      ["-m", "transformers_jax.param_count"]
+      + ["--config", str(ROOT / "experiments/gpt2.py") + ":small", "--json"]
   )
+  assert out.returncode == 0, out.stderr[-2000:]
   s = json.loads(out.stdout)
   assert s["total"] == s["analytic"] == s["published"] == 124_439_808
   assert s["active_per_token"] == s["total"]
@@ -242,18 +231,9 @@ def test_params_cli_json():
 
 
 def test_params_cli_bad_config_is_one_line():
-  out = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "transformers_jax.param_count",
-          "--config",
-          str(ROOT / "experiments/gpt2.py") + ":tiny",
-          "--config.model.num_heads=5",
-      ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+  out = run_python(
+      ["-m", "transformers_jax.param_count"]
+      + ["--config", str(ROOT / "experiments/gpt2.py") + ":tiny", "--config.model.num_heads=5"]
   )
   assert out.returncode == 2
   assert out.stderr.strip().count("\n") == 0 and "model.num_heads" in out.stderr

@@ -1,9 +1,6 @@
 """Decoding: the KV cache equals a full forward pass, strategies agree where they must, beam
 search beats greedy where it should, bad input is refused, sharded decoding equals one device."""
 
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +11,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.decode import filter_logits, length_penalty, select_tokens
 from transformers_jax.models import build_model, param_shapes
 
-from conftest import ROOT, subprocess_env
+from conftest import run_python, subprocess_env
 
 KEY = jax.random.PRNGKey(0)
 # init_std 0.3: attention that is far from uniform, so a wrong mask or position shows
@@ -292,13 +289,7 @@ print("ok")
 
 def test_sharded_decoding_equals_one_device():
   """4 CPU devices, data 2 x tensor 2, GQA + RoPE: the same tokens and logits as one device."""
-  out = subprocess.run(
-      [sys.executable, "-c", SHARDED],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=subprocess_env(4),
-  )
+  out = run_python(["-c", SHARDED], env=subprocess_env(4))
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 
@@ -314,7 +305,6 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   ckpt.save(3, {"params": params})
   ckpt.close()
   cmd = [
-      sys.executable,
       "-m",
       "transformers_jax.generate",
       "--workdir",
@@ -327,7 +317,7 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
       "--max_new_tokens",
       "30",
   ]
-  out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+  out = run_python(cmd)
   assert out.returncode == 0, out.stderr[-2000:]
   expected = decode.generate(cfg, params, [[1, 2, 3]], 30).ids()[0]
   assert out.stdout.strip() == ",".join(map(str, expected))
@@ -335,7 +325,7 @@ def test_generate_cli_loads_the_latest_checkpoint(lm, tmp_path):
   with pytest.raises(RunError, match="--step=5: .* checkpoints at steps 3"):
     load_run(tmp_path, step=5)
   # beam search with sampling flags would silently ignore them: one line, before any decoding
-  out = subprocess.run(cmd + ["--beam_size", "4"], capture_output=True, text=True, cwd=ROOT)
+  out = run_python(cmd + ["--beam_size", "4"])
   assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
       "error: --beam_size=4 with --temperature/--top_k/--top_p"
   )

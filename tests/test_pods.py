@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from transformers_jax.machine import compile_cache
-from transformers_jax.machine import local_cluster
 from transformers_jax.machine.local_cluster import free_port
 from transformers_jax.errors import UserError
 from transformers_jax.errors import RunError
@@ -27,7 +26,7 @@ from transformers_jax.run_folder.checkpoints import Checkpoints, non_finite_valu
 from transformers_jax.train import events, metrics
 from transformers_jax.train.entry import train
 
-from conftest import ROOT
+from conftest import ROOT, run_python, start_python, start_python_cluster
 from test_train import assert_one_line_error, configure, losses, run_cli
 
 GPT2_TINY = str(ROOT / "experiments/gpt2.py") + ":tiny"
@@ -63,18 +62,11 @@ def test_mfu_peak_counts_the_devices_of_every_process(monkeypatch):
 def two_processes(tmp_path_factory):
   out = tmp_path_factory.mktemp("two")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = local_cluster.start_processes(
-      lambda i, address: [
-          sys.executable,
-          str(ROOT / "tests/pods_worker.py"),
-          address,
-          str(i),
-          str(out),
-      ],
+  procs = start_python_cluster(
+      lambda i, address: [str(ROOT / "tests/pods_worker.py"), address, str(i), str(out)],
       2,
       env=env,
-      cwd=ROOT,
-      stderr=subprocess.STDOUT,
+      stderr_to_stdout=True,
   )
   try:
     logs = [p.communicate(timeout=480)[0] for p in procs]
@@ -147,7 +139,6 @@ def test_a_failed_cluster_join_is_one_line():
 # ----------------------------------------------------------------------------- one process
 def cli_cmd(workdir, *extra):
   return [
-      sys.executable,
       "-m",
       "transformers_jax.train",
       "--config",
@@ -170,20 +161,15 @@ def terminated(tmp_path_factory):
   """A run stopped by SIGTERM, and a second run tried on its workdir while it was going."""
   work = tmp_path_factory.mktemp("term") / "w"
   cache = work.parent / "compile_cache"
-  first = subprocess.Popen(
+  first = start_python(
       cli_cmd(work, f"--compile_cache_dir={cache}"),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      cwd=ROOT,
       # every program it compiles goes to the cache, however quickly it compiled
       env=dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"),
   )
   try:
-    for line in first.stdout:  # running: its steps are being logged
-      if line.startswith("step 2/"):  # "step 2/1000: loss ..."
-        break
-    second = subprocess.run(cli_cmd(work), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    # running: its steps are being logged ("step 2/1000: loss ...")
+    assert first.wait_for_line(lambda line: line.startswith("step 2/"), timeout=300)
+    second = run_python(cli_cmd(work), timeout=300)
     first.send_signal(signal.SIGTERM)
     stdout, stderr = first.communicate(timeout=300)
   finally:
@@ -370,19 +356,15 @@ def test_loading_parameters_verifies_checkpoints_like_a_resume(two_checkpoints, 
   want, _ = Run(two_checkpoints).load_params(2)
   assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, params, want))
   flip_a_byte(work / "checkpoints" / "2")
-  out = subprocess.run(
+  out = run_python(
       [
-          sys.executable,
           "-m",
           "transformers_jax.generate",
           "--workdir",
           str(work),
           "--prompt=a",
           "--max_new_tokens=2",
-      ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+      ]
   )
   assert_one_line_error(out, "no intact checkpoint", "2")
   assert out.returncode == 2 and "checkpoint step 2" in out.stdout

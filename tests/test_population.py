@@ -6,7 +6,6 @@ import math
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import jax
@@ -24,7 +23,7 @@ from transformers_jax.train import members as members_lib
 from transformers_jax.train import optim, population
 from transformers_jax.train.entry import train
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 
 STEPS = 20
 TINY = {
@@ -261,14 +260,11 @@ def test_members_split_over_devices_train_as_on_one(population_run, tmp_path):
   assert result["member_devices"] == 1
   flags = [f"--config.{k}={v}" for k, v in {**TINY, **POPULATION}.items()]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.train", "--cpu_devices=2"]
+  proc = run_python(
+      ["-m", "transformers_jax.train", "--cpu_devices=2"]
       + ["--config", str(ROOT / "experiments" / "gpt2.py:tiny"), f"--workdir={tmp_path}"]
       + flags
       + ["--config.eval_every=0", "--config.checkpoint_every=0"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
       env=env,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -370,13 +366,7 @@ def test_a_member_equals_its_solo_run_for_mlm_and_seq2seq(
 def test_a_member_equals_its_solo_run_on_packed_jsonl_over_fsdp(tmp_path):
   """Two CPU devices, parameters split over fsdp=2, documents of a .jsonl file packed."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(
-      [sys.executable, str(ROOT / "tests/population_worker.py"), str(tmp_path)],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=env,
-  )
+  proc = run_python([str(ROOT / "tests/population_worker.py"), str(tmp_path)], env=env)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert "each member over mesh axes {'fsdp': 2}" in proc.stdout
   assert json.loads((tmp_path / "member_devices.json").read_text()) == 1
@@ -404,11 +394,8 @@ def test_other_tools_take_one_member_of_a_population(experiment, population_run,
   for got, stacked in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(whole)):
     np.testing.assert_array_equal(got, stacked[2])
   # generate names the flag, in one line
-  proc = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.generate", f"--workdir={workdir}", "--prompt=a"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+  proc = run_python(
+      ["-m", "transformers_jax.generate", f"--workdir={workdir}", "--prompt=a"],
       env=dict(os.environ, JAX_PLATFORMS="cpu"),
   )
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
@@ -429,12 +416,9 @@ def test_other_tools_take_one_member_of_a_population(experiment, population_run,
 
   export_hf(workdir, tmp_path / "hf", member=2)
   assert f"exporting {taken}" in capsys.readouterr().out
-  proc = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.generate", f"--workdir={workdir}", "--member=2"]
+  proc = run_python(
+      ["-m", "transformers_jax.generate", f"--workdir={workdir}", "--member=2"]
       + ["--prompt_ids=1", "--max_new_tokens=1", "--temperature=0"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
       env=dict(os.environ, JAX_PLATFORMS="cpu"),
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -478,12 +462,9 @@ def test_compare_tables_and_plots_runs_and_members(population_run, tmp_path):
   diverged = {x["step"]: x["loss"] for x in lines(workdir) if x.get("member") == 3 and "loss" in x}
   assert not math.isfinite(diverged[STEPS])
   best_step = min((s for s in diverged if math.isfinite(diverged[s])), key=diverged.get)
-  proc = subprocess.run(
-      [sys.executable, "-m", "transformers_jax.compare", str(solo), f"{workdir}:3"]
-      + [f"--plot={tmp_path / 'curves.png'}"],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+  proc = run_python(
+      ["-m", "transformers_jax.compare", str(solo), f"{workdir}:3"]
+      + [f"--plot={tmp_path / 'curves.png'}"]
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   header, _, solo_row, member_row = proc.stdout.splitlines()[:4]

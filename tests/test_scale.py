@@ -4,8 +4,6 @@ families compile for a TPU topology through libtpu; a step that cannot fit is re
 exit code 3; the vocabulary pads for sharding without changing what the model computes."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +18,7 @@ from transformers_jax.models.common import mask_padded_vocab
 from transformers_jax.train import compile as compile_step
 from transformers_jax.tasks import cross_entropy
 
-from conftest import ROOT, run_worker
+from conftest import run_python, run_worker
 
 FAMILIES = ["gpt2", "bert", "transformer", "vit"]
 
@@ -76,9 +74,8 @@ def test_tiny_presets_compile_for_a_tpu_topology(tpu_reports, family):
 def test_a_step_that_cannot_fit_is_refused_with_exit_3():
   # 2,048 sequences of 64 tokens over a 50,304-wide vocabulary: about 26 GB of float32 logits
   # per v5e chip (16 GB), before their gradient.
-  out = subprocess.run(
+  out = run_python(
       [
-          sys.executable,
           "-m",
           "transformers_jax.train",
           "--config",
@@ -88,10 +85,8 @@ def test_a_step_that_cannot_fit_is_refused_with_exit_3():
           "--config.batch_size=8192",
           "--config.model.vocab_size=50257",
           "--config.model.vocab_multiple=128",
-      ],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+          "--config.model.num_layers=1",  # the logits fill the chip at any depth
+      ]
   )
   assert out.returncode == 3, out.stderr[-2000:]
   report = json.loads(out.stdout)
@@ -103,22 +98,20 @@ def test_a_step_that_cannot_fit_is_refused_with_exit_3():
 
 # A compiled step (no refusal from the compiler) whose peak exceeds the chip's memory: the
 # data sheet's HBM is lowered to 1 MiB for this process, so the tiny model's real compile
-# reports fits: false.
+# reports fits: false (with one block, as with two).
 _SMALL_CHIP = """
 import dataclasses, runpy, sys
 from transformers_jax.machine import hardware
 real = hardware.chip_for_topology
 hardware.chip_for_topology = lambda t: dataclasses.replace(real(t), hbm_gib=1 / 1024)
 sys.argv = ["train", "--config", "experiments/gpt2.py:tiny", "--compile_only",
-            "--config.mesh.topology=v5e:2x2"]
+            "--config.mesh.topology=v5e:2x2", "--config.model.num_layers=1"]
 runpy.run_module("transformers_jax.train", run_name="__main__")
 """
 
 
 def test_a_compiled_step_over_the_chips_memory_exits_3():
-  out = subprocess.run(
-      [sys.executable, "-c", _SMALL_CHIP], capture_output=True, text=True, cwd=ROOT
-  )
+  out = run_python(["-c", _SMALL_CHIP])
   assert out.returncode == 3, out.stderr[-2000:]
   report = json.loads(out.stdout)
   assert "compiler_message" not in report  # compiled, not refused
@@ -149,19 +142,15 @@ def test_unknown_or_missing_topologies_are_one_line_errors():
       ("v5e", "chip shape"),
       ("v5p:3x3x3", "v5p:3x3x3"),
   ):
-    out = subprocess.run(
+    out = run_python(
         [
-            sys.executable,
             "-m",
             "transformers_jax.train",
             "--config",
             "experiments/gpt2.py:tiny",
             "--compile_only",
             f"--config.mesh.topology={topology}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+        ]
     )
     assert out.returncode == 2 and words in out.stderr, out.stderr[-1000:]
     assert "Traceback" not in out.stderr
