@@ -183,16 +183,6 @@ def _multislice_mesh(axes, devices, slices: int) -> Mesh:
   return Mesh(array, MESH_AXES)
 
 
-def slices_of(devices, num_slices: int) -> dict[int, int]:
-  """{device id: its slice}: the device's `slice_index`, or for devices without one (simulated
-  slices, see make_mesh) the index of its consecutive group in `devices`."""
-  n = max(1, len(devices) // max(1, num_slices))
-  known = {getattr(d, "slice_index", None) for d in devices}
-  if None not in known and len(known) == num_slices:
-    return {d.id: int(d.slice_index) for d in devices}
-  return {d.id: i // n for i, d in enumerate(devices)}
-
-
 def rule_names() -> tuple[str, ...]:
   return tuple(name for name, _ in DEFAULT_RULES)
 

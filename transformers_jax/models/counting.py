@@ -216,6 +216,11 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   return {k: v for k, v in out.items() if v}
 
 
+def lora_count(cfg) -> int:
+  """LoRA adapters' parameters (what a LoRA run trains), by eval_shape; 0 without LoRA."""
+  return tree_breakdown(param_shapes(as_model_config(cfg))).get("lora", 0)
+
+
 def analytic_count(cfg, active: bool = False) -> int:
   return sum(v for k, v in analytic_breakdown(cfg, active).items() if k != "blocks")
 

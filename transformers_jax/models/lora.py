@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -61,13 +60,6 @@ def with_trainable(params, updated, model_cfg) -> Any:
     return out
 
   return put(params, updated)
-
-
-def count(params, model_cfg) -> int:
-  """Number of trained parameters (every parameter without LoRA)."""
-  return sum(
-      int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(trainable(params, model_cfg))
-  )
 
 
 def merged(params, model_cfg):

@@ -93,15 +93,7 @@ def streamed_text_data(config, model_cfg, workdir, make_layout, specials: bool) 
   train_spans, val_spans = pipeline.split_spans(cache)
   train = pipeline.TokenSpans(cache, train_spans)
   val = pipeline.TokenSpans(cache, val_spans)
-  pad = tok.pad_id if tok.pad_id is not None else 0
-  common = dict(
-      layout=layout,
-      batch_size=config.batch_size,
-      seq_len=config.seq_len,
-      seed=config.seed,
-      packing=config.data.packing,
-      pad_id=pad,
-  )
+  common = _batch_fields(config, tok, layout)
   whole = pipeline.StepBatches(train, **common)  # every row: for train_batch (all processes)
   local = pipeline.StepBatches(
       train, process_index=jax.process_index(), process_count=jax.process_count(), **common
@@ -127,6 +119,18 @@ def streamed_text_data(config, model_cfg, workdir, make_layout, specials: bool) 
   return data
 
 
+def _batch_fields(config, tok, layout) -> dict:
+  """The StepBatches arguments every text source shares (one source, or a mixture's each)."""
+  return dict(
+      layout=layout,
+      batch_size=config.batch_size,
+      seq_len=config.seq_len,
+      seed=config.seed,
+      packing=config.data.packing,
+      pad_id=tok.pad_id if tok.pad_id is not None else 0,
+  )
+
+
 def mixture_text_data(config, model_cfg, workdir, make_layout, specials: bool) -> TaskData:
   """TaskData of a text objective over the weighted sources of data.mixture (data/mixture.py):
   training rows mixed by grain in the weights' proportions; held-out batches from each source's
@@ -137,15 +141,7 @@ def mixture_text_data(config, model_cfg, workdir, make_layout, specials: bool) -
   shares = [(s.path, w / sum(first)) for s, w in zip(mixture, first)]
   tok, caches = text_caches(config, model_cfg, workdir, specials, shares, "data.mixture source")
   layout = make_layout(tok)
-  pad = tok.pad_id if tok.pad_id is not None else 0
-  common = dict(
-      layout=layout,
-      batch_size=config.batch_size,
-      seq_len=config.seq_len,
-      seed=config.seed,
-      packing=config.data.packing,
-      pad_id=pad,
-  )
+  common = _batch_fields(config, tok, layout)
   parts, evals, eval_bytes, lines = [], [], [], []
   lengths = np.asarray(token_byte_lengths(tok), np.int64)
   for i, (source, cache) in enumerate(zip(mixture, caches)):

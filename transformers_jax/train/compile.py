@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from transformers_jax.machine import hardware
-from transformers_jax.models import counting, param_shapes
+from transformers_jax.models import counting
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
@@ -192,7 +192,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   setup = build_step(config, devices, task)  # validates the config against the mesh
   args = (setup.abstract_state(), setup.abstract_batch())
   if model_cfg.lora_rank:  # only the adapters train: they alone have optimizer state
-    out["trainable_params"] = counting.tree_breakdown(param_shapes(model_cfg)).get("lora", 0)
+    out["trainable_params"] = counting.lora_count(model_cfg)
   # the train state's parts per device, as sharded: parameters and optimizer state
   out["per_device_params_gib"] = _argument_bytes(args[0].params) / GIB
   out["per_device_optimizer_state_gib"] = _argument_bytes(args[0].opt_state) / GIB

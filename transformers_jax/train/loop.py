@@ -9,7 +9,7 @@ import time
 import jax
 
 from transformers_jax.machine import parallel
-from transformers_jax.models import counting, param_shapes
+from transformers_jax.models import counting
 from transformers_jax.errors import UserError
 from transformers_jax.evaluate import harness as harness_lib
 from transformers_jax.evaluate.runs import TrainingHarness
@@ -91,7 +91,7 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   if is_main:
     trained = ""
     if model_cfg.lora_rank:  # models/lora.py: only the adapters train
-      adapters = counting.tree_breakdown(param_shapes(model_cfg)).get("lora", 0)
+      adapters = counting.lora_count(model_cfg)
       trained = (
           f" ({adapters:,} trained: LoRA rank {model_cfg.lora_rank} on "
           f"{model_cfg.lora_targets}, the rest frozen)"
