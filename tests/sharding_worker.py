@@ -2,6 +2,9 @@
 
     python tests/sharding_worker.py '{"runs": {family: [mesh, ...]}, "meshes": {...}, "steps": 3}'
 
+A mesh's entry may hold "devices" (how many of the 8 it uses) and "model" (model fields that
+differ on that mesh, e.g. {"context_strategy": "ring"}).
+
 For each family's tiny preset and each of the meshes its entry in "runs" names, trains `steps`
 steps on the same batches and prints one JSON object: losses per (family, mesh), and per-device
 shard shapes of a few weights.
@@ -64,12 +67,13 @@ def main():
       for name in meshes:
         axes = dict(spec["meshes"][name])
         devices = jax.devices()[: axes.pop("devices", 8)]
+        run_cfg = model_cfg.replace(**axes.pop("model", {}))  # e.g. this mesh's context_strategy
         mesh = parallel.make_mesh(axes, devices)
         rules = parallel.rules()
         tx = optim.make_optimizer(config)
-        state, shardings = create_state(model_cfg, tx, mesh, rules, config.seed)
+        state, shardings = create_state(run_cfg, tx, mesh, rules, config.seed)
         step = make_train_step(
-            task, model_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
+            task, run_cfg, config, tx, optim.schedule(config), mesh, rules, shardings
         )
         losses = []
         for batch in batches:

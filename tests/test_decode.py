@@ -65,6 +65,9 @@ def run(cfg, params, inputs, max_new, **kw):
         ("decoder", dict(positions="sinusoidal", num_kv_heads=1, scan_layers=True)),
         ("encoder_decoder", dict(positions="sinusoidal")),
         ("encoder_decoder", dict(positions="rope", num_kv_heads=2, scan_layers=True)),
+        # score biases over cache slots: ALiBi with GQA; T5's tables in both stacks, scanned
+        ("decoder", dict(positions="alibi", num_kv_heads=2)),
+        ("encoder_decoder", dict(positions="t5", scan_layers=True)),
     ],
 )
 def test_cached_logits_equal_full_forward_at_every_step(family, extra):

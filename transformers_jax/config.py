@@ -17,9 +17,10 @@ import ml_collections
 from transformers_jax.modules import lora, remat
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
+from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
-POSITIONS = ("sinusoidal", "learned", "rope", "none")
+POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
 # The norm placements, one entry each in modules/placements.py (the registry is that table).
 NORM_PLACEMENTS = tuple(PLACEMENTS)
 NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
@@ -67,8 +68,10 @@ class ModelConfig:
   vocab_multiple: int = 1
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
-  positions: str = "learned"  # sinusoidal | learned | rope | none
+  positions: str = "learned"  # sinusoidal | learned | rope | t5 (relative bias) | alibi | none
   rope_theta: float = 10000.0  # RoPE base wavelength
+  relative_buckets: int = 32  # t5: buckets of the key - query offset (one learned bias each)
+  relative_max_distance: int = 128  # t5: offsets from here on share the last bucket
   # Norms, residual gains and init rules around each sublayer: pre | post | sandwich | none |
   # deepnorm | admin | rezero | layerscale | tfixup | reordered | normformer | hybrid | subln |
   # b2t | scaled | parallel | mixln (formulas: docs/norm_zoo.md; code: modules/placements.py)
@@ -300,10 +303,6 @@ def validate(c: ModelConfig) -> None:
     )
   if c.num_heads % c.kv_heads:
     _fail("num_kv_heads", str(c.kv_heads), f"must divide num_heads={c.num_heads}")
-  if c.positions == "rope" and c.head_width % 2:
-    _fail("head_dim", str(c.head_width), "RoPE rotates pairs of features: use an even head_dim")
-  if c.positions == "sinusoidal" and c.d_model % 2:
-    _fail("d_model", str(c.d_model), "sinusoidal positions need an even d_model")
   if c.family != "vit" and c.vocab_size < 1:
     _fail("vocab_size", str(c.vocab_size), "must be a positive integer")
   if c.vocab_size > MAX_VOCAB:
@@ -343,7 +342,8 @@ def validate(c: ModelConfig) -> None:
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
   _check_placement(c)
-  for problem in (lora.config_problem(c), remat.config_problem(c)):
+  checks = (lora.config_problem, remat.config_problem, position_scheme(c).config_problem)
+  for problem in (check(c) for check in checks):
     if problem:
       _fail(*problem)
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:

@@ -62,6 +62,8 @@ def component_of(path: tuple[str, ...]) -> str:
     return "lora"
   if path[0] in HEAD_MODULES:
     return "head"
+  if path[-1] == "relative_bias":  # T5's relative-position bias table (modules/positions.py)
+    return "position_bias"
   if any(p.endswith("_gain") for p in path):  # a norm placement's learned gains
     return "gains"
   if any("norm" in p for p in path):
@@ -199,6 +201,9 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   else:
     stacks = [_stack(c, c.num_layers, False, active)]
     out["norms"] += _norm(c) * int(c.has_final_norm)
+  if c.positions == "t5":  # one relative-bias table per stack, shared by its layers
+    for s in stacks:
+      s["position_bias"] = c.relative_buckets * c.num_heads
   for s in stacks:
     for k, v in s.items():
       out[k] += v

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
@@ -21,12 +22,13 @@ from transformers_jax.modules.common import (
     fused_dense,
     apply_projection,
 )
+from transformers_jax.modules.cache import attend_cache
 from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import blockwise_max_logit, flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense
 from transformers_jax.modules.norms import Norm, norm_over_heads
 from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
-from transformers_jax.modules.positions import apply_rope
+from transformers_jax.modules.positions import index_positions, position_scheme
 from transformers_jax.modules.splash import splash_attention, target_platform
 
 # `auto` on a CPU (or a GPU computing in float32) takes flash from this many queries or keys on:
@@ -65,8 +67,10 @@ def attend(
     query_blocks: int = 4,
     block_q: int = 512,
     block_kv: int = 512,
+    bias=None,
 ):
-  """softmax(q k^T / sqrt(K) + masks) v, softmax in float32; q [B, T, H, K], k v [B, S, G, K].
+  """softmax(q k^T / sqrt(K) + bias + masks) v, softmax in float32; q [B, T, H, K], k v
+  [B, S, G, K]; `bias` a position scheme's ScoreBias (modules/positions.py) or None.
 
   `impl`:
     "einsum" writes the products out heads-major (the readable reference) and, when `causal`,
@@ -79,7 +83,7 @@ def attend(
     "flash" is blockwise attention in plain JAX (modules/flash.py: memory linear in T, blocks of
       `block_q` queries x `block_kv` keys, any backend);
     "splash" is TPU Pallas splash attention (modules/splash.py; interpret mode off a TPU;
-      masks with positions go to flash);
+      masks with positions, and any score bias, go to flash);
     "auto" is splash on a TPU; on a GPU computing in bfloat16 or float16 cuDNN (flash where
       cuDNN refuses the shapes or mask); elsewhere flash when T or S >= AUTO_FLASH_MIN_LENGTH,
       else einsum.
@@ -90,20 +94,33 @@ def attend(
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
     requested, impl = impl, choose_impl(impl, q, k, dropout_fn is not None)
     blockwise = isinstance(mask, AttentionMask) or mask is None
+    if impl == "splash" and bias is not None:  # (an explicit choice is refused by the config)
+      logging.info("attention: splash takes no score bias; running flash for %s", bias.kind)
+      impl = "flash"
     if impl == "splash" and blockwise:
       if mask is None or not mask.has_positions:
         return splash_attention(q, k, v, mask, causal, block_q, block_kv)
       impl = "flash"
+    if impl == "flash" and blockwise:
+      return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias)
+    dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
     if impl == "cudnn" and requested == "auto":
       try:
-        return _attend(q, k, v, *_dense(mask, causal), None, "cudnn", query_blocks)
+        return _attend(q, k, v, *_dense(mask, causal), None, "cudnn", query_blocks, dense_bias)
       except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
-        impl = "flash"
-    if impl == "flash" and blockwise:
-      return flash_attention(q, k, v, mask, causal, block_q, block_kv)
+        return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias)
     if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
       impl = "einsum"
-    return _attend(q, k, v, *_dense(mask, causal), dropout_fn, impl, query_blocks)
+    return _attend(q, k, v, *_dense(mask, causal), dropout_fn, impl, query_blocks, dense_bias)
+
+
+def whole_bias(bias, mask, q, k):
+  """The score bias for every (query, key) pair, [B or 1, G, H/G, T, S] float32, at the mask's
+  positions where it carries them (a permuted or split sequence), else at the indices."""
+  T, S, G = q.shape[1], k.shape[1], k.shape[2]
+  if isinstance(mask, AttentionMask) and mask.has_positions:
+    return bias.block(mask.q_positions, mask.kv_positions, G)
+  return bias.block(index_positions(T), index_positions(S), G)
 
 
 def _dense(mask, causal):
@@ -114,10 +131,19 @@ def _dense(mask, causal):
   return as_dense(mask), causal
 
 
-def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
+def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None):
+  """The reference paths; `bias` [B or 1, G, R, T, S] float32 (whole_bias) or None."""
   if impl in ("fused", "cudnn") and dropout_fn is None:
+    if bias is not None:  # the call takes it per query head: [B or 1, H, T, S]
+      bias = bias.reshape(bias.shape[0], -1, *bias.shape[3:]).astype(q.dtype)
     return jax.nn.dot_product_attention(
-        q, k, v, mask=mask, is_causal=causal, implementation="cudnn" if impl == "cudnn" else None
+        q,
+        k,
+        v,
+        bias=bias,
+        mask=mask,
+        is_causal=causal,
+        implementation="cudnn" if impl == "cudnn" else None,
     )
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
@@ -144,6 +170,8 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
         )
         * scale
     )
+    if bias is not None:
+      s = s + bias[:, :, :, start:end, :keys]
     m = None
     if causal:
       m = jnp.arange(start, end)[:, None] >= jnp.arange(keys)[None, :]
@@ -161,20 +189,24 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks):
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
-def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None = None):
-  """The largest pre-softmax attention score q.k / sqrt(K) over the positions a query may
+def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None = None, bias=None):
+  """The largest pre-softmax attention score q.k / sqrt(K) (+ the score `bias`, a ScoreBias or
+  None) over the positions a query may
   attend (float32 scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
   is the attention-logit instability that query/key normalisation removes. With `blocks`
   (block_q, block_kv) and a mask that is an AttentionMask or None, it is computed block by
   block (no T x S array), as flash and splash attention need at long T."""
   if blocks is not None and (mask is None or isinstance(mask, AttentionMask)):
-    return blockwise_max_logit(q, k, mask, causal, *blocks)
+    return blockwise_max_logit(q, k, mask, causal, *blocks, bias=bias)
+  dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
   mask, causal = _dense(mask, causal)
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   qg = q.reshape(B, T, G, H // G, K)
   s = jnp.einsum("btgrk,bsgk->bgrts", qg, k, preferred_element_type=jnp.float32)
   s = s / jnp.sqrt(jnp.float32(K))
+  if dense_bias is not None:
+    s = s + dense_bias
   allowed = jnp.ones((1, 1, 1, T, S), bool)
   if causal:
     allowed = allowed & (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])
@@ -183,37 +215,6 @@ def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None
     m = jnp.broadcast_to(m, (m.shape[0], H, T, S)).reshape(m.shape[0], G, H // G, T, S)
     allowed = allowed & m
   return jnp.max(jnp.where(allowed, s, -jnp.inf))
-
-
-def attend_cache(q, k, v, mask, k_new=None, v_new=None, new_mask=None):
-  """Attention of q [B, T, H, K] over keys/values kept as a cache, k and v [B, G, L, K] (kv heads
-  before slots, so both products are batched matmuls over the cache as it lies), plus
-  optionally this call's own T keys/values k_new, v_new [B, G, T, K]: one softmax over the L + T
-  keys. Reading the cache as it was before this call lets the caller update it in place.
-  mask [B, 1, T, L] and new_mask [B, 1, T, T]: boolean (True = may attend) or None."""
-  B, T, H, K = q.shape
-  G = k.shape[1]
-  R = H // G  # query heads per kv head; query head h uses kv head h // R
-
-  def scores(keys, m):
-    s = jnp.einsum("bgqk,bglk->bgql", qg, keys, preferred_element_type=jnp.float32)
-    s = s / jnp.sqrt(K).astype(jnp.float32)
-    if m is None:
-      return s
-    n = keys.shape[2]
-    m = jnp.broadcast_to(jnp.broadcast_to(m, (B, 1, T, n))[:, :, None], (B, G, R, T, n))
-    return jnp.where(m.reshape(B, G, R * T, n), s, jnp.finfo(jnp.float32).min)
-
-  qg = q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4).reshape(B, G, R * T, K)
-  logits = scores(k, mask)
-  if k_new is not None:
-    logits = jnp.concatenate([logits, scores(k_new, new_mask)], axis=-1)
-  weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  L = k.shape[2]
-  out = jnp.einsum("bgql,bglk->bgqk", weights[..., :L], v)
-  if k_new is not None:
-    out = out + jnp.einsum("bgqt,bgtk->bgqk", weights[..., L:], v_new)
-  return out.reshape(B, G, R, T, K).transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
 class Attention(nn.Module):
@@ -238,7 +239,7 @@ class Attention(nn.Module):
   features: tuple[str, ...] = ()
 
   @nn.compact
-  def __call__(self, x, context=None, mask=None, positions=None):
+  def __call__(self, x, context=None, mask=None, positions=None, bias=None):
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
@@ -282,14 +283,13 @@ class Attention(nn.Module):
       out = attend_cache(q, *self._cross_cached(project, context), mask)
     else:
       k, v = project(context if is_cross else x)
-      if c.positions == "rope" and not is_cross:
-        q = apply_rope(q, positions, c.rope_theta)
-        k = apply_rope(k, positions, c.rope_theta)
+      if not is_cross:  # the position scheme's rotation (RoPE), if it has one
+        q, k = position_scheme(c).rotate(c, q, k, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        out = attend_cache(q, *self._cached(k, v, mask))
+        out = attend_cache(q, *self._cached(k, v, mask, bias))
       else:
         if self.decode:
-          self._cached(k, v, mask)  # init: shape the cache
+          self._cached(k, v, mask, bias)  # init: shape the cache
         causal = self.causal and not is_cross
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
@@ -306,7 +306,7 @@ class Attention(nn.Module):
           self.sow(
               "intermediates",
               "attention_logit_max",
-              logit_max(q, k, mask, causal, blockwise),
+              logit_max(q, k, mask, causal, blockwise, bias=bias),
           )
         out = core(
             q,
@@ -318,6 +318,7 @@ class Attention(nn.Module):
             c.attention_impl,
             c.attention_query_blocks,
             *blocks,
+            bias=bias,
         )
     out = checkpoint_name(out, "context")
     if HEAD_GAIN in self.features:  # NormFormer: a learned gain per head, initialised to 1
@@ -343,11 +344,14 @@ class Attention(nn.Module):
       self.put_variable("cache", "cross_value", v)
     return k, v
 
-  def _cached(self, k, v, mask):
+  def _cached(self, k, v, mask, bias=None):
     """Write this call's keys/values at the cache index and return the arguments of
     `attend_cache`: the cache as it was ([B, G, L, K]) with the mask of its slots written before
     this call, and this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus
-    reads the cache from before the write, which XLA can then do in place. A cache without a
+    reads the cache from before the write, which XLA can then do in place. A score `bias` is
+    evaluated at the slots (query slots start .. start + T, key slots 0 .. L): the schemes
+    that have one depend only on key - query offsets, which slots keep even for left-padded
+    rows. A cache without a
     `cache_index` (decode.init_cache makes them) is empty: its first call, the prefill, attends
     over its own keys only. A query always sees its own key, so rows of padding (whose slots a
     caller's `mask` over the L slots hides) stay finite.
@@ -380,6 +384,11 @@ class Attention(nn.Module):
       new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
           T, dtype=bool
       )
+    old_bias = new_bias = None
+    if bias is not None:
+      query_slots = index_positions(T, start)
+      old_bias = bias.block(query_slots, index_positions(L), G)
+      new_bias = bias.block(query_slots, query_slots, G)
     if empty:
-      return k, v, new_mask
-    return old_k, old_v, old_mask, k, v, new_mask
+      return k, v, new_mask, None, None, None, new_bias, None
+    return old_k, old_v, old_mask, k, v, new_mask, old_bias, new_bias

@@ -13,6 +13,7 @@ from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
 from transformers_jax.modules import remat
 from transformers_jax.modules.placements import PLACEMENTS
+from transformers_jax.modules.positions import position_scheme
 
 
 class Block(nn.Module):
@@ -45,7 +46,9 @@ class Block(nn.Module):
     return Depth(index, self.num_layers, self.role, other)
 
   @nn.compact
-  def __call__(self, x, mask=None, positions=None, context=None, context_mask=None, layer=None):
+  def __call__(
+      self, x, mask=None, positions=None, context=None, context_mask=None, bias=None, layer=None
+  ):
     c = self.cfg
     placement = PLACEMENTS[c.norm_placement]
     depth = self.depth(layer)
@@ -65,7 +68,7 @@ class Block(nn.Module):
         (
             "self_attn",
             lambda h: Attention(causal=self.causal, name="self_attn", **kw, **parts("self_attn"))(
-                h, mask=mask, positions=positions
+                h, mask=mask, positions=positions, bias=bias
             ),
         )
     ]
@@ -93,7 +96,8 @@ class Stack(nn.Module):
   """`num_layers` Blocks: a Python loop (`layer_0` … `layer_{L-1}`) or one nn.scan (`layers`,
   every parameter with a leading `layers` axis, the block index a scanned input), with the
   config's remat policy. `role` tells the blocks which stack of an encoder-decoder they are in
-  (norm placements whose constants depend on both depths read it)."""
+  (norm placements whose constants depend on both depths read it). A position scheme's score
+  bias (modules/positions.py) is made here, once, and every block's self-attention adds it."""
 
   cfg: "ModelConfig"  # noqa: F821
   num_layers: int
@@ -120,7 +124,8 @@ class Stack(nn.Module):
         num_layers=self.num_layers,
         role=self.role,
     )
-    args = (mask, positions, context, context_mask)
+    bias = position_scheme(c).score_bias(c, self, self.causal)
+    args = (mask, positions, context, context_mask, bias)
     if c.scan_layers:
       body = nn.scan(
           block,

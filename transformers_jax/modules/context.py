@@ -95,9 +95,17 @@ def from_zigzag(x, shards: int, axis: int = 1):
 
 
 def attend_over_context(
-    fn, q, kvs, mask, positions, causal: bool, reduce_max: bool = False, ring: bool = False
+    fn,
+    q,
+    kvs,
+    mask,
+    positions,
+    causal: bool,
+    reduce_max: bool = False,
+    ring: bool = False,
+    bias=None,
 ):
-  """fn(q, *kvs, mask, causal) with the tokens split over `context`: q [B, T, H, K] stays
+  """fn(q, *kvs, mask, causal, bias) with the tokens split over `context`: q [B, T, H, K] stays
   split, the key-side arrays `kvs` ([B, S, ...]: keys, values) and the mask's key fields are
   all-gathered over `context` (their gradients reduce-scattered back).
 
@@ -105,16 +113,19 @@ def attend_over_context(
   true positions (self-attention: the keys' too), which a causal mask then compares, so that a
   zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
   like q, or with `reduce_max` a scalar maxed over `context`. With `ring` the keys and values
-  are not gathered but passed around the context axis (`ring_attention`; fn is not used)."""
+  are not gathered but passed around the context axis (`ring_attention`; fn is not used).
+  A score `bias` (modules/positions.ScoreBias) is evaluated at the true positions, which the
+  mask then carries whether or not the attention is causal; its weights split over heads as
+  q does."""
   if mask is not None and not isinstance(mask, AttentionMask):
     raise ValueError(
         "attention over mesh.context takes per-token masks (modules/masks.AttentionMask), not a "
         "dense [B, 1, T, S] one: build it with masks.token_mask"
     )
   mask = mask if mask is not None else AttentionMask()
-  if causal:
+  if causal or bias is not None:
     if positions is None:
-      raise ValueError("causal attention over mesh.context needs the tokens' positions")
+      raise ValueError("attention over mesh.context needs the tokens' positions")
     mask = mask.replace(q_positions=positions, kv_positions=positions)
   if mask.q_segments is not None and mask.kv_segments is None:  # self-attention's segments
     mask = mask.replace(kv_segments=mask.q_segments)
@@ -131,7 +142,7 @@ def attend_over_context(
   token_spec = P(q_spec[0], CONTEXT_AXIS)
   shards = context_size()
 
-  def local(q, kvs, mask):
+  def local(q, kvs, mask, bias):
     # Tie the mask to this layer's queries: otherwise a scan over layers, seeing the positions
     # the same in every layer, hoists the mask of every block pair out of the loop (jax's
     # loop-invariant residuals), one [T/N x S] mask per head, which is more than the scores.
@@ -139,7 +150,7 @@ def attend_over_context(
     if ring and not reduce_max:
       if mask.q_segments is not None and mask.kv_segments is None:
         mask = mask.replace(kv_segments=mask.q_segments)
-      return ring_attention(q, kvs, mask, causal, shards)
+      return ring_attention(q, kvs, mask, causal, shards, bias)
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
@@ -149,20 +160,25 @@ def attend_over_context(
     )
     if not jax.tree_util.tree_leaves(mask):
       mask = None
-    out = fn(q, *kvs, mask, causal)
+    out = fn(q, *kvs, mask, causal, bias)
     if reduce_max:
       return jax.lax.pmax(out, tuple(jax.sharding.get_abstract_mesh().axis_names))
     return out
 
   return jax.shard_map(
       local,
-      in_specs=(q_spec, kv_specs, jax.tree_util.tree_map(lambda _: token_spec, mask)),
+      in_specs=(
+          q_spec,
+          kv_specs,
+          jax.tree_util.tree_map(lambda _: token_spec, mask),
+          jax.tree_util.tree_map(lambda w: P(*(None,) * (w.ndim - 1), q_spec[2]), bias),
+      ),
       out_specs=P() if reduce_max else q_spec,
       check_vma=False,  # flash's loops and conds carry no per-axis variance annotations
-  )(q, tuple(kvs), mask)
+  )(q, tuple(kvs), mask, bias)
 
 
-def ring_attention(q, kvs, mask, causal: bool, shards: int):
+def ring_attention(q, kvs, mask, causal: bool, shards: int, bias=None):
   """Attention of this device's queries q [B, T, H, K] over every device's keys and values,
   with the key-side arrays passed around the `context` ring instead of gathered: `shards`
   steps, each scoring the queries against the block it holds ([T, T] scores per head, never
@@ -181,6 +197,8 @@ def ring_attention(q, kvs, mask, causal: bool, shards: int):
     k, v, fields, out, lse = carry
     block_mask = mask.replace(**fields).dense(causal=causal, length=T)  # [B, 1, T, S] or None
     s = jnp.einsum("btgrk,bsgk->bgrts", qh, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:  # at the true positions: the queries' and the passed block's
+      s = s + bias.block(mask.q_positions, fields["kv_positions"], G)
     if block_mask is not None:  # a large finite fill: a fully masked block then weighs 0
       s = jnp.where(block_mask[:, :, None], s, -1e30)
     block_lse = jax.nn.logsumexp(s, axis=-1)  # [B, G, R, T]
@@ -236,19 +254,24 @@ def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gat
   also masks by true position, as the zig-zag order needs. `strategy` (model.context_strategy):
   "all_gather" gathers the keys and values, "ring" passes them around (`ring_attention`)."""
 
-  def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args):
+  def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None):
     if dropout_fn is not None:
       raise ValueError(
           "attention dropout is not applied over mesh.context: set model.attention_dropout=0"
       )
     if impl == "splash" or (impl == "auto" and target_platform() == "tpu"):
       impl = "flash"
-    core = lambda q, k, v, m, cz: attend_fn(q, k, v, m, cz, None, impl, *args)  # noqa: E731
-    ring = strategy == "ring"
-    return attend_over_context(core, q, (k, v), mask, positions, causal, ring=ring)
 
-  def logit_max(q, k, mask, causal, *args):
-    core = lambda q, k, m, cz: logit_max_fn(q, k, m, cz, *args)  # noqa: E731
-    return attend_over_context(core, q, (k,), mask, positions, causal, reduce_max=True)
+    def core(q, k, v, m, cz, b):
+      return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b)
+
+    ring = strategy == "ring"
+    return attend_over_context(core, q, (k, v), mask, positions, causal, ring=ring, bias=bias)
+
+  def logit_max(q, k, mask, causal, *args, bias=None):
+    def core(q, k, m, cz, b):
+      return logit_max_fn(q, k, m, cz, *args, bias=b)
+
+    return attend_over_context(core, q, (k,), mask, positions, causal, reduce_max=True, bias=bias)
 
   return attend, logit_max

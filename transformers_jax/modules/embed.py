@@ -9,14 +9,15 @@ from flax import linen as nn
 from transformers_jax.modules.common import dtype_of, normal
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placements import PLACEMENTS
-from transformers_jax.modules.positions import sinusoidal_table
+from transformers_jax.modules.positions import position_scheme
 
 
 class Embedder(nn.Module):
   """tokens [B, T] (or already-embedded vectors, e.g. ViT patches) -> residual stream [B, T, D].
 
-  Adds learned or sinusoidal positions (RoPE and `none` add nothing here), token types, then the
-  optional embedding norm (BERT) and dropout. `attend` is the tied unembedding x E^T.
+  Adds what the position scheme adds to embeddings (modules/positions.py: learned or sinusoidal
+  positions; the others act inside attention), token types, then the optional embedding norm
+  (BERT) and dropout. `attend` is the tied unembedding x E^T.
   """
 
   cfg: "ModelConfig"  # noqa: F821
@@ -33,14 +34,7 @@ class Embedder(nn.Module):
         param_dtype=pdt,
         embedding_init=normal(token_std, ("vocab", "embed")),
     )
-    if c.positions == "learned":
-      self.pos_embed = nn.Embed(
-          c.seq_len_max,
-          c.d_model,
-          dtype=dt,
-          param_dtype=pdt,
-          embedding_init=normal(c.init_std, ("position", "embed")),
-      )
+    self.pos_embed = position_scheme(c).embedding_table(c)
     if c.type_vocab_size:
       self.type_embed = nn.Embed(
           c.type_vocab_size,
@@ -58,11 +52,7 @@ class Embedder(nn.Module):
     x = self.token_embed(tokens) if embedded is None else embedded
     if c.embed_scale:
       x = x * jnp.asarray(np.sqrt(c.d_model), x.dtype)
-    if c.positions == "learned":
-      x = x + self.pos_embed(positions)
-    elif c.positions == "sinusoidal":
-      table = jnp.asarray(sinusoidal_table(c.seq_len_max, c.d_model), x.dtype)
-      x = x + table[positions]
+    x = position_scheme(c).add_to_embeddings(c, x, positions, self.pos_embed)
     if c.type_vocab_size:
       x = x + self.type_embed(jnp.zeros_like(positions) if token_types is None else token_types)
     if c.embed_norm:

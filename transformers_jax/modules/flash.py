@@ -17,6 +17,11 @@ forward pass of query block i visits key blocks 0 .. (i + 1) * block_q / block_k
 half of the work at long T. With positions (a permuted or split sequence), which blocks are
 empty is known only from the data: each block pair is skipped with `lax.cond` when its smallest
 key position exceeds its largest query position (over the whole batch), and masked otherwise.
+
+A position scheme's score bias (modules/positions.ScoreBias: T5's relative bias, ALiBi) is
+evaluated per block pair from the positions of its queries and keys (the mask's, or the
+indices), so it never exists as a T x S array either; the backward pass takes the gradient of
+a learned bias (T5's table) block by block from the same score gradients as dq and dk.
 """
 
 from __future__ import annotations
@@ -127,8 +132,22 @@ def _q_start(st: _Static, j0):
   return 0
 
 
-def _scores(st: _Static, fields, qb, kb, i0, j0):
+def _bias_positions(st: _Static, fields, i0, j0):
+  """The positions the score bias reads for block pair (i0, j0): ([B or 1, block_q],
+  [B or 1, block_kv]), the mask's positions where it has them, else the indices."""
+  _, _, _, q_pos, kv_pos = fields
+  if q_pos is None:
+    return (i0 + jnp.arange(st.block_q))[None], (j0 + jnp.arange(st.block_kv))[None]
+  return (
+      lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1),
+      lax.dynamic_slice_in_dim(kv_pos, j0, st.block_kv, axis=1),
+  )
+
+
+def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None):
   s = jnp.einsum("bgrqk,bgsk->bgrqs", qb, kb, preferred_element_type=jnp.float32) * st.scale
+  if bias is not None:
+    s = s + bias.block(*_bias_positions(st, fields, i0, j0), qb.shape[1])
   m = _block_mask(st, fields, i0, j0)
   return s if m is None else jnp.where(m, s, MASKED)
 
@@ -140,7 +159,7 @@ def _skippable(st: _Static, fields, i0, j0, compute, carry):
   return compute(carry)
 
 
-def _forward(st: _Static, qh, kh, vh, fields):
+def _forward(st: _Static, qh, kh, vh, fields, bias):
   """(out [B, G, R, Tp, K] in q's dtype, lse [B, G, R, Tp] float32)."""
   B, G, R, Tp, K = qh.shape
   Sp = kh.shape[2]
@@ -159,7 +178,7 @@ def _forward(st: _Static, qh, kh, vh, fields):
         m, total, acc = state
         kb = lax.dynamic_slice_in_dim(kh, j0, bk, axis=2)
         vb = lax.dynamic_slice_in_dim(vh, j0, bk, axis=2)
-        s = _scores(st, fields, qb, kb, i0, j0)
+        s = _scores(st, fields, qb, kb, i0, j0, bias)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.exp(s - m_new[..., None])
         rescale = jnp.exp(m - m_new)
@@ -187,8 +206,11 @@ def _forward(st: _Static, qh, kh, vh, fields):
   return lax.fori_loop(0, nq, query_block, init)
 
 
-def _backward(st: _Static, qh, kh, vh, fields, out, lse, dout):
-  """(dq, dk, dv), recomputing each block's probabilities exp(s - lse)."""
+def _backward(st: _Static, qh, kh, vh, fields, bias, out, lse, dout):
+  """(dq, dk, dv, d bias weights or None), recomputing each block's probabilities
+  exp(s - lse)."""
+  learned = bias is not None  # its weights' gradient (zero use for ALiBi's constant slopes)
+  G = qh.shape[1]
   Tp = qh.shape[3]
   Sp = kh.shape[2]
   bq, bk = st.block_q, st.block_kv
@@ -197,7 +219,7 @@ def _backward(st: _Static, qh, kh, vh, fields, out, lse, dout):
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
 
   def key_block(j, carry):
-    dq, dk, dv = carry
+    dq, dk, dv, dw = carry
     j0 = j * bk
     kb = lax.dynamic_slice_in_dim(kh, j0, bk, axis=2)
     vb = lax.dynamic_slice_in_dim(vh, j0, bk, axis=2)
@@ -206,55 +228,64 @@ def _backward(st: _Static, qh, kh, vh, fields, out, lse, dout):
       i0 = i * bq
 
       def compute(state):
-        dq, dkb, dvb = state
+        dq, dkb, dvb, dw = state
         qb = lax.dynamic_slice_in_dim(qh, i0, bq, axis=3)
         dob = lax.dynamic_slice_in_dim(dout, i0, bq, axis=3)
-        s = _scores(st, fields, qb, kb, i0, j0)
+        s = _scores(st, fields, qb, kb, i0, j0, bias)
         p = jnp.exp(s - lax.dynamic_slice_in_dim(lse, i0, bq, axis=3)[..., None])
         dvb = dvb + jnp.einsum(
             "bgrqs,bgrqk->bgsk", p.astype(dob.dtype), dob, preferred_element_type=jnp.float32
         )
         dp = jnp.einsum("bgrqk,bgsk->bgrqs", dob, vb, preferred_element_type=jnp.float32)
-        ds = p * (dp - lax.dynamic_slice_in_dim(delta, i0, bq, axis=3)[..., None]) * st.scale
-        ds = ds.astype(qh.dtype)
+        ds = p * (dp - lax.dynamic_slice_in_dim(delta, i0, bq, axis=3)[..., None])
+        if learned:  # d loss / d bias is the score gradient itself, before the 1/sqrt(K) scale
+          positions = _bias_positions(st, fields, i0, j0)
+          b, pullback = jax.vjp(
+              lambda w: bias.replace(weights=w).block(*positions, G), bias.weights
+          )
+          dw = dw + pullback(ds if b.shape[0] == ds.shape[0] else ds.sum(0, keepdims=True))[0]
+        ds = (ds * st.scale).astype(qh.dtype)
         dqb = jnp.einsum("bgrqs,bgsk->bgrqk", ds, kb, preferred_element_type=jnp.float32)
         dq = lax.dynamic_update_slice_in_dim(
             dq, lax.dynamic_slice_in_dim(dq, i0, bq, axis=3) + dqb, i0, axis=3
         )
         dkb = dkb + jnp.einsum("bgrqs,bgrqk->bgsk", ds, qb, preferred_element_type=jnp.float32)
-        return dq, dkb, dvb
+        return dq, dkb, dvb, dw
 
       return _skippable(st, fields, i0, j0, compute, state)
 
     zeros = jnp.zeros(kb.shape, jnp.float32)
-    dq, dkb, dvb = lax.fori_loop(_q_start(st, j0), nq, query_block, (dq, zeros, zeros))
+    dq, dkb, dvb, dw = lax.fori_loop(_q_start(st, j0), nq, query_block, (dq, zeros, zeros, dw))
     dk = lax.dynamic_update_slice_in_dim(dk, dkb.astype(dk.dtype), j0, axis=2)
     dv = lax.dynamic_update_slice_in_dim(dv, dvb.astype(dv.dtype), j0, axis=2)
-    return dq, dk, dv
+    return dq, dk, dv, dw
 
+  dw = jnp.zeros(bias.weights.shape, jnp.float32) if learned else jnp.zeros(())
   init = (
       jnp.zeros(qh.shape, jnp.float32),
       jnp.zeros(kh.shape, kh.dtype),
       jnp.zeros(vh.shape, vh.dtype),
+      dw,
   )
-  dq, dk, dv = lax.fori_loop(0, nk, key_block, init)
-  return dq.astype(qh.dtype), dk, dv
+  dq, dk, dv, dw = lax.fori_loop(0, nk, key_block, init)
+  dbias = bias.replace(weights=dw.astype(bias.weights.dtype)) if learned else None
+  return dq.astype(qh.dtype), dk, dv, dbias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(st: _Static, qh, kh, vh, fields):
-  return _forward(st, qh, kh, vh, fields)[0]
+def _flash(st: _Static, qh, kh, vh, fields, bias):
+  return _forward(st, qh, kh, vh, fields, bias)[0]
 
 
-def _flash_fwd(st, qh, kh, vh, fields):
-  out, lse = _forward(st, qh, kh, vh, fields)
-  return out, (qh, kh, vh, fields, out, lse)
+def _flash_fwd(st, qh, kh, vh, fields, bias):
+  out, lse = _forward(st, qh, kh, vh, fields, bias)
+  return out, (qh, kh, vh, fields, bias, out, lse)
 
 
 def _flash_bwd(st, residuals, dout):
-  qh, kh, vh, fields, out, lse = residuals
-  dq, dk, dv = _backward(st, qh, kh, vh, fields, out, lse, dout)
-  return dq, dk, dv, jax.tree_util.tree_map(lambda _: None, fields)
+  qh, kh, vh, fields, bias, out, lse = residuals
+  dq, dk, dv, dbias = _backward(st, qh, kh, vh, fields, bias, out, lse, dout)
+  return dq, dk, dv, jax.tree_util.tree_map(lambda _: None, fields), dbias
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -268,11 +299,13 @@ def _layout(q, k, block_q: int, block_kv: int):
   return bq, bk, _round_up(T, bq), _round_up(S, bk)
 
 
-def flash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512):
-  """softmax(q k^T / sqrt(K) + mask) v blockwise; q [B, T, H, K], k v [B, S, G, K] -> [B, T, H, K].
+def flash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None):
+  """softmax(q k^T / sqrt(K) + bias + mask) v blockwise; q [B, T, H, K], k v [B, S, G, K] ->
+  [B, T, H, K].
 
   `mask`: an AttentionMask or None; `causal`: key j > query i masked (or, when the mask carries
-  positions, key position > query position)."""
+  positions, key position > query position); `bias`: a ScoreBias (modules/positions.py) or
+  None."""
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   R = H // G
@@ -283,12 +316,14 @@ def flash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block
   qh = _pad(q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B, G, R, Tp, K]
   kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)  # [B, G, Sp, K]
   vh = _pad(v.transpose(0, 2, 1, 3), 2, Sp)
-  out = _flash(st, qh, kh, vh, fields)[:, :, :, :T]
+  out = _flash(st, qh, kh, vh, fields, bias)[:, :, :, :T]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
-def blockwise_max_logit(q, k, mask=None, causal: bool = False, block_q=512, block_kv=512):
-  """The largest score q.k / sqrt(K) over the pairs the mask allows (float32 scalar), computed
+def blockwise_max_logit(
+    q, k, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None
+):
+  """The largest score q.k / sqrt(K) + bias over the pairs the mask allows (float32), computed
   block by block as `flash_attention` visits them: no T x S array."""
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
@@ -313,7 +348,8 @@ def blockwise_max_logit(q, k, mask=None, causal: bool = False, block_q=512, bloc
       j0 = j * bk
 
       def compute(best):
-        s = _scores(st, fields, qb, lax.dynamic_slice_in_dim(kh, j0, bk, axis=2), i0, j0)
+        kb = lax.dynamic_slice_in_dim(kh, j0, bk, axis=2)
+        s = _scores(st, fields, qb, kb, i0, j0, bias)
         return jnp.maximum(best, jnp.max(jnp.where(s == MASKED, -jnp.inf, s)))
 
       return _skippable(st, fields, i0, j0, compute, best)
