@@ -197,12 +197,35 @@ def check_export(name: str, directory: pathlib.Path) -> None:
   print(f"{name:15s} save_hf -> from_pretrained matches the reference")
 
 
+def write_rope() -> None:
+  """rope_llama3.npz: transformers' RoPE frequencies for Llama 3.1's scaling (factor 8, low 1,
+  high 4, original context 8,192; theta 500,000, 128-wide heads), which positions.rope_frequencies
+  must reproduce."""
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  rope = dict(
+      rope_type="llama3",
+      rope_theta=500000.0,
+      factor=8.0,
+      low_freq_factor=1.0,
+      high_freq_factor=4.0,
+      original_max_position_embeddings=8192,
+  )
+  config = transformers.LlamaConfig(
+      hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072, rope_parameters=rope
+  )
+  inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+  np.savez(OUT / "rope_llama3.npz", inv_freq=inv_freq.numpy())
+  print("rope_llama3     transformers' llama3 RoPE frequencies")
+
+
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
   if torch is None:
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+  write_rope()
   for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier"):
     directory = write(name)
     if FLAGS.check:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from transformers_jax.modules import lora, remat
+from transformers_jax.modules.common import ACTIVATIONS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
@@ -24,15 +25,6 @@ POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
 # The norm placements, one entry each in modules/placements.py (the registry is that table).
 NORM_PLACEMENTS = tuple(PLACEMENTS)
 NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
-# The FFN's non-linearity: name -> (the jax.nn function, its keyword arguments, gated). A gated
-# FFN (GLU variants) multiplies the function of one projection by a second projection.
-ACTIVATIONS = {
-    "relu": ("relu", {}, False),
-    "gelu": ("gelu", {"approximate": False}, False),
-    "gelu_tanh": ("gelu", {"approximate": True}, False),
-    "swiglu": ("silu", {}, True),
-    "geglu": ("gelu", {"approximate": False}, True),
-}
 FEED_FORWARDS = ("dense", "moe")
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
@@ -70,6 +62,8 @@ class ModelConfig:
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
   positions: str = "learned"  # sinusoidal | learned | rope | t5 (relative bias) | alibi | none
   rope_theta: float = 10000.0  # RoPE base wavelength
+  # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
+  rope_scaling: str = ""
   relative_buckets: int = 32  # t5: buckets of the key - query offset (one learned bias each)
   relative_max_distance: int = 128  # t5: offsets from here on share the last bucket
   # Norms, residual gains and init rules around each sublayer: pre | post | sandwich | none |
@@ -87,8 +81,12 @@ class ModelConfig:
   final_norm: bool | None = None  # norm after the last block; None = the placement's default
   embed_norm: bool = False  # norm right after the embeddings (BERT)
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
-  activation: str = "gelu"  # relu | gelu (exact) | gelu_tanh | swiglu | geglu
+  # relu | gelu (exact) | gelu_tanh | silu | swiglu | geglu | geglu_tanh (modules/common.py)
+  activation: str = "gelu"
   use_bias: bool = True  # biases in attention and feed-forward projections
+  qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
+  scale_scores: bool = True  # attention scores q.k / sqrt(head_dim); False = q.k (T5)
+  unembed_scale: bool = False  # hidden states times d_model^-1/2 before a tied unembedding (T5)
   residual: bool = True  # residual connections around each sublayer
   dropout: float = 0.0  # dropout on residual branches and embeddings
   attention_dropout: float = 0.0  # dropout on attention weights
@@ -314,8 +312,6 @@ def validate(c: ModelConfig) -> None:
         f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
         "covers any mesh)",
     )
-  if not c.rope_theta > 0:
-    _fail("rope_theta", str(c.rope_theta), "RoPE's base wavelength must be positive, e.g. 10000")
   if c.type_vocab_size < 0:
     _fail("type_vocab_size", str(c.type_vocab_size), "must be >= 0")
   for field in ("dropout", "attention_dropout"):

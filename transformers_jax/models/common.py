@@ -43,6 +43,8 @@ def unembedding(cfg, module, name="lm_head"):
   params = nn.unbox(module.variables["params"])
   if cfg.tie_embeddings:
     matrix = params["embed"]["token_embed"]["embedding"].T
+    if cfg.unembed_scale:  # as Embedder.attend scales the hidden states
+      matrix = matrix * cfg.d_model**-0.5
   else:
     matrix = params[name]["kernel"]
   return matrix.astype(jnp.dtype(cfg.dtype))

@@ -246,9 +246,10 @@ class Attention(nn.Module):
     q_names = (("embed", "heads", "head_dim"), ("heads", "head_dim"))
     kv_names = (("embed", "kv_heads", "head_dim"), ("kv_heads", "head_dim"))
     rules = dict(self.init_rules)
-    query = DenseWeights(c, (H, K), *q_names, rule=rules.get("query"), name="query")
-    key = DenseWeights(c, (G, K), *kv_names, rule=rules.get("key"), name="key")
-    value = DenseWeights(c, (G, K), *kv_names, rule=rules.get("value"), name="value")
+    qkv = dict(use_bias=c.use_bias if c.qkv_bias is None else c.qkv_bias)  # q, k, v's biases
+    query = DenseWeights(c, (H, K), *q_names, rule=rules.get("query"), name="query", **qkv)
+    key = DenseWeights(c, (G, K), *kv_names, rule=rules.get("key"), name="key", **qkv)
+    value = DenseWeights(c, (G, K), *kv_names, rule=rules.get("value"), name="value", **qkv)
     lora_x = adapter_dropout(c, self.deterministic)  # LoRA's input (dropout while training)
     # Projections of one input with one shape run as one matmul (fused_dense).
     self_kv = None
@@ -262,6 +263,8 @@ class Attention(nn.Module):
       q = Norm(c, axis="head_dim", name="query_norm")(q)
     if QKV_NORM in self.features:
       q = norm_over_heads(c, q, "query_proj_norm")
+    if not c.scale_scores:  # every path divides q.k by sqrt(K): T5 wants q.k as it is
+      q = q * jnp.asarray(K**0.5, q.dtype)
 
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")

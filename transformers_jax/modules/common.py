@@ -10,8 +10,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.config import ACTIVATIONS
 from transformers_jax.modules import lora
+
+# The FFN's non-linearity: name -> (the jax.nn function, its keyword arguments, gated). A gated
+# FFN (GLU variants) multiplies the function of one projection by a second projection.
+ACTIVATIONS = {
+    "relu": ("relu", {}, False),
+    "gelu": ("gelu", {"approximate": False}, False),
+    "gelu_tanh": ("gelu", {"approximate": True}, False),
+    "silu": ("silu", {}, False),  # Marian ("swish")
+    "swiglu": ("silu", {}, True),
+    "geglu": ("gelu", {"approximate": False}, True),
+    "geglu_tanh": ("gelu", {"approximate": True}, True),  # Gemma, T5 v1.1 ("gated-gelu")
+}
 
 
 def dtype_of(name: str):
@@ -47,7 +58,7 @@ def kernel_init(cfg, rule, names: tuple[str | None, ...], **axes):
 
 def activation(name: str):
   """The pointwise non-linearity of a non-gated FFN, or the gate's non-linearity when gated
-  (config.ACTIVATIONS)."""
+  (ACTIVATIONS)."""
   function, kwargs, _ = ACTIVATIONS[name]
   return functools.partial(getattr(jax.nn, function), **kwargs)
 
@@ -91,6 +102,7 @@ class DenseWeights(nn.Module):
   kernel_names: tuple[str | None, ...]
   bias_names: tuple[str | None, ...]
   rule: object = None  # a norm placement's initialiser rule (see kernel_init); None = normal
+  use_bias: bool | None = None  # None = model.use_bias
 
   @nn.compact
   def __call__(self, in_shape) -> Projection:
@@ -112,7 +124,7 @@ class DenseWeights(nn.Module):
         dtype_of(c.param_dtype),
     )
     bias = None
-    if c.use_bias:
+    if c.use_bias if self.use_bias is None else self.use_bias:
       bias = self.param(
           "bias",
           as_dense_general(zeros(self.bias_names), (n_out,)),

@@ -1,0 +1,134 @@
+"""Today's open models as presets (experiments/llama.py, mistral.py, qwen2.py, t5.py, mixtral.py):
+every released checkpoint's exact parameter count, and the pieces that made them expressible
+or that their functions need: q/k/v-only biases, unscaled attention scores, the scaled tied
+unembedding, the tanh-GeGLU and plain SiLU feed-forwards, and Llama 3.1's RoPE scaling."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.models import build_model, counting
+from transformers_jax.modules.positions import rope_frequencies
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KEY = jax.random.PRNGKey(0)
+
+# The released checkpoints' counts (sum of the tensors' sizes, a tied table once).
+PUBLISHED = {
+    ("llama", "2-7b"): 6_738_415_616,
+    ("llama", "2-13b"): 13_015_864_320,
+    ("llama", "2-70b"): 68_976_648_192,
+    ("llama", "3-8b"): 8_030_261_248,
+    ("llama", "3-70b"): 70_553_706_496,
+    ("llama", "3.1-8b"): 8_030_261_248,
+    ("llama", "3.1-70b"): 70_553_706_496,
+    ("llama", "3.1-405b"): 405_853_388_800,
+    ("llama", "3.2-1b"): 1_235_814_400,
+    ("llama", "3.2-3b"): 3_212_749_824,
+    ("mistral", "7b"): 7_241_732_096,
+    ("mistral", "7b-v0.3"): 7_248_023_552,
+    ("mixtral", "8x7b"): 46_702_792_704,
+    ("qwen2", "0.5b"): 494_032_768,
+    ("qwen2", "1.5b"): 1_543_714_304,
+    ("qwen2", "7b"): 7_615_616_512,
+    ("qwen2", "72b"): 72_706_203_648,
+    ("qwen2", "2.5-3b"): 3_085_938_688,
+    ("qwen2", "2.5-14b"): 14_770_033_664,
+    ("qwen2", "2.5-32b"): 32_763_876_352,
+    ("t5", "small"): 60_506_624,
+    ("t5", "base"): 222_903_552,
+    ("t5", "large"): 737_668_096,
+    ("t5", "3b"): 2_851_598_336,
+    ("t5", "11b"): 11_307_321_344,
+    ("t5", "v1_1-small"): 76_961_152,
+    ("t5", "v1_1-base"): 247_577_856,
+    ("t5", "v1_1-large"): 783_150_080,
+    ("t5", "v1_1-xl"): 2_849_757_184,
+    ("t5", "v1_1-xxl"): 11_135_332_352,
+}
+
+
+@pytest.mark.parametrize("file", sorted({file for file, _ in PUBLISHED}))
+def test_every_open_model_preset_has_its_published_count(experiment, file):
+  """eval_shape's count (nothing allocated) and the analytic formula, for each preset of the
+  file that has a published figure; the file's own figure agrees."""
+  presets = sorted(p for f, p in PUBLISHED if f == file)
+  for preset in presets:
+    config = experiment(file, preset)
+    want = PUBLISHED[(file, preset)]
+    assert config.published.params == want, preset
+    assert counting.count(config.model) == want, preset
+    assert counting.analytic_count(config.model) == want, preset
+
+
+# ------------------------------------------------------------------ the pieces
+SMALL = dict(num_layers=1, d_model=32, num_heads=4, vocab_size=40, max_len=16)
+
+
+def init(c, tokens):
+  model = build_model(c)
+  return model, nn.unbox(jax.jit(model.init)(KEY, tokens)["params"])
+
+
+def test_qkv_bias_puts_biases_on_query_key_value_only():
+  c = ModelConfig(family="decoder", use_bias=False, qkv_bias=True, num_kv_heads=2, **SMALL)
+  _, params = init(c, jnp.zeros((1, 8), jnp.int32))
+  attention = params["decoder"]["layer_0"]["self_attn"]
+  assert {k for k, v in attention.items() if "bias" in v} == {"query", "key", "value"}
+  assert "bias" not in params["decoder"]["layer_0"]["ffn"]["wo"]
+  assert counting.count(c) == counting.analytic_count(c)
+  assert counting.count(c) - counting.count(c.replace(qkv_bias=None)) == 32 + 2 * 2 * 8
+
+
+def test_unscaled_scores_equal_scaled_ones_with_sqrt_k_in_the_query_weights():
+  """T5 folds 1/sqrt(K) into its initialisation: scale_scores=False with W_q equals the default
+  (which divides q.k by sqrt(K)) with W_q sqrt(K)."""
+  c = ModelConfig(family="decoder", positions="t5", scale_scores=False, **SMALL)
+  tokens = jax.random.randint(KEY, (2, 10), 0, 40)
+  model, params = init(c, tokens)
+  scaled = jax.tree_util.tree_map_with_path(
+      lambda p, x: x * 8**0.5 if "query" in jax.tree_util.keystr(p) else x, params
+  )
+  got = model.apply({"params": params}, tokens)["logits"]
+  want = build_model(c.replace(scale_scores=True)).apply({"params": scaled}, tokens)["logits"]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scaled_tied_unembedding_reads_the_hidden_state_over_sqrt_d():
+  c = ModelConfig(family="decoder", **SMALL)
+  tokens = jax.random.randint(KEY, (2, 10), 0, 40)
+  model, params = init(c, tokens)
+  plain = model.apply({"params": params}, tokens)
+  scaled = build_model(c.replace(unembed_scale=True)).apply({"params": params}, tokens)
+  np.testing.assert_allclose(scaled["logits"], plain["logits"] / 32**0.5, rtol=1e-5, atol=1e-6)
+  # the chunked loss multiplies by the same matrix
+  np.testing.assert_allclose(scaled["unembedding"], plain["unembedding"] / 32**0.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("activation,gated", [("geglu_tanh", True), ("silu", False)])
+def test_the_new_feed_forwards(activation, gated):
+  c = ModelConfig(family="decoder", activation=activation, **SMALL)
+  assert c.gated == gated
+  assert counting.count(c) == counting.analytic_count(c)
+  from transformers_jax.modules.common import activation as act
+
+  x = jnp.linspace(-3, 3, 7)
+  want = jax.nn.gelu(x, approximate=True) if gated else jax.nn.silu(x)
+  np.testing.assert_allclose(act(activation)(x), want, rtol=1e-6)
+
+
+def test_llama3_rope_scaling_equals_transformers_frequencies():
+  """transformers' own llama3 frequencies (scripts/make_hf_fixtures.py wrote them): the short
+  wavelengths kept, the long ones divided by 8, a blend between."""
+  want = np.load(ROOT / "tests" / "fixtures" / "hf" / "rope_llama3.npz")["inv_freq"]
+  got = rope_frequencies(128, 500000.0, "llama3:8,1,4,8192")
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  plain = rope_frequencies(128, 500000.0)
+  assert got[0] == plain[0] and np.isclose(got[-1], plain[-1] / 8)
+  with pytest.raises(ValueError, match=r"model.rope_scaling='yarn:2'.*llama3:8,1,4,8192"):
+    ModelConfig(positions="rope", rope_scaling="yarn:2")
