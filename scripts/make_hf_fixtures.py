@@ -65,6 +65,59 @@ VIT = dict(
     initializer_range=0.1,
 )
 VIT_LABELS = 5
+# Decoders of today's open models: grouped-query attention, and settings the presets never use
+# (Llama: "llama3" RoPE scaling whose original context, 8, the fixture's positions pass; Qwen2:
+# tied embeddings with q/k/v biases; Mistral: an explicit head width).
+LLAMA = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=56,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=5000.0,
+        factor=4.0,
+        low_freq_factor=1.0,
+        high_freq_factor=2.0,
+        original_max_position_embeddings=8,
+    ),
+    bos_token_id=None,
+    eos_token_id=None,
+)
+MISTRAL = dict(
+    vocab_size=80,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=64,
+    sliding_window=None,
+    initializer_range=0.1,
+    rope_parameters=dict(rope_type="default", rope_theta=100000.0),
+    bos_token_id=None,
+    eos_token_id=None,
+)
+QWEN2 = dict(
+    vocab_size=72,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+DECODERS = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2}
 
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -91,6 +144,12 @@ def build(name: str):
     config = transformers.BertConfig(**BERT)
     cls = transformers.BertModel if name == "bert" else transformers.BertForMaskedLM
     model = cls(config)
+  elif name == "llama":
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+  elif name == "mistral":
+    model = transformers.MistralForCausalLM(transformers.MistralConfig(**MISTRAL))
+  elif name == "qwen2":
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN2))
   elif name in ("vit", "vit_classifier"):
     config = transformers.ViTConfig(**VIT)
     if name == "vit":
@@ -107,10 +166,11 @@ def build(name: str):
 
 def inputs(name: str) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(SEED)
-  if name == "gpt2":
+  if name in DECODERS:  # 10 and 5 + 8 tokens: Llama's positions pass its original context
+    vocab = DECODERS[name]["vocab_size"]
     return {
-        "tokens": rng.integers(0, GPT2["vocab_size"], (2, 10)).astype(np.int32),
-        "prompt": rng.integers(0, GPT2["vocab_size"], (1, 5)).astype(np.int32),
+        "tokens": rng.integers(0, vocab, (2, 10)).astype(np.int32),
+        "prompt": rng.integers(0, vocab, (1, 5)).astype(np.int32),
     }
   if name.startswith("bert"):
     tokens = rng.integers(1, BERT["vocab_size"], (2, 10)).astype(np.int32)
@@ -129,7 +189,7 @@ def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   t = {k: torch.from_numpy(v.astype(np.int64) if v.dtype == np.int32 else v) for k, v in x.items()}
   out = {}
   with torch.no_grad():
-    if name == "gpt2":
+    if name in DECODERS:
       out["logits"] = model(t["tokens"]).logits
       generated = model.generate(
           t["prompt"],
@@ -186,8 +246,9 @@ def check_export(name: str, directory: pathlib.Path) -> None:
 
   fields, params = load_hf(directory)
   with tempfile.TemporaryDirectory() as tmp:
-    save_hf(tmp, fields, params)
-    cls = getattr(transformers, build(name).__class__.__name__)
+    architecture = build(name).__class__.__name__
+    save_hf(tmp, fields, params, architecture=architecture)
+    cls = getattr(transformers, architecture)
     model = cls.from_pretrained(tmp).eval()
   ref = np.load(directory / "reference.npz", allow_pickle=False)
   got = run(name, model, {k: ref[k] for k in inputs(name)})
@@ -226,7 +287,7 @@ def main(argv=None):
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   write_rope()
-  for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier"):
+  for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2"):
     directory = write(name)
     if FLAGS.check:
       check_export(name, directory)

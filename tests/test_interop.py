@@ -24,9 +24,12 @@ from transformers_jax.modules.block import loop_to_scan
 from conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
-NAMES = ["gpt2", "bert", "bert_mlm", "vit", "vit_classifier"]
+NAMES = ["gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2"]
 HEADS = {
     "gpt2": "lm",
+    "llama": "lm",
+    "mistral": "lm",
+    "qwen2": "lm",
     "bert": "pooler",
     "bert_mlm": "mlm",
     "vit": "pooler",
@@ -219,12 +222,12 @@ def test_error_unsupported_architecture(tmp_path):
   d = copy_fixture("gpt2", tmp_path)
   config = json.loads((d / "config.json").read_text())
   (d / "config.json").write_text(
-      json.dumps({**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+      json.dumps({**config, "architectures": ["GemmaForCausalLM"], "model_type": "gemma"})
   )
   with pytest.raises(interop.UnsupportedArchitecture) as e:
     load_hf(d)
   assert isinstance(e.value, ValueError)
-  assert_one_line(e, "LlamaForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM", "ViTModel")
+  assert_one_line(e, "GemmaForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM", "ViTModel")
 
 
 def test_error_unsupported_option(tmp_path):

@@ -132,3 +132,45 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
   assert got[0] == plain[0] and np.isclose(got[-1], plain[-1] / 8)
   with pytest.raises(ValueError, match=r"model.rope_scaling='yarn:2'.*llama3:8,1,4,8192"):
     ModelConfig(positions="rope", rope_scaling="yarn:2")
+
+
+# ------------------------------------------------------------------ Hugging Face decoders
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
+def test_imported_decoders_continue_greedily_as_transformers_generate(name):
+  """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
+  tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,
+  which the 13 positions pass."""
+  from transformers_jax import decode
+  from transformers_jax.interop import load_hf
+
+  fields, params = load_hf(FIXTURES / name)
+  with np.load(FIXTURES / name / "reference.npz") as ref:
+    prompt, want = ref["prompt"], ref["greedy"]
+  out = decode.generate(ModelConfig(**fields), params, [list(prompt[0])], want.shape[1])
+  np.testing.assert_array_equal(np.asarray(out.tokens)[:, : want.shape[1]], want)
+
+
+def test_llama_config_reads_the_hubs_rope_keys_as_transformers_5_writes_them(tmp_path):
+  """The hub's files say rope_theta + rope_scaling {"rope_type": "llama3", ...}; transformers 5
+  writes rope_parameters. Both give the same model."""
+  import json
+  import shutil
+
+  from transformers_jax.interop import load_hf
+
+  d = shutil.copytree(FIXTURES / "llama", tmp_path / "llama")
+  config = json.loads((d / "config.json").read_text())
+  rope = config.pop("rope_parameters")
+  config["rope_theta"] = rope.pop("rope_theta")
+  config["rope_scaling"] = dict(rope, type=rope.pop("rope_type"))  # older files say "type"
+  (d / "config.json").write_text(json.dumps(config))
+  fields, _ = load_hf(d)
+  assert fields == load_hf(FIXTURES / "llama")[0]
+  assert fields["rope_scaling"] == "llama3:4,1,2,8" and fields["rope_theta"] == 5000.0
+  config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+  (d / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="RoPE scaling 'yarn' is not supported"):
+    load_hf(d)

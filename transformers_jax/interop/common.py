@@ -256,6 +256,7 @@ class Family:
   defaults: Mapping[str, Any] = {}  # what the reference config class assumes for a missing key
   aliases: Mapping[str, str] = {}  # generic config names that stand for this type's own
   summary_keys: tuple[str, ...] = ()  # config.json keys quoted in shape-mismatch messages
+  explicit_head_dim = False  # config.json can give a head width other than d_model / heads
 
   def config(self, hf: Mapping) -> dict:
     """config.json with aliases resolved and missing keys at the reference defaults."""

@@ -130,7 +130,7 @@ class GPT2(Family):
     return patterns
 
   def default_architecture(self, c):
-    return "GPT2LMHeadModel" if c.family == "decoder" else None
+    return "GPT2LMHeadModel" if c.family == "decoder" and c.positions == "learned" else None
 
   def requirements(self, c, architecture):
     want = dict(

@@ -11,7 +11,9 @@ Only numpy and `safetensors.numpy` are used: no torch, no transformers, no pickl
 Architectures: GPT2LMHeadModel / GPT2Model (decoder, pre-LN, `lm` head tied to the token embedding
 unless tie_word_embeddings is false), BertModel / BertForMaskedLM (encoder, post-LN with the
 embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vit, pre-LN, class
-token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head).
+token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
+LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (decoder, pre-norm RMSNorm, RoPE,
+SwiGLU, grouped-query attention; interop/llama.py).
 
 Layouts. Parameters come back unscanned (`layer_0` … `layer_{L-1}`; `loop_to_scan` from
 modules/block.py gives the `scan_layers` layout). torch Linear weights are [out, in] and are

@@ -50,6 +50,10 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       qk_norm=False,  # no Hugging Face architecture here normalises queries and keys
       kv_heads=c.num_heads,
       activation=tuple(ACTIVATIONS_OUT),
+      qkv_bias=(None, c.use_bias),
+      scale_scores=True,
+      unembed_scale=False,
+      rope_scaling="",
   )
   want.update(family.requirements(c, architecture))
   for field, value in want.items():
@@ -60,7 +64,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
           f"cannot write model.{field}={have!r} as {architecture} (which needs {allowed}): "
           "change the config or pick another architecture"
       )
-  if c.head_width * c.num_heads != c.d_model:
+  if c.head_width * c.num_heads != c.d_model and not family.explicit_head_dim:
     raise UnsupportedConfig(
         f"cannot write model.head_dim={c.head_width} as {architecture}: Hugging Face uses "
         f"d_model / num_heads = {c.d_model / c.num_heads:g}; leave model.head_dim unset"

@@ -1,0 +1,243 @@
+"""Llama (LlamaForCausalLM), Mistral (MistralForCausalLM) and Qwen2 (Qwen2ForCausalLM) <-> the
+decoder family: pre-norm RMSNorm, RoPE (Llama 3.1's "llama3" scaling included), SwiGLU,
+grouped-query attention, no biases but Qwen2's on q/k/v, the `lm` head untied unless
+tie_word_embeddings. The three share their tensor names; config.json is read both as the hub's
+files write it (`rope_theta`, `rope_scaling`) and as transformers 5.x does (`rope_parameters`).
+"""
+
+from __future__ import annotations
+
+from transformers_jax.interop.common import (
+    Family,
+    Rule,
+    UnsupportedArchitecture,
+    get,
+    require,
+)
+from transformers_jax.modules.positions import parse_rope_scaling
+
+
+def _linear(hf: str, path: tuple[str, ...], bias: bool = False, n_in: int = 1) -> list[Rule]:
+  rules = [Rule("linear", (hf + ".weight",), (path + ("kernel",),), n_in)]
+  if bias:
+    rules.append(Rule("bias", (hf + ".bias",), (path + ("bias",),)))
+  return rules
+
+
+def _rope(hf, where: str) -> tuple[float, str]:
+  """(rope_theta, model.rope_scaling) from either way of writing them."""
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  if kind == "default":
+    return theta, ""
+  if kind != "llama3":
+    raise UnsupportedArchitecture(
+        f"{where}: RoPE scaling {kind!r} is not supported (only 'llama3', Llama 3.1's): use a "
+        "checkpoint without it"
+    )
+  numbers = [
+      rope["factor"],
+      rope["low_freq_factor"],
+      rope["high_freq_factor"],
+      rope["original_max_position_embeddings"],
+  ]
+  return theta, "llama3:" + ",".join(f"{float(x):g}" for x in numbers)
+
+
+class Llama(Family):
+  model_type = "llama"
+  architectures = {"LlamaForCausalLM": ("lm",)}
+  base_prefix = {"LlamaForCausalLM": "model."}
+  load_prefix = "model."
+  qkv_bias = False  # Qwen2 has biases on q, k and v
+  explicit_head_dim = True  # config.json's head_dim may differ from hidden_size / heads
+  defaults = dict(
+      vocab_size=32000,
+      hidden_size=4096,
+      intermediate_size=11008,
+      num_hidden_layers=32,
+      num_attention_heads=32,
+      num_key_value_heads=None,
+      hidden_act="silu",
+      max_position_embeddings=2048,
+      initializer_range=0.02,
+      rms_norm_eps=1e-6,
+      tie_word_embeddings=False,
+      attention_dropout=0.0,
+  )
+  summary_keys = (
+      "num_hidden_layers",
+      "hidden_size",
+      "num_attention_heads",
+      "num_key_value_heads",
+      "intermediate_size",
+      "vocab_size",
+  )
+
+  def check(self, hf, where):
+    require(hf, where, hidden_act="silu", attention_bias=False, mlp_bias=False)
+
+  def fields(self, hf, architecture, where):
+    self.check(hf, where)
+    d, heads = hf["hidden_size"], hf["num_attention_heads"]
+    theta, scaling = _rope(hf, where)
+    head_dim = get(hf, "head_dim", default=d // heads)
+    return dict(
+        family="decoder",
+        num_layers=hf["num_hidden_layers"],
+        d_model=d,
+        num_heads=heads,
+        num_kv_heads=get(hf, "num_key_value_heads", default=heads),
+        head_dim=None if head_dim * heads == d else head_dim,
+        d_ff=hf["intermediate_size"],
+        vocab_size=hf["vocab_size"],
+        max_len=hf["max_position_embeddings"],
+        positions="rope",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        norm_placement="pre",
+        norm="rmsnorm",
+        norm_eps=hf["rms_norm_eps"],
+        activation="swiglu",
+        use_bias=False,
+        qkv_bias=True if self.qkv_bias else None,
+        tie_embeddings=bool(hf["tie_word_embeddings"]),
+        head="lm",
+        dropout=0.0,
+        attention_dropout=hf["attention_dropout"],
+        init_std=hf["initializer_range"],
+    )
+
+  def hf_config(self, c, architecture):
+    rope = None
+    if c.rope_scaling:
+      factor, low, high, original = parse_rope_scaling(c.rope_scaling)
+      rope = dict(
+          rope_type="llama3",
+          factor=factor,
+          low_freq_factor=low,
+          high_freq_factor=high,
+          original_max_position_embeddings=original,
+      )
+    out = dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.ff_width,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.kv_heads,
+        head_dim=c.head_width,
+        hidden_act="silu",
+        max_position_embeddings=c.max_len,
+        rms_norm_eps=c.norm_eps,
+        rope_theta=c.rope_theta,
+        rope_scaling=rope,
+        tie_word_embeddings=c.tie_embeddings,
+        initializer_range=c.init_std,
+        attention_dropout=c.attention_dropout,
+    )
+    if not self.qkv_bias:
+      out.update(attention_bias=False, mlp_bias=False)
+    return out
+
+  def rules(self, c, base):
+    rules = [
+        Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))
+    ]
+    for i in range(c.num_layers):
+      h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
+      attn = ours + ("self_attn",)
+      rules.append(
+          Rule("copy", (h + "input_layernorm.weight",), (ours + ("self_attn_norm", "scale"),))
+      )
+      for hf_name, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+        rules += _linear(h + "self_attn." + hf_name, attn + (name,), bias=self.qkv_bias)
+      rules += _linear(h + "self_attn.o_proj", attn + ("out",), n_in=2)
+      rules.append(
+          Rule("copy", (h + "post_attention_layernorm.weight",), (ours + ("ffn_norm", "scale"),))
+      )
+      for hf_name, name in (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo")):
+        rules += _linear(h + "mlp." + hf_name, ours + ("ffn", name))
+    rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
+    if not c.tie_embeddings:
+      rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
+    return rules
+
+  def ignorable(self, c):
+    patterns = [r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq"]  # old checkpoints' buffers
+    if c.tie_embeddings:
+      patterns.append(r"lm_head\.weight")  # a tied copy of the token embedding
+    return patterns
+
+  def default_architecture(self, c):
+    """A RoPE decoder is written as Llama (Qwen2 with q/k/v biases); Mistral when asked for."""
+    if c.family != "decoder" or c.positions != "rope":
+      return None
+    return "Qwen2ForCausalLM" if c.qkv_bias else "LlamaForCausalLM"
+
+  def requirements(self, c, architecture):
+    return dict(
+        family="decoder",
+        norm_placement="pre",
+        has_final_norm=True,
+        embed_norm=False,
+        type_vocab_size=0,
+        positions="rope",
+        norm="rmsnorm",
+        has_norm_bias=False,
+        use_bias=False,
+        qkv_bias=(True,) if self.qkv_bias else (None, False),
+        kv_heads=c.kv_heads,  # any grouping
+        activation="swiglu",
+        rope_scaling=c.rope_scaling,  # none or llama3, both written
+    )
+
+
+class Mistral(Llama):
+  model_type = "mistral"
+  architectures = {"MistralForCausalLM": ("lm",)}
+  base_prefix = {"MistralForCausalLM": "model."}
+  defaults = dict(
+      Llama.defaults,
+      intermediate_size=14336,
+      num_key_value_heads=8,
+      max_position_embeddings=32768,
+      rms_norm_eps=1e-6,
+      sliding_window=None,
+  )
+
+  def check(self, hf, where):
+    require(hf, where, hidden_act="silu")
+    window = hf.get("sliding_window")
+    if window is not None and window < hf["max_position_embeddings"]:
+      raise UnsupportedArchitecture(
+          f"{where}: sliding_window={window} is not supported yet (Mistral 7B v0.2 and later "
+          "have none): set it to null to attend the whole context"
+      )
+
+  def hf_config(self, c, architecture):
+    out = super().hf_config(c, architecture)
+    del out["attention_bias"], out["mlp_bias"]
+    return dict(out, sliding_window=None)
+
+
+class Qwen2(Llama):
+  model_type = "qwen2"
+  architectures = {"Qwen2ForCausalLM": ("lm",)}
+  base_prefix = {"Qwen2ForCausalLM": "model."}
+  qkv_bias = True
+  defaults = dict(
+      Llama.defaults,
+      vocab_size=151936,
+      intermediate_size=22016,
+      num_key_value_heads=32,
+      max_position_embeddings=32768,
+      use_sliding_window=False,
+  )
+
+  def check(self, hf, where):
+    require(hf, where, hidden_act="silu", use_sliding_window=False)
+
+  def hf_config(self, c, architecture):
+    return dict(super().hf_config(c, architecture), use_sliding_window=False)
