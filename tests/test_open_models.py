@@ -174,3 +174,14 @@ def test_llama_config_reads_the_hubs_rope_keys_as_transformers_5_writes_them(tmp
   (d / "config.json").write_text(json.dumps(config))
   with pytest.raises(ValueError, match="RoPE scaling 'yarn' is not supported"):
     load_hf(d)
+
+
+def test_a_rope_decoder_exports_as_llama_or_the_class_asked_for(tmp_path):
+  from transformers_jax.interop import UnsupportedConfig, load_hf, save_hf
+
+  fields, params = load_hf(FIXTURES / "mistral")
+  assert save_hf(tmp_path / "a", fields, params) == "LlamaForCausalLM"
+  assert save_hf(tmp_path / "b", fields, params, "MistralForCausalLM") == "MistralForCausalLM"
+  assert load_hf(tmp_path / "b")[0] == fields
+  with pytest.raises(UnsupportedConfig, match="model.positions='rope' as GPT2LMHeadModel"):
+    save_hf(tmp_path / "c", fields, params, "GPT2LMHeadModel")

@@ -62,6 +62,13 @@ flags.DEFINE_enum(
     "`peft` writes them as a PEFT adapter folder in --to_hf, with the frozen base model in "
     "its base_model/ subfolder.",
 )
+flags.DEFINE_string(
+    "architecture",
+    None,
+    "--to_hf: the Hugging Face class to write (e.g. MistralForCausalLM); default: the one the "
+    "model's family and shape match (a RoPE decoder: LlamaForCausalLM, or Qwen2ForCausalLM "
+    "with q/k/v biases).",
+)
 FLAGS = flags.FLAGS
 
 CONFIG_PY = '''"""Config of a model converted from Hugging Face by transformers_jax.convert: the run
@@ -155,7 +162,12 @@ def _run_files(folder: pathlib.Path) -> str:
 
 
 def export_hf(
-    workdir, target, overwrite: bool = False, member: int | None = None, lora_as: str = "merge"
+    workdir,
+    target,
+    overwrite: bool = False,
+    member: int | None = None,
+    lora_as: str = "merge",
+    architecture: str | None = None,
 ) -> str:
   """Write run `workdir`'s latest parameters (population member `member`'s) as a Hugging Face
   folder `target`; returns the Hugging Face architecture written. A LoRA run's adapters are
@@ -187,14 +199,18 @@ def export_hf(
       )
     model_folder = model_folder / "base_model"
     architecture = save_hf(
-        model_folder, model_cfg.replace(lora_rank=0), lora.base(params), extra_config=extra
+        model_folder,
+        model_cfg.replace(lora_rank=0),
+        lora.base(params),
+        architecture,
+        extra_config=extra,
     )
     count = save_peft_adapter(
         target, model_cfg, params, architecture, base_model=str(model_folder.resolve())
     )
     print(f"wrote {count} LoRA adapters as a PEFT adapter folder; its base model: {model_folder}")
   else:
-    architecture = save_hf(model_folder, model_cfg, params, extra_config=extra)
+    architecture = save_hf(model_folder, model_cfg, params, architecture, extra_config=extra)
   tokenizer = run.tokenizer_path
   if tokenizer.is_file() and '"model"' in tokenizer.read_text()[:10_000]:  # an HF tokenizer file
     shutil.copy(tokenizer, model_folder / "tokenizer.json")
@@ -230,7 +246,9 @@ def main(argv):
           "--prompt_ids works without"
       )
   else:
-    architecture = export_hf(FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member, FLAGS.lora)
+    architecture = export_hf(
+        FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member, FLAGS.lora, FLAGS.architecture
+    )
     print(f"exported {FLAGS.workdir} as {architecture} into {FLAGS.to_hf}")
 
 
