@@ -118,6 +118,27 @@ QWEN2 = dict(
     eos_token_id=None,
 )
 DECODERS = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2}
+# T5 v1.1-style (gated-gelu, untied, heads x d_kv != d_model, fewer decoder layers, 8 buckets up
+# to distance 12, so the 9-token source reaches the logarithmic buckets) and v1.0-style (ReLU,
+# tied: the decoder output scaled by d_model^-1/2)
+T5 = dict(
+    vocab_size=64,
+    d_model=32,
+    d_kv=12,
+    d_ff=40,
+    num_layers=2,
+    num_decoder_layers=1,
+    num_heads=3,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=12,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
+    initializer_factor=1.0,
+    decoder_start_token_id=0,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+T5_TIED = dict(T5, feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=2)
 
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -129,11 +150,11 @@ flags.DEFINE_bool(
 )
 
 
-def perturb(model, seed: int) -> None:
+def perturb(model, seed: int, scale: float = 0.05) -> None:
   g = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for p in model.parameters():
-      p.add_(0.05 * torch.randn(p.shape, generator=g))
+      p.add_(scale * torch.randn(p.shape, generator=g))
 
 
 def build(name: str):
@@ -150,6 +171,9 @@ def build(name: str):
     model = transformers.MistralForCausalLM(transformers.MistralConfig(**MISTRAL))
   elif name == "qwen2":
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN2))
+  elif name in ("t5", "t5_tied"):
+    config = transformers.T5Config(**(T5 if name == "t5" else T5_TIED))
+    model = transformers.T5ForConditionalGeneration(config)
   elif name in ("vit", "vit_classifier"):
     config = transformers.ViTConfig(**VIT)
     if name == "vit":
@@ -160,7 +184,8 @@ def build(name: str):
       model = transformers.ViTForImageClassification(config)
   else:
     raise ValueError(name)
-  perturb(model, SEED + 1)
+  # a random T5 this small keeps repeating one token unless its weights are shaken harder
+  perturb(model, SEED + 1, 1.0 if name.startswith("t5") else 0.05)
   return model.eval()
 
 
@@ -172,6 +197,14 @@ def inputs(name: str) -> dict[str, np.ndarray]:
         "tokens": rng.integers(0, vocab, (2, 10)).astype(np.int32),
         "prompt": rng.integers(0, vocab, (1, 5)).astype(np.int32),
     }
+  if name.startswith("t5"):
+    src = rng.integers(2, T5["vocab_size"], (2, 9)).astype(np.int32)
+    src_mask = np.ones((2, 9), np.int32)
+    src_mask[1, 6:] = 0  # the second source is padded after 6 tokens
+    src[1, 6:] = 0
+    tgt = rng.integers(2, T5["vocab_size"], (2, 7)).astype(np.int32)
+    tgt[:, 0] = 0  # decoder_start_token_id
+    return {"src": src, "src_mask": src_mask, "tgt": tgt, "source": src[:1, :6]}
   if name.startswith("bert"):
     tokens = rng.integers(1, BERT["vocab_size"], (2, 10)).astype(np.int32)
     mask = np.ones((2, 10), np.int32)
@@ -199,6 +232,13 @@ def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
           pad_token_id=0,
       )
       out["greedy"] = generated[:, x["prompt"].shape[1] :]
+    elif name.startswith("t5"):
+      o = model(input_ids=t["src"], attention_mask=t["src_mask"], decoder_input_ids=t["tgt"])
+      out["logits"] = o.logits
+      generated = model.generate(
+          t["source"], max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8
+      )
+      out["greedy"] = generated[:, 1:]  # after decoder_start_token_id
     elif name.startswith("bert"):
       o = model(
           input_ids=t["tokens"],
@@ -287,7 +327,8 @@ def main(argv=None):
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   write_rope()
-  for name in ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2"):
+  names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2", "t5")
+  for name in names + ("t5_tied",):
     directory = write(name)
     if FLAGS.check:
       check_export(name, directory)

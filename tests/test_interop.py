@@ -24,8 +24,21 @@ from transformers_jax.modules.block import loop_to_scan
 from conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
-NAMES = ["gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2"]
+NAMES = [
+    "gpt2",
+    "bert",
+    "bert_mlm",
+    "vit",
+    "vit_classifier",
+    "llama",
+    "mistral",
+    "qwen2",
+    "t5",
+    "t5_tied",
+]
 HEADS = {
+    "t5": "lm",
+    "t5_tied": "lm",
     "gpt2": "lm",
     "llama": "lm",
     "mistral": "lm",
@@ -47,6 +60,8 @@ def forward(fields, params, ref):
   apply = jax.jit(build_model(fields).apply)  # one program, not a compilation per operation
   if "images" in ref:
     return apply({"params": params}, ref["images"])
+  if "src" in ref:  # encoder-decoder: source, teacher-forced target, source padding
+    return apply({"params": params}, ref["src"], ref["tgt"], ref["src_mask"])
   if "token_types" in ref:
     return apply({"params": params}, ref["tokens"], ref["attention_mask"], ref["token_types"])
   return apply({"params": params}, ref["tokens"])

@@ -99,8 +99,9 @@ def test_unscaled_scores_equal_scaled_ones_with_sqrt_k_in_the_query_weights():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_scaled_tied_unembedding_reads_the_hidden_state_over_sqrt_d():
-  c = ModelConfig(family="decoder", **SMALL)
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_scaled_unembedding_reads_the_hidden_state_over_sqrt_d(tied):
+  c = ModelConfig(family="decoder", tie_embeddings=tied, **SMALL)
   tokens = jax.random.randint(KEY, (2, 10), 0, 40)
   model, params = init(c, tokens)
   plain = model.apply({"params": params}, tokens)
@@ -185,3 +186,48 @@ def test_a_rope_decoder_exports_as_llama_or_the_class_asked_for(tmp_path):
   assert load_hf(tmp_path / "b")[0] == fields
   with pytest.raises(UnsupportedConfig, match="model.positions='rope' as GPT2LMHeadModel"):
     save_hf(tmp_path / "c", fields, params, "GPT2LMHeadModel")
+
+
+@pytest.mark.parametrize("name", ["t5", "t5_tied"])
+def test_imported_t5_translates_greedily_as_transformers_generate(name):
+  """decode.translate from config.json's decoder start (0) and end (1) ids: transformers'
+  greedy tokens (it was kept from ending before 8; ours may end earlier, at the same place)."""
+  from transformers_jax import decode
+  from transformers_jax.interop import load_hf
+
+  fields, params = load_hf(FIXTURES / name)
+  with np.load(FIXTURES / name / "reference.npz") as ref:
+    source, want = ref["source"], ref["greedy"][0]
+  out = decode.translate(ModelConfig(**fields), params, [list(source[0])], 0, 1, 8, beam_size=0)
+  got = np.asarray(out.tokens)[0, : out.lengths[0]]
+  assert len(got) >= 4
+  np.testing.assert_array_equal(got, want[: len(got)])
+
+
+def test_t5_reads_an_untied_head_from_the_tensors_and_the_start_ids_from_config(tmp_path):
+  """The hub's T5 v1.1 files say tie_word_embeddings: false and hold lm_head.weight; transformers
+  5 writes tie_word_embeddings: true with scale_decoder_outputs and no head. A converted run
+  keeps config.json's decoder start and end ids, which generate --source_ids translates from."""
+  import json
+  import shutil
+
+  from safetensors.numpy import load_file, save_file
+
+  from transformers_jax.convert import import_hf
+  from transformers_jax.interop import load_hf
+  from transformers_jax.run_folder.runs import Run
+
+  fields, _ = load_hf(FIXTURES / "t5")
+  assert fields["tie_embeddings"] and not fields["unembed_scale"]
+  d = shutil.copytree(FIXTURES / "t5", tmp_path / "hub")
+  tensors = load_file(d / "model.safetensors")
+  tensors["lm_head.weight"] = tensors["shared.weight"][:, ::-1].copy()
+  save_file(tensors, str(d / "model.safetensors"))
+  config = json.loads((d / "config.json").read_text())
+  config.pop("scale_decoder_outputs")
+  (d / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=False)))
+  fields, params = load_hf(d)
+  assert not fields["tie_embeddings"] and not fields["unembed_scale"]
+  np.testing.assert_array_equal(params["lm_head"]["kernel"], tensors["lm_head.weight"].T)
+  import_hf(FIXTURES / "t5", tmp_path / "run")
+  assert Run(tmp_path / "run").hf_start_and_end_ids() == (0, 1)

@@ -86,7 +86,7 @@ class ModelConfig:
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
   scale_scores: bool = True  # attention scores q.k / sqrt(head_dim); False = q.k (T5)
-  unembed_scale: bool = False  # hidden states times d_model^-1/2 before a tied unembedding (T5)
+  unembed_scale: bool = False  # hidden states times d_model^-1/2 before the unembedding (T5)
   residual: bool = True  # residual connections around each sublayer
   dropout: float = 0.0  # dropout on residual branches and embeddings
   attention_dropout: float = 0.0  # dropout on attention weights

@@ -118,6 +118,7 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   (run.path / "config.py").write_text(CONFIG_PY)
   if tokenizer.is_file():
     shutil.copy(tokenizer, run.tokenizer_path)
+  shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
   return fields
 
 

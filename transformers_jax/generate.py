@@ -20,7 +20,7 @@ from absl import flags
 from transformers_jax import cli
 from transformers_jax.errors import UserError
 from transformers_jax.cli import parse_ids
-from transformers_jax.run_folder.runs import load_run
+from transformers_jax.run_folder.runs import Run, load_run
 
 flags.DEFINE_string("workdir", None, "A training run's directory (config.json, checkpoints/).")
 flags.DEFINE_string("prompt", None, "Decoder-only: text to continue.")
@@ -124,15 +124,20 @@ def main(argv):
           "model's; give only --source or --source_ids"
       )
     source = _input_ids(tok, "source", "source_ids")
-    if tok is None or tok.bos_id is None or tok.eos_id is None:
-      raise UserError("the run's tokenizer has no bos/eos ids, which translation needs")
+    if tok is not None and tok.bos_id is not None and tok.eos_id is not None:
+      start_end = tok.bos_id, tok.eos_id
+    else:  # a converted model without tokenizer files: its config.json's ids
+      start_end = Run(FLAGS.workdir).hf_start_and_end_ids()
+    if start_end is None:
+      raise UserError(
+          "translation needs start and end ids: the run's tokenizer has no bos/eos and it was "
+          "not converted from a config.json with decoder_start_token_id and eos_token_id"
+      )
     if FLAGS.stop_ids is not None:
       raise UserError("--stop_ids: the encoder-decoder stops at the tokenizer's eos")
     beam = FLAGS.beam_size if FLAGS.beam_size is not None else (0 if sampling_flags else 4)
     new = FLAGS.max_new_tokens if FLAGS["max_new_tokens"].present else None
-    out = decode.translate(
-        cfg, params, [source], tok.bos_id, tok.eos_id, new, beam_size=beam, **common
-    )
+    out = decode.translate(cfg, params, [source], *start_end, new, beam_size=beam, **common)
   else:
     raise UserError(
         f"a model.family={cfg.family} model does not generate text: use a "

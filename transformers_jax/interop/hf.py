@@ -13,7 +13,8 @@ unless tie_word_embeddings is false), BertModel / BertForMaskedLM (encoder, post
 embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vit, pre-LN, class
 token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
 LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (decoder, pre-norm RMSNorm, RoPE,
-SwiGLU, grouped-query attention; interop/llama.py).
+SwiGLU, grouped-query attention; interop/llama.py), T5ForConditionalGeneration (encoder-decoder,
+T5's relative bias, unscaled scores; interop/t5.py).
 
 Layouts. Parameters come back unscanned (`layer_0` … `layer_{L-1}`; `loop_to_scan` from
 modules/block.py gives the `scan_layers` layout). torch Linear weights are [out, in] and are

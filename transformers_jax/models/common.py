@@ -23,9 +23,16 @@ def default_positions(batch: int, length: int):
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
 
 
+def unembedding_input(cfg, x):
+  """What the unembedding multiplies: the hidden states, or with model.unembed_scale (T5) the
+  hidden states times d_model^-1/2."""
+  return x * jnp.asarray(cfg.d_model**-0.5, x.dtype) if cfg.unembed_scale else x
+
+
 def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
   """Tied (x E^T) or separate unembedding (+ `bias` [V padded]), in float32 for the loss, kept
   split over the batch (and the vocabulary over `tensor`), padded ids masked out."""
+  x = unembedding_input(cfg, x)
   if cfg.tie_embeddings:
     logits = embedder.attend(x)
   else:
@@ -43,10 +50,10 @@ def unembedding(cfg, module, name="lm_head"):
   params = nn.unbox(module.variables["params"])
   if cfg.tie_embeddings:
     matrix = params["embed"]["token_embed"]["embedding"].T
-    if cfg.unembed_scale:  # as Embedder.attend scales the hidden states
-      matrix = matrix * cfg.d_model**-0.5
   else:
     matrix = params[name]["kernel"]
+  if cfg.unembed_scale:  # as unembedding_input scales the hidden states
+    matrix = matrix * cfg.d_model**-0.5
   return matrix.astype(jnp.dtype(cfg.dtype))
 
 

@@ -14,6 +14,7 @@ from transformers_jax.models.common import (
     check_length,
     default_positions,
     output_logits,
+    unembedding_input,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import (
@@ -111,7 +112,8 @@ class EncoderDecoder(nn.Module):
     if c.has_final_norm:
       x = self.decoder_norm(x)
     x = from_zigzag(x, shards)
-    logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)
+    scaled = unembedding_input(c, x)
+    logits = self.embed.attend(scaled) if c.tie_embeddings else self.lm_head(scaled)
     return {"hidden": x, "logits": output_logits(c, logits)}
 
   def __call__(self, src, tgt, src_mask=None, tgt_mask=None, packing=None):

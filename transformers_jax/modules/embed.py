@@ -61,6 +61,4 @@ class Embedder(nn.Module):
     return self.dropout(x, deterministic=self.deterministic)
 
   def attend(self, x):
-    if self.cfg.unembed_scale:  # T5: the tied unembedding reads h / sqrt(d_model)
-      x = x * jnp.asarray(self.cfg.d_model**-0.5, x.dtype)
     return self.token_embed.attend(x)

@@ -45,6 +45,8 @@ class Run:
     self.config_path = self.path / "config.json"
     self.tokenizer_path = self.path / "tokenizer.json"
     self.checkpoint_dir = self.path / "checkpoints"
+    # the Hugging Face config.json a converted run came from (convert --from_hf copies it)
+    self.hf_config_path = self.path / "hf_config.json"
 
   # ------------------------------------------------------------------ config and tokenizer
   def saved_config(self) -> dict | None:
@@ -75,6 +77,17 @@ class Run:
     from transformers_jax.data import load_tokenizer
 
     return load_tokenizer(self.tokenizer_path) if self.tokenizer_path.is_file() else None
+
+  def hf_start_and_end_ids(self) -> tuple[int, int] | None:
+    """(decoder_start_token_id, eos_token_id) of the Hugging Face model this run was converted
+    from, when its config.json gives both integers; None otherwise."""
+    try:
+      saved = json.loads(self.hf_config_path.read_text())
+    except (OSError, ValueError):  # none, or not JSON
+      return None
+    saved = saved if isinstance(saved, dict) else {}
+    ids = [saved.get(k) for k in ("decoder_start_token_id", "eos_token_id")]
+    return tuple(ids) if all(isinstance(i, int) and i >= 0 for i in ids) else None
 
   # ------------------------------------------------------------------ settings history
   @property
