@@ -18,7 +18,19 @@ from transformers_jax.errors import UserError
 FLAGS = cli.ScriptFlags(__doc__)
 flags.DEFINE_bool("json", False, "Print JSON instead of the markdown table.", flag_values=FLAGS)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FILES = ("gpt2", "gpt3", "bert", "transformer", "vit", "mixtral", "llama", "mistral", "qwen2", "t5")
+FILES = (
+    "gpt2",
+    "gpt3",
+    "bert",
+    "transformer",
+    "vit",
+    "mixtral",
+    "llama",
+    "mistral",
+    "qwen2",
+    "gemma",
+    "t5",
+)
 
 
 def rows():

@@ -117,7 +117,22 @@ QWEN2 = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
-DECODERS = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2}
+GEMMA = dict(  # multi-query attention with 16-wide heads (d_model 32 / 4 heads would be 8)
+    vocab_size=88,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=64,
+    hidden_activation="gelu_pytorch_tanh",
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+DECODERS = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "gemma": GEMMA}
 # T5 v1.1-style (gated-gelu, untied, heads x d_kv != d_model, fewer decoder layers, 8 buckets up
 # to distance 12, so the 9-token source reaches the logarithmic buckets) and v1.0-style (ReLU,
 # tied: the decoder output scaled by d_model^-1/2)
@@ -169,6 +184,8 @@ def build(name: str):
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
   elif name == "mistral":
     model = transformers.MistralForCausalLM(transformers.MistralConfig(**MISTRAL))
+  elif name == "gemma":
+    model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**GEMMA))
   elif name == "qwen2":
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN2))
   elif name in ("t5", "t5_tied"):
@@ -184,8 +201,8 @@ def build(name: str):
       model = transformers.ViTForImageClassification(config)
   else:
     raise ValueError(name)
-  # a random T5 this small keeps repeating one token unless its weights are shaken harder
-  perturb(model, SEED + 1, 1.0 if name.startswith("t5") else 0.05)
+  # a random T5 or Gemma this small keeps repeating one token unless shaken harder
+  perturb(model, SEED + 1, 1.0 if name.startswith("t5") else 0.4 if name == "gemma" else 0.05)
   return model.eval()
 
 
@@ -327,7 +344,8 @@ def main(argv=None):
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   write_rope()
-  names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2", "t5")
+  names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
+  names += ("gemma", "t5")
   for name in names + ("t5_tied",):
     directory = write(name)
     if FLAGS.check:

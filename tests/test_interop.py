@@ -33,12 +33,14 @@ NAMES = [
     "llama",
     "mistral",
     "qwen2",
+    "gemma",
     "t5",
     "t5_tied",
 ]
 HEADS = {
     "t5": "lm",
     "t5_tied": "lm",
+    "gemma": "lm",
     "gpt2": "lm",
     "llama": "lm",
     "mistral": "lm",
@@ -237,12 +239,14 @@ def test_error_unsupported_architecture(tmp_path):
   d = copy_fixture("gpt2", tmp_path)
   config = json.loads((d / "config.json").read_text())
   (d / "config.json").write_text(
-      json.dumps({**config, "architectures": ["GemmaForCausalLM"], "model_type": "gemma"})
+      json.dumps(
+          {**config, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+      )
   )
   with pytest.raises(interop.UnsupportedArchitecture) as e:
     load_hf(d)
   assert isinstance(e.value, ValueError)
-  assert_one_line(e, "GemmaForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM", "ViTModel")
+  assert_one_line(e, "DeepseekV3ForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM", "ViTModel")
 
 
 def test_error_unsupported_option(tmp_path):

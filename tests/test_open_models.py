@@ -33,6 +33,8 @@ PUBLISHED = {
     ("mistral", "7b"): 7_241_732_096,
     ("mistral", "7b-v0.3"): 7_248_023_552,
     ("mixtral", "8x7b"): 46_702_792_704,
+    ("gemma", "2b"): 2_506_172_416,
+    ("gemma", "7b"): 8_537_680_896,
     ("qwen2", "0.5b"): 494_032_768,
     ("qwen2", "1.5b"): 1_543_714_304,
     ("qwen2", "7b"): 7_615_616_512,
@@ -111,6 +113,22 @@ def test_a_scaled_unembedding_reads_the_hidden_state_over_sqrt_d(tied):
   np.testing.assert_allclose(scaled["unembedding"], plain["unembedding"] / 32**0.5, rtol=1e-6)
 
 
+def test_a_unit_offset_norm_stores_w_and_applies_one_plus_w():
+  from transformers_jax.modules.norms import Norm
+
+  c = ModelConfig(norm="rmsnorm", norm_unit_offset=True, d_model=8)
+  x = jax.random.normal(KEY, (3, 8))
+  params = Norm(c).init(KEY, x)
+  assert not np.any(nn.unbox(params)["params"]["scale"])  # w = 0: the identity scale
+  w = jnp.linspace(-0.5, 0.5, 8)
+  plain = ModelConfig(norm="rmsnorm", d_model=8)
+  np.testing.assert_allclose(
+      Norm(c).apply({"params": {"scale": w}}, x),
+      Norm(plain).apply({"params": {"scale": 1 + w}}, x),
+      rtol=1e-6,
+  )
+
+
 @pytest.mark.parametrize("activation,gated", [("geglu_tanh", True), ("silu", False)])
 def test_the_new_feed_forwards(activation, gated):
   c = ModelConfig(family="decoder", activation=activation, **SMALL)
@@ -139,7 +157,7 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gemma"])
 def test_imported_decoders_continue_greedily_as_transformers_generate(name):
   """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
   tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,

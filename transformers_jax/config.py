@@ -77,6 +77,7 @@ class ModelConfig:
   norm_eps: float = 1e-5  # epsilon inside the norm's square root
   qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
   norm_scale: bool = True  # learned scale (gamma) in every norm
+  norm_unit_offset: bool = False  # the scale is stored as w and applied as 1 + w (Gemma)
   norm_bias: bool | None = None  # learned shift (beta); None = on for layernorm and dyt only
   final_norm: bool | None = None  # norm after the last block; None = the placement's default
   embed_norm: bool = False  # norm right after the embeddings (BERT)

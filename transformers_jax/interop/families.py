@@ -10,12 +10,21 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
-from transformers_jax.interop.llama import Llama, Mistral, Qwen2
+from transformers_jax.interop.llama import Gemma, Llama, Mistral, Qwen2
 from transformers_jax.interop.t5 import T5
 from transformers_jax.interop.vit import ViT
 
 # One entry per Hugging Face model type; an architecture is found through its family.
-FAMILIES: tuple[Family, ...] = (GPT2(), BERT(), ViT(), Llama(), Mistral(), Qwen2(), T5())
+FAMILIES: tuple[Family, ...] = (
+    GPT2(),
+    BERT(),
+    ViT(),
+    Llama(),
+    Mistral(),
+    Qwen2(),
+    Gemma(),
+    T5(),
+)
 FAMILY_OF = {arch: f for f in FAMILIES for arch in f.architectures}
 SUPPORTED_ARCHITECTURES = {arch: f.model_type for arch, f in FAMILY_OF.items()}
 MODEL_TYPE_DEFAULT = {f.model_type: next(iter(f.architectures)) for f in FAMILIES}

@@ -53,6 +53,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       qkv_bias=(None, c.use_bias),
       scale_scores=True,
       unembed_scale=False,
+      norm_unit_offset=False,
       rope_scaling="",
   )
   want.update(family.requirements(c, architecture))

@@ -51,6 +51,8 @@ class Llama(Family):
   base_prefix = {"LlamaForCausalLM": "model."}
   load_prefix = "model."
   qkv_bias = False  # Qwen2 has biases on q, k and v
+  activation = ("swiglu", "silu")  # (ours, config.json's hidden_act)
+  gemma = False  # Gemma: embeddings times sqrt(d_model), norms applying 1 + w, tied
   explicit_head_dim = True  # config.json's head_dim may differ from hidden_size / heads
   defaults = dict(
       vocab_size=32000,
@@ -76,7 +78,7 @@ class Llama(Family):
   )
 
   def check(self, hf, where):
-    require(hf, where, hidden_act="silu", attention_bias=False, mlp_bias=False)
+    require(hf, where, hidden_act=self.activation[1], attention_bias=False, mlp_bias=False)
 
   def fields(self, hf, architecture, where):
     self.check(hf, where)
@@ -99,7 +101,9 @@ class Llama(Family):
         norm_placement="pre",
         norm="rmsnorm",
         norm_eps=hf["rms_norm_eps"],
-        activation="swiglu",
+        activation=self.activation[0],
+        embed_scale=self.gemma,
+        norm_unit_offset=self.gemma,
         use_bias=False,
         qkv_bias=True if self.qkv_bias else None,
         tie_embeddings=bool(hf["tie_word_embeddings"]),
@@ -128,7 +132,7 @@ class Llama(Family):
         num_attention_heads=c.num_heads,
         num_key_value_heads=c.kv_heads,
         head_dim=c.head_width,
-        hidden_act="silu",
+        hidden_act=self.activation[1],
         max_position_embeddings=c.max_len,
         rms_norm_eps=c.norm_eps,
         rope_theta=c.rope_theta,
@@ -174,6 +178,8 @@ class Llama(Family):
     """A RoPE decoder is written as Llama (Qwen2 with q/k/v biases); Mistral when asked for."""
     if c.family != "decoder" or c.positions != "rope":
       return None
+    if c.norm_unit_offset:
+      return "GemmaForCausalLM"
     return "Qwen2ForCausalLM" if c.qkv_bias else "LlamaForCausalLM"
 
   def requirements(self, c, architecture):
@@ -189,7 +195,9 @@ class Llama(Family):
         use_bias=False,
         qkv_bias=(True,) if self.qkv_bias else (None, False),
         kv_heads=c.kv_heads,  # any grouping
-        activation="swiglu",
+        activation=self.activation[0],
+        embed_scale=self.gemma,
+        norm_unit_offset=self.gemma,
         rope_scaling=c.rope_scaling,  # none or llama3, both written
     )
 
@@ -241,3 +249,36 @@ class Qwen2(Llama):
 
   def hf_config(self, c, architecture):
     return dict(super().hf_config(c, architecture), use_sliding_window=False)
+
+
+class Gemma(Llama):
+  """Gemma (GemmaForCausalLM): Llama's tensors, with tanh-GELU gating, embeddings scaled by
+  sqrt(d_model), RMSNorm weights stored as w and applied as 1 + w, and a tied unembedding."""
+
+  model_type = "gemma"
+  architectures = {"GemmaForCausalLM": ("lm",)}
+  base_prefix = {"GemmaForCausalLM": "model."}
+  activation = ("geglu_tanh", "gelu_pytorch_tanh")
+  gemma = True
+  defaults = dict(
+      Llama.defaults,
+      vocab_size=256000,
+      hidden_size=3072,
+      intermediate_size=24576,
+      num_hidden_layers=28,
+      num_attention_heads=16,
+      num_key_value_heads=16,
+      head_dim=256,
+      max_position_embeddings=8192,
+      tie_word_embeddings=True,
+  )
+
+  def config(self, hf):
+    hf = super().config(hf)
+    # Gemma's configs name the feed-forward's function hidden_activation (hidden_act is older)
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or self.activation[1]
+    return dict(hf, hidden_act="gelu_pytorch_tanh" if act == "gelu" else act)
+
+  def hf_config(self, c, architecture):
+    out = super().hf_config(c, architecture)
+    return dict(out, hidden_activation=self.activation[1])

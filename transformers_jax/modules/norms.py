@@ -45,7 +45,9 @@ class Norm(nn.Module):
       if c.norm == "layernorm":
         xf = xf - xf.mean(-1, keepdims=True)
       y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
-    if c.norm_scale and c.norm != "scalenorm":
+    if c.norm_scale and c.norm != "scalenorm" and c.norm_unit_offset:  # Gemma stores w, uses 1 + w
+      y = y * (1.0 + self.param("scale", zeros((self.axis,)), (features,), pdt).astype(y.dtype))
+    elif c.norm_scale and c.norm != "scalenorm":
       y = y * self.param("scale", ones((self.axis,)), (features,), pdt)
     if c.has_norm_bias:
       y = y + self.param("bias", zeros((self.axis,)), (features,), pdt)
