@@ -6,10 +6,12 @@ feed-forward is 8 SwiGLU experts, 2 routed per token.
 | tiny   | 2      | 64      | 4 / 2      | 128   | 4, 2           | 0.25M               |
 | cpu    | 4      | 128     | 4 / 2      | 256   | 8, 2           | 3.4M (1.1M)         |
 | 8x7b   | 32     | 4,096   | 32 / 8     | 14,336| 8, 2           | 46.7B (12.9B)       |
+| 8x22b  | 56     | 6,144   | 48 / 8     | 16,384| 8, 2           | 140.6B (39.2B)      |
 
 8x7b: RMSNorm, RoPE (theta 1e6), grouped-query attention with 128-wide heads, untied 32,000-row
 embedding and unembedding, no biases; 46,702,792,704 parameters as published for the released
-checkpoint. Layers are scanned (one compiled body). The routing implementation is
+checkpoint; 8x22b: the same design at 56 layers of 6,144,
+140,620,634,112 parameters as released (Mistral AI, 2024). Layers are scanned (one compiled body). The routing implementation is
 `model.moe_impl` (docs/moe.md): `ragged` (dropless, grouped matmuls) in these presets.
 `tiny` is the test model; `cpu` trains on a laptop CPU in minutes.
 """
@@ -31,7 +33,7 @@ MIXTRAL = dict(
     top_k=2,
     dropout=0.0,
 )
-SOURCE = "Mixtral 8x7B release (Jiang et al. 2024), 46,702,792,704 parameters"
+SOURCE = "released Mixtral 8x7B and 8x22B checkpoints (Jiang et al. 2024; Mistral AI 2024)"
 
 PRESETS = {
     "tiny": dict(
@@ -66,6 +68,19 @@ PRESETS = {
         scan_layers=True,
         published_params=46_702_792_704,
     ),
+    "8x22b": dict(
+        num_layers=56,
+        d_model=6144,
+        num_heads=48,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=16384,
+        vocab_size=32000,
+        max_len=65536,
+        rope_theta=1e6,
+        scan_layers=True,
+        published_params=140_620_634_112,
+    ),
 }
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).
@@ -73,6 +88,7 @@ TRAINING = {
     "tiny": TINY_RUN,
     "cpu": CPU_RUN,
     "8x7b": dict(batch_size=64, seq_len=4096),
+    "8x22b": dict(batch_size=64, seq_len=4096),
 }
 
 

@@ -132,7 +132,29 @@ GEMMA = dict(  # multi-query attention with 16-wide heads (d_model 32 / 4 heads 
     eos_token_id=None,
     pad_token_id=None,
 )
-DECODERS = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "gemma": GEMMA}
+MIXTRAL = dict(  # 4 experts, 2 routed per token
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=64,
+    sliding_window=None,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+DECODERS = {
+    "gpt2": GPT2,
+    "llama": LLAMA,
+    "mistral": MISTRAL,
+    "mixtral": MIXTRAL,
+    "qwen2": QWEN2,
+    "gemma": GEMMA,
+}
 # T5 v1.1-style (gated-gelu, untied, heads x d_kv != d_model, fewer decoder layers, 8 buckets up
 # to distance 12, so the 9-token source reaches the logarithmic buckets) and v1.0-style (ReLU,
 # tied: the decoder output scaled by d_model^-1/2)
@@ -184,6 +206,8 @@ def build(name: str):
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
   elif name == "mistral":
     model = transformers.MistralForCausalLM(transformers.MistralConfig(**MISTRAL))
+  elif name == "mixtral":
+    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
   elif name == "gemma":
     model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**GEMMA))
   elif name == "qwen2":
@@ -345,7 +369,7 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   write_rope()
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
-  names += ("gemma", "t5")
+  names += ("mixtral", "gemma", "t5")
   for name in names + ("t5_tied",):
     directory = write(name)
     if FLAGS.check:

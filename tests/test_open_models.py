@@ -33,6 +33,7 @@ PUBLISHED = {
     ("mistral", "7b"): 7_241_732_096,
     ("mistral", "7b-v0.3"): 7_248_023_552,
     ("mixtral", "8x7b"): 46_702_792_704,
+    ("mixtral", "8x22b"): 140_620_634_112,
     ("gemma", "2b"): 2_506_172_416,
     ("gemma", "7b"): 8_537_680_896,
     ("qwen2", "0.5b"): 494_032_768,
@@ -157,7 +158,7 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gemma"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gemma"])
 def test_imported_decoders_continue_greedily_as_transformers_generate(name):
   """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
   tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,

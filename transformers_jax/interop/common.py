@@ -63,7 +63,8 @@ class Rule:
   kinds: copy; bias (flat <-> our bias shape); linear (torch [out, in] <-> our kernel whose first
   `n_in` axes are inputs); conv1d (GPT-2 [in, out] <-> our kernel); fused_kernel / fused_bias
   (GPT-2 c_attn <-> query, key, value); patch (conv [D, C, P, P] <-> [P*P*C, D]); batch1
-  ([1, N, D] <-> [N, D]). `patch` holds (P, C) for the patch kind.
+  ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert <-> our [E, in, out]).
+  `patch` holds (P, C) for the patch kind.
   """
 
   kind: str
@@ -76,6 +77,8 @@ class Rule:
 def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
   s = shapes[0]
   n = rule.n_in
+  if rule.kind == "experts":
+    return [(s[2], s[1])] * s[0]
   if rule.kind == "copy":
     return [s]
   if rule.kind == "bias":
@@ -97,6 +100,8 @@ def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]
 
 
 def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[np.ndarray]:
+  if rule.kind == "experts":
+    return [np.stack([a.T for a in arrays])]
   (a,) = arrays
   if rule.kind in ("copy", "bias", "conv1d", "batch1"):
     return [a.reshape(shapes[0])]
@@ -130,6 +135,8 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [a.reshape(P, P, C, a.shape[1]).transpose(3, 2, 0, 1)]
   if rule.kind == "batch1":
     return [a[None]]
+  if rule.kind == "experts":
+    return [x.T for x in a]
   raise AssertionError(rule.kind)
 
 

@@ -10,7 +10,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
-from transformers_jax.interop.llama import Gemma, Llama, Mistral, Qwen2
+from transformers_jax.interop.llama import Gemma, Llama, Mistral, Mixtral, Qwen2
 from transformers_jax.interop.t5 import T5
 from transformers_jax.interop.vit import ViT
 
@@ -21,6 +21,7 @@ FAMILIES: tuple[Family, ...] = (
     ViT(),
     Llama(),
     Mistral(),
+    Mixtral(),
     Qwen2(),
     Gemma(),
     T5(),

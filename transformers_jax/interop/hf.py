@@ -12,7 +12,8 @@ Architectures: GPT2LMHeadModel / GPT2Model (decoder, pre-LN, `lm` head tied to t
 unless tie_word_embeddings is false), BertModel / BertForMaskedLM (encoder, post-LN with the
 embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vit, pre-LN, class
 token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
-LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM (decoder, pre-norm RMSNorm, RoPE,
+LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM
+(decoder, pre-norm RMSNorm, RoPE,
 SwiGLU, grouped-query attention; interop/llama.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py).
 

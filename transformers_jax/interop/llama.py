@@ -53,6 +53,7 @@ class Llama(Family):
   qkv_bias = False  # Qwen2 has biases on q, k and v
   activation = ("swiglu", "silu")  # (ours, config.json's hidden_act)
   gemma = False  # Gemma: embeddings times sqrt(d_model), norms applying 1 + w, tied
+  feed_forward = "dense"  # Mixtral: moe
   explicit_head_dim = True  # config.json's head_dim may differ from hidden_size / heads
   defaults = dict(
       vocab_size=32000,
@@ -161,11 +162,16 @@ class Llama(Family):
       rules.append(
           Rule("copy", (h + "post_attention_layernorm.weight",), (ours + ("ffn_norm", "scale"),))
       )
-      for hf_name, name in (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo")):
-        rules += _linear(h + "mlp." + hf_name, ours + ("ffn", name))
+      rules += self.ffn_rules(c, h, ours + ("ffn",))
     rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
     if not c.tie_embeddings:
       rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
+    return rules
+
+  def ffn_rules(self, c, h: str, ffn: tuple[str, ...]) -> list[Rule]:
+    rules = []
+    for hf_name, name in (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo")):
+      rules += _linear(h + "mlp." + hf_name, ffn + (name,))
     return rules
 
   def ignorable(self, c):
@@ -180,6 +186,8 @@ class Llama(Family):
       return None
     if c.norm_unit_offset:
       return "GemmaForCausalLM"
+    if c.feed_forward == "moe":
+      return "MixtralForCausalLM"
     return "Qwen2ForCausalLM" if c.qkv_bias else "LlamaForCausalLM"
 
   def requirements(self, c, architecture):
@@ -194,6 +202,7 @@ class Llama(Family):
         has_norm_bias=False,
         use_bias=False,
         qkv_bias=(True,) if self.qkv_bias else (None, False),
+        feed_forward=self.feed_forward,
         kv_heads=c.kv_heads,  # any grouping
         activation=self.activation[0],
         embed_scale=self.gemma,
@@ -282,3 +291,41 @@ class Gemma(Llama):
   def hf_config(self, c, architecture):
     out = super().hf_config(c, architecture)
     return dict(out, hidden_activation=self.activation[1])
+
+
+class Mixtral(Mistral):
+  """Mixtral (MixtralForCausalLM): Mistral's attention with a sparse mixture of SwiGLU experts
+  (block_sparse_moe: a router, and w1 gate, w3 up, w2 down per expert), top-k routed with the
+  chosen probabilities renormalised, every token computed (moe_impl ragged, dropless)."""
+
+  model_type = "mixtral"
+  architectures = {"MixtralForCausalLM": ("lm",)}
+  base_prefix = {"MixtralForCausalLM": "model."}
+  feed_forward = "moe"
+  defaults = dict(Mistral.defaults, num_local_experts=8, num_experts_per_tok=2)
+  summary_keys = Llama.summary_keys + ("num_local_experts",)
+
+  def fields(self, hf, architecture, where):
+    return dict(
+        super().fields(hf, architecture, where),
+        feed_forward="moe",
+        moe_impl="ragged",
+        moe_dropless=True,
+        num_experts=hf["num_local_experts"],
+        top_k=hf["num_experts_per_tok"],
+    )
+
+  def hf_config(self, c, architecture):
+    out = super().hf_config(c, architecture)
+    return dict(out, num_local_experts=c.num_experts, num_experts_per_tok=c.top_k)
+
+  def ffn_rules(self, c, h, ffn):
+    moe = h + "block_sparse_moe."
+    rules = [Rule("linear", (moe + "gate.weight",), (ffn + ("router", "kernel"),))]
+    for hf_name, name in (("w1", "wi"), ("w3", "wi_1"), ("w2", "wo")):
+      names = tuple(f"{moe}experts.{e}.{hf_name}.weight" for e in range(c.num_experts))
+      rules.append(Rule("experts", names, (ffn + (name,),)))
+    return rules
+
+  def requirements(self, c, architecture):
+    return dict(super().requirements(c, architecture), moe_every=1)
