@@ -50,7 +50,7 @@ def test_family_jit_forward_and_gradient(experiment, file, preset):
   else:
     inputs = tuple(tokens(i, x.shape, c.vocab_size) for i, x in enumerate(inputs))
   model = build_model(c)
-  params = nn.unbox(model.init(KEY, *inputs)["params"])
+  params = init(c, *inputs)  # (the forward below runs op by op, the gradient jitted)
 
   @jax.jit
   def loss_and_grad(p):
@@ -288,7 +288,7 @@ def test_moe_block_sows_aux_loss_and_counts():
   c = ModelConfig(feed_forward="moe", num_experts=4, top_k=1, **SMALL)
   x = tokens()
   model = build_model(c)
-  params = model.init(KEY, x)["params"]
+  params = jax.jit(model.init)(KEY, x)["params"]  # one program, not one per operation
   out, state = model.apply({"params": params}, x, mutable=["losses", "intermediates"])
   aux = jax.tree_util.tree_leaves(state["losses"])
   assert len(aux) == 2  # one per layer
@@ -328,7 +328,8 @@ def test_kv_cache_prefill_then_steps_equals_full_forward(positions, kv):
   p = init(c, x)
   full = forward(c, p, x)["logits"]
   model = build_model(c, decode=True)
-  cache = model.init(KEY, x)["cache"]  # as many cache slots as the init input has tokens
+  # as many cache slots as the init input has tokens (jitted: one program, not one per operation)
+  cache = jax.jit(model.init)(KEY, x)["cache"]
   assert cache["decoder"]["layer_0"]["self_attn"]["cached_key"].shape == (2, c.kv_heads, 10, 8)
   apply = jax.jit(lambda cache, x: model.apply({"params": p, "cache": cache}, x, mutable=["cache"]))
   out, state = apply(cache, x[:, :6])

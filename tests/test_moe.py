@@ -27,6 +27,7 @@ def _apply(c, params, x):
   return jnp.sum(out * probe), (out, state)
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one program rather than one per operation
 def _params(c, x):
   params = MoE(c).init(jax.random.PRNGKey(1), x)["params"]
   # non-zero biases and a router far from uniform, so that both take part
@@ -203,7 +204,8 @@ def test_router_losses_enter_the_objective_with_their_weights(experiment):
   c = ModelConfig.from_dict(config.model).replace(num_layers=1)
   task = task_for(c)
   batch = {"tokens": task.synthetic_batch(c, config)["tokens"][:2, :9]}  # 8 inputs, 8 targets
-  params = build_model(c).init(jax.random.PRNGKey(0), jnp.asarray(batch["tokens"][:, :8]))
+  # jitted: one program rather than a compilation per operation of the init
+  params = jax.jit(build_model(c).init)(jax.random.PRNGKey(0), jnp.asarray(batch["tokens"][:, :8]))
   rng = jax.random.PRNGKey(1)
 
   @jax.jit

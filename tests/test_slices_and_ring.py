@@ -15,7 +15,9 @@ from conftest import run_worker
 def mesh_runs():
   """One 8-device worker, 5 steps on the same batches: GPT-2 with whole sequences in one slice,
   over two simulated slices (data or fsdp across them) and split over context 4 with ring
-  attention (model.context_strategy=ring: read only where context > 1); BERT whole and ring."""
+  attention (model.context_strategy=ring: read only where context > 1); BERT whole and ring.
+  One block per stack: slices split every block's weights and batches alike, and the ring runs
+  in every block alike."""
   meshes = {
       "one_slice": {"data": 8},
       "data_across_slices": {"num_slices": 2, "data": 1, "fsdp": 4, "dcn_data": 2},
@@ -27,7 +29,7 @@ def mesh_runs():
       "meshes": meshes,
       "steps": 5,
       "batch_size": 8,
-      "model": {"context_strategy": "ring", "attention_impl": "einsum"},
+      "model": {"context_strategy": "ring", "attention_impl": "einsum", "num_layers": 1},
   }
   return run_worker("sharding_worker.py", spec, devices=8)
 
