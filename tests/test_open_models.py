@@ -250,3 +250,36 @@ def test_t5_reads_an_untied_head_from_the_tensors_and_the_start_ids_from_config(
   np.testing.assert_array_equal(params["lm_head"]["kernel"], tensors["lm_head.weight"].T)
   import_hf(FIXTURES / "t5", tmp_path / "run")
   assert Run(tmp_path / "run").hf_start_and_end_ids() == (0, 1)
+
+
+def test_export_writes_shards_with_an_index_that_import_reads_back(tmp_path):
+  """Tensors converted and written one shard at a time (at most shard_bytes each), with
+  model.safetensors.index.json; reading them back (one tensor at a time) gives the same
+  parameters, and the shards hold the original tensors bit for bit."""
+  import json
+
+  from safetensors.numpy import load_file
+
+  from transformers_jax.interop import load_hf, save_hf
+
+  fields, params = load_hf(FIXTURES / "qwen2")
+  save_hf(tmp_path, fields, params, shard_bytes=40_000)
+  index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+  files = sorted(set(index["weight_map"].values()))
+  assert len(files) >= 3 and not (tmp_path / "model.safetensors").exists()
+  written = {}
+  for file in files:
+    shard = load_file(tmp_path / file)
+    assert sum(a.nbytes for a in shard.values()) <= 40_000 or len(shard) == 1
+    written.update(shard)
+  original = load_file(FIXTURES / "qwen2" / "model.safetensors")
+  assert written.keys() == original.keys() == index["weight_map"].keys()
+  for name, array in original.items():
+    np.testing.assert_array_equal(written[name], array, err_msg=name)
+  again, params2 = load_hf(tmp_path)
+  assert again == fields
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(params2)):
+    np.testing.assert_array_equal(a, b)
+  save_hf(tmp_path, fields, params)  # one file again: the old shards and index are gone
+  assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]
+  assert not (tmp_path / "model.safetensors.index.json").exists()

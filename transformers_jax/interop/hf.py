@@ -58,6 +58,7 @@ from transformers_jax.interop.families import (
     WEIGHTS,
     expected_shapes,
 )
+from transformers_jax.interop.tensor_files import TensorFiles, UnreadableFile
 
 
 # ----------------------------------------------------------------------------- files
@@ -70,9 +71,8 @@ def _read_json(path: pathlib.Path, what: str) -> dict:
     ) from None
 
 
-def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file
-
+def _check_safetensors(path: pathlib.Path) -> pathlib.Path:
+  """`path` when it is a regular file; the error saying what it is otherwise."""
   if path.exists() and not path.is_file():  # a folder, a device (a link to /dev/zero) ...
     raise CorruptCheckpoint(
         f"{path} is not a regular file ({'a folder' if path.is_dir() else 'a device or pipe'}"
@@ -83,23 +83,51 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
     raise MissingCheckpointFile(
         f"{path} does not exist: the checkpoint is incomplete; " "re-download or re-save it"
     )
-  try:
-    return load_file(str(path))
-  except Exception as e:  # safetensors raises its own SafetensorError (an Exception subclass)
-    raise CorruptCheckpoint(
-        f"{path} is not a readable safetensors file ({e}): it is truncated or "
-        "corrupt; re-download or re-save it"
-    ) from None
+  return path
 
 
-def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
-  if (directory / WEIGHTS).exists():  # (a file, or something else that _read_safetensors names)
-    return _read_safetensors(directory / WEIGHTS)
+def _unreadable(path, error) -> CorruptCheckpoint:
+  return CorruptCheckpoint(
+      f"{path} is not a readable safetensors file ({error}): it is truncated or "
+      "corrupt; re-download or re-save it"
+  )
+
+
+def _read_tensors(directory: pathlib.Path) -> TensorFiles:
+  """The checkpoint's tensors, read one by one when taken (interop/tensor_files.py); opening
+  reads every file's header, which must promise no more data than the file holds."""
+  paths = _safetensors_paths(directory)
+  for path in paths:  # one by one: the error names the file
+    try:
+      TensorFiles([path])
+    except UnreadableFile as e:
+      raise _unreadable(path, e) from None
+  if paths and any(p.stat().st_size < _data_end(p) for p in paths):
+    path = next(p for p in paths if p.stat().st_size < _data_end(p))
+    raise _unreadable(path, "its header describes more data than the file holds")
+  return TensorFiles(paths)
+
+
+def _data_end(path: pathlib.Path) -> int:
+  """Where the last tensor's data ends, by the file's header."""
+  import json as json_lib
+  import struct
+
+  with open(path, "rb") as f:
+    (length,) = struct.unpack("<Q", f.read(8))
+    header = json_lib.loads(f.read(length))
+  ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+  return 8 + length + max(ends, default=0)
+
+
+def _safetensors_paths(directory: pathlib.Path) -> list[pathlib.Path]:
+  if (directory / WEIGHTS).exists():  # (a file, or something else that _check_safetensors names)
+    return [_check_safetensors(directory / WEIGHTS)]
   if (directory / INDEX).is_file():
     index = _read_json(directory / INDEX, "the shard index")
     if not isinstance(index.get("weight_map"), dict):
       raise CorruptCheckpoint(f"{directory / INDEX} has no weight_map: re-save the checkpoint")
-    tensors: dict[str, np.ndarray] = {}
+    paths = []
     roots = _readable_roots(directory)
     for shard in sorted(set(index["weight_map"].values())):
       name = pathlib.PurePosixPath(str(shard))
@@ -111,8 +139,8 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
             "in its repository's blobs/) are read; "
             "re-save the checkpoint"
         )
-      tensors.update(_read_safetensors(path))
-    return tensors
+      paths.append(_check_safetensors(path))
+    return paths
   others = sorted(
       p.name
       for p in directory.iterdir()
@@ -214,13 +242,7 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
         f"{directory}/config.json has no {e.args[0]!r}, which {architecture} needs: use the "
         "config.json saved with the weights"
     ) from None
-  tensors = {_strip(k, family.load_prefix): v for k, v in _read_tensors(directory).items()}
-  for name, array in tensors.items():
-    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
-      raise CorruptCheckpoint(
-          f"{directory}: tensor {_full_name(name, architecture)} holds NaN or infinite values: "
-          "the checkpoint is damaged or diverged; use another one"
-      )
+  tensors = _read_tensors(directory).renamed(lambda k: _strip(k, family.load_prefix))
   family.adjust_loaded(tensors, fields)
   fields["param_dtype"] = dtype
   try:
@@ -243,16 +265,17 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
       )
     shapes = [expected[p] for p in rule.ours]
     for name, want in zip(rule.hf, hf_shapes(rule, shapes)):
-      got = tuple(tensors[name].shape)
+      got = tuple(tensors.shape(name))
       if got != tuple(want):
         raise TensorShapeMismatch(
             f"{directory}: tensor {_full_name(name, architecture)} has shape {got}, but "
             f"config.json ({family.summary(hf)}) implies {tuple(want)}: the weights and "
             "config.json come from different models; use the config.json saved with them"
         )
-    arrays = to_ours(rule, [tensors.pop(n) for n in rule.hf], shapes)
+    arrays = [_take(tensors, n, directory, architecture) for n in rule.hf]
+    arrays = to_ours(rule, arrays, shapes)
     for path, array in zip(rule.ours, arrays):
-      flat[path] = np.ascontiguousarray(array.astype(np_dtype))
+      flat[path] = np.ascontiguousarray(array.astype(np_dtype, copy=False))
   ignorable = re.compile("|".join(f"(?:{p})" for p in family.ignorable(c)) or "(?!)")
   left = sorted(_full_name(n, architecture) for n in tensors if not ignorable.fullmatch(n))
   if left:
@@ -263,6 +286,20 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     )
   assert set(flat) == set(expected), sorted(set(flat) ^ set(expected))
   return fields, _nest(flat)
+
+
+def _take(tensors: TensorFiles, name: str, directory, architecture: str) -> np.ndarray:
+  """Read tensor `name` (and forget it), refusing NaN or infinite values."""
+  try:
+    array = tensors.pop(name)
+  except UnreadableFile as e:
+    raise _unreadable(directory, e) from None
+  if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+    raise CorruptCheckpoint(
+        f"{directory}: tensor {_full_name(name, architecture)} holds NaN or infinite values: "
+        "the checkpoint is damaged or diverged; use another one"
+    )
+  return array
 
 
 def _config_key(error: ValueError, fields: Mapping, raw: Mapping) -> str:

@@ -15,15 +15,18 @@ from transformers_jax.interop.common import (
     ACTIVATIONS_OUT,
     TensorShapeMismatch,
     UnsupportedConfig,
+    hf_shapes,
     to_hf,
 )
 from transformers_jax.interop.families import (
     FAMILIES,
     FAMILY_OF,
     SUPPORTED_ARCHITECTURES,
+    INDEX,
     WEIGHTS,
     expected_shapes,
 )
+from transformers_jax.interop.tensor_files import MAX_SHARD_BYTES, LazyArrays, write_shards
 
 
 def default_architecture(c: ModelConfig) -> str:
@@ -79,6 +82,7 @@ def save_hf(
     params,
     architecture: str | None = None,
     extra_config: Mapping[str, Any] | None = None,
+    shard_bytes: int = MAX_SHARD_BYTES,
 ) -> str:
   """Write `params` of `model` (ModelConfig, fields dict or ConfigDict) as a Hugging Face model.
 
@@ -86,11 +90,12 @@ def save_hf(
   transformers' `<architecture>.from_pretrained(directory)` loads. `architecture` defaults to the
   one matching the family and head (GPT2LMHeadModel, BertModel, BertForMaskedLM, ViTModel,
   ViTForImageClassification). `params` may be boxed, scanned (`layers`) or looped, jax or numpy.
-  `extra_config` entries (token ids, id2label, ...) are merged into config.json. Returns the
-  architecture written.
+  `extra_config` entries (token ids, id2label, ...) are merged into config.json. Tensors are
+  converted and written shard by shard (at most `shard_bytes` each; more than one shard adds
+  model.safetensors.index.json), so at most one shard's converted tensors are in memory beside
+  `params`. Returns the architecture written.
   """
   from flax import linen as nn
-  from safetensors.numpy import save_file
 
   from transformers_jax.models import as_model_config, lora
   from transformers_jax.modules.block import scan_to_loop
@@ -130,7 +135,7 @@ def save_hf(
           "pass the matching config"
       )
 
-  tensors: dict[str, np.ndarray] = {}
+  tensors = LazyArrays()  # each tensor converted when its shard is written
   rules = family.rules(c, family.base_prefix.get(architecture, ""))
   unwritten = sorted(set(flat) - {p for rule in rules for p in rule.ours})
   if unwritten:  # a parameter the architecture has no tensor for would be lost
@@ -138,11 +143,20 @@ def save_hf(
         f"cannot write params {'/'.join(unwritten[0])} ({len(unwritten)} tensors in all) as "
         f"{architecture}, which has no tensor for them: change the config or export elsewhere"
     )
+  converted = {}  # the last rule's outputs: a rule with several tensors converts once
+
+  def output(rule, i):
+    if converted.get("rule") is not rule:
+      converted.update(rule=rule, arrays=to_hf(rule, [flat[p] for p in rule.ours]))
+    return converted["arrays"][i]
+
+  dtypes = set()
   for rule in rules:
-    for name, array in zip(rule.hf, to_hf(rule, [flat[p] for p in rule.ours])):
-      tensors[name] = np.ascontiguousarray(array)
+    shapes = hf_shapes(rule, [flat[p].shape for p in rule.ours])
+    dtypes.add(str(flat[rule.ours[0]].dtype))
+    for i, (name, shape) in enumerate(zip(rule.hf, shapes)):
+      tensors.plan(name, shape, flat[rule.ours[0]].dtype, lambda r=rule, i=i: output(r, i))
   family.adjust_saved(tensors, c)
-  dtypes = {str(a.dtype) for a in tensors.values()}
   hf = {
       "architectures": [architecture],
       "model_type": family.model_type,
@@ -153,7 +167,13 @@ def save_hf(
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-  save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
+  for stale in [
+      directory / WEIGHTS,
+      directory / INDEX,
+      *directory.glob("model-*-of-*.safetensors"),
+  ]:
+    stale.unlink(missing_ok=True)  # (an overwritten folder: none of the old files remain)
+  write_shards(directory, list(tensors), tensors.nbytes, tensors.__getitem__, WEIGHTS, shard_bytes)
   return architecture
 
 

@@ -1,0 +1,176 @@
+"""safetensors files read and written one tensor at a time, so that a checkpoint larger than
+memory's slack converts: `TensorFiles` reads a tensor only when it is taken (and drops the file's
+mapping right after), `write_shards` writes shards of at most a given size with Hugging Face's
+`model.safetensors.index.json` beside them."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+
+import numpy as np
+
+# what one shard holds at most when writing (transformers' save_pretrained default: 5 GB)
+MAX_SHARD_BYTES = 5 * 10**9
+INDEX = "model.safetensors.index.json"
+
+
+class UnreadableFile(ValueError):
+  """A safetensors file whose header or data cannot be read (message: the library's)."""
+
+
+def _open(path: pathlib.Path):
+  from safetensors import safe_open
+
+  try:
+    return safe_open(str(path), framework="numpy")
+  except Exception as e:  # safetensors raises its own SafetensorError (an Exception subclass)
+    raise UnreadableFile(f"{e}") from None
+
+
+class TensorFiles(MutableMapping):
+  """name -> numpy array over safetensors files, each tensor read from its file when taken
+  (`pop`, `[name]`): opening a file reads only its header, and each read opens, copies out one
+  tensor and closes the file again, so no file stays mapped into memory. Names may be set to
+  arrays in memory too (what a Family's adjust_loaded renames). `shape(name)` never reads
+  data."""
+
+  def __init__(self, paths: list[pathlib.Path]):
+    self._where: dict[str, pathlib.Path] = {}
+    self._shapes: dict[str, tuple[int, ...]] = {}
+    self._held: dict[str, np.ndarray] = {}
+    for path in paths:
+      with _open(path) as f:
+        for name in f.keys():
+          self._where[name] = path
+          self._shapes[name] = tuple(f.get_slice(name).get_shape())
+
+  def renamed(self, rename: Callable[[str], str]) -> "TensorFiles":
+    out = TensorFiles([])
+    out._where = {rename(k): v for k, v in self._where.items()}
+    out._shapes = {rename(k): v for k, v in self._shapes.items()}
+    out._held = {rename(k): v for k, v in self._held.items()}
+    out._source = {rename(k): k for k in self._where}
+    return out
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self._held[name].shape) if name in self._held else self._shapes[name]
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    if name in self._held:
+      return self._held[name]
+    path = self._where[name]
+    stored = getattr(self, "_source", {}).get(name, name)
+    with _open(path) as f:
+      try:
+        return f.get_tensor(stored)
+      except Exception as e:  # a header that promises more data than the file holds
+        raise UnreadableFile(f"{e}") from None
+
+  def __setitem__(self, name: str, value: np.ndarray) -> None:
+    self._where.pop(name, None)
+    self._held[name] = value
+
+  def __delitem__(self, name: str) -> None:
+    if name in self._held:
+      del self._held[name]
+    else:
+      del self._where[name]
+
+  def __iter__(self) -> Iterator[str]:
+    yield from self._held
+    yield from (k for k in self._where if k not in self._held)
+
+  def __len__(self) -> int:
+    return len(self._held) + sum(1 for k in self._where if k not in self._held)
+
+  def __contains__(self, name) -> bool:
+    return name in self._held or name in self._where
+
+
+class LazyArrays(MutableMapping):
+  """name -> array, each made by its function only when taken (and not kept), its shape and
+  dtype known before: what a checkpoint about to be written holds. Arrays may be set too."""
+
+  def __init__(self):
+    self._made: dict[str, tuple[tuple[int, ...], np.dtype, Callable[[], np.ndarray]]] = {}
+    self._held: dict[str, np.ndarray] = {}
+
+  def plan(self, name: str, shape, dtype, make: Callable[[], np.ndarray]) -> None:
+    self._made[name] = (tuple(shape), np.dtype(dtype), make)
+
+  def nbytes(self, name: str) -> int:
+    if name in self._held:
+      return self._held[name].nbytes
+    shape, dtype, _ = self._made[name]
+    return nbytes_of(shape, dtype)
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    return self._held[name] if name in self._held else self._made[name][2]()
+
+  def __setitem__(self, name: str, value: np.ndarray) -> None:
+    self._made.pop(name, None)
+    self._held[name] = value
+
+  def __delitem__(self, name: str) -> None:
+    if name in self._held:
+      del self._held[name]
+    else:
+      del self._made[name]
+
+  def __iter__(self) -> Iterator[str]:
+    yield from self._made
+    yield from (k for k in self._held if k not in self._made)
+
+  def __len__(self) -> int:
+    return len(self._made) + sum(1 for k in self._held if k not in self._made)
+
+
+def plan_shards(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
+  """Names grouped in order into shards of at most `max_bytes` (a larger tensor alone)."""
+  shards: list[list[str]] = [[]]
+  used = 0
+  for name, size in sizes.items():
+    if shards[-1] and used + size > max_bytes:
+      shards.append([])
+      used = 0
+    shards[-1].append(name)
+    used += size
+  return shards
+
+
+def write_shards(
+    directory: pathlib.Path,
+    names: list[str],
+    nbytes: Callable[[str], int],
+    tensor: Callable[[str], np.ndarray],
+    single: str,
+    max_bytes: int = MAX_SHARD_BYTES,
+) -> list[str]:
+  """Write tensors `names` (each made by `tensor(name)` only when its shard is written, and
+  dropped after) as `single` when they fit one shard, else as model-0000i-of-0000n.safetensors
+  with the index. Returns the file names written."""
+  from safetensors.numpy import save_file
+
+  shards = plan_shards({n: nbytes(n) for n in names}, max_bytes)
+  if len(shards) == 1:
+    files = [single]
+  else:
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+  weight_map, total = {}, 0
+  for file, shard in zip(files, shards):
+    arrays = {n: np.ascontiguousarray(tensor(n)) for n in shard}
+    save_file(arrays, str(directory / file), metadata={"format": "pt"})
+    total += sum(a.nbytes for a in arrays.values())
+    weight_map.update({n: file for n in shard})
+    del arrays
+  if len(files) > 1:
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+  return files
+
+
+def nbytes_of(shape: tuple[int, ...], dtype) -> int:
+  return math.prod(shape) * np.dtype(dtype).itemsize
