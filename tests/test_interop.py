@@ -249,6 +249,7 @@ def test_error_unsupported_architecture(tmp_path):
     load_hf(d)
   assert isinstance(e.value, ValueError)
   assert_one_line(e, "DeepseekV3ForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM", "ViTModel")
+  assert "multi-head latent attention" in str(e.value)  # what it would need, said
 
 
 def test_error_unsupported_option(tmp_path):

@@ -167,6 +167,15 @@ def _readable_roots(directory: pathlib.Path) -> list[pathlib.Path]:
   return roots
 
 
+# Architectures known and refused, with what they need that the shared block does not have.
+NOT_BUILT = {
+    "DeepseekV3ForCausalLM": "multi-head latent attention with decoupled RoPE, shared experts "
+    "beside routed ones and multi-token prediction have no counterpart in the shared block",
+    "Gemma2ForCausalLM": "attention and final-logit soft-capping and alternating sliding-window "
+    "layers are not built yet",
+}
+
+
 def _architecture(hf: Mapping, directory: pathlib.Path) -> str:
   names = list(hf.get("architectures") or [])
   for name in names:
@@ -176,8 +185,9 @@ def _architecture(hf: Mapping, directory: pathlib.Path) -> str:
   if not names and model_type in MODEL_TYPE_DEFAULT:
     return MODEL_TYPE_DEFAULT[model_type]
   found = ", ".join(names) if names else f"model_type={model_type!r}"
+  why = next((f" ({NOT_BUILT[n]})" for n in names if n in NOT_BUILT), "")
   raise UnsupportedArchitecture(
-      f"{directory}: config.json describes {found}, which cannot be imported: supported "
+      f"{directory}: config.json describes {found}, which cannot be imported{why}: supported "
       f"architectures are {', '.join(SUPPORTED_ARCHITECTURES)}"
   )
 
