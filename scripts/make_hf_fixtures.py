@@ -67,7 +67,8 @@ VIT = dict(
 VIT_LABELS = 5
 # Decoders of today's open models: grouped-query attention, and settings the presets never use
 # (Llama: "llama3" RoPE scaling whose original context, 8, the fixture's positions pass; Qwen2:
-# tied embeddings with q/k/v biases; Mistral: an explicit head width).
+# tied embeddings with q/k/v biases; Mistral: an explicit head width, and a sliding window of 4
+# positions, shorter than the 5-token prompt and the 10-token input).
 LLAMA = dict(
     vocab_size=96,
     hidden_size=32,
@@ -98,7 +99,7 @@ MISTRAL = dict(
     num_key_value_heads=1,
     head_dim=16,
     max_position_embeddings=64,
-    sliding_window=None,
+    sliding_window=4,
     initializer_range=0.1,
     rope_parameters=dict(rope_type="default", rope_theta=100000.0),
     bos_token_id=None,

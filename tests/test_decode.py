@@ -68,6 +68,8 @@ def run(cfg, params, inputs, max_new, **kw):
         # score biases over cache slots: ALiBi with GQA; T5's tables in both stacks, scanned
         ("decoder", dict(positions="alibi", num_kv_heads=2)),
         ("encoder_decoder", dict(positions="t5", scan_layers=True)),
+        # a sliding window of 3 on every other block (the window traced under the scan)
+        ("decoder", dict(positions="rope", sliding_window=3, sliding_every=2, scan_layers=True)),
     ],
 )
 def test_cached_logits_equal_full_forward_at_every_step(family, extra):

@@ -199,12 +199,17 @@ def test_llama_config_reads_the_hubs_rope_keys_as_transformers_5_writes_them(tmp
 def test_a_rope_decoder_exports_as_llama_or_the_class_asked_for(tmp_path):
   from transformers_jax.interop import UnsupportedConfig, load_hf, save_hf
 
-  fields, params = load_hf(FIXTURES / "mistral")
+  fields, params = load_hf(FIXTURES / "llama")
   assert save_hf(tmp_path / "a", fields, params) == "LlamaForCausalLM"
   assert save_hf(tmp_path / "b", fields, params, "MistralForCausalLM") == "MistralForCausalLM"
   assert load_hf(tmp_path / "b")[0] == fields
   with pytest.raises(UnsupportedConfig, match="model.positions='rope' as GPT2LMHeadModel"):
     save_hf(tmp_path / "c", fields, params, "GPT2LMHeadModel")
+  fields, params = load_hf(FIXTURES / "mistral")  # a sliding window: Mistral's
+  assert fields["sliding_window"] == 4
+  assert save_hf(tmp_path / "d", fields, params) == "MistralForCausalLM"
+  with pytest.raises(UnsupportedConfig, match="model.sliding_window=4 as LlamaForCausalLM"):
+    save_hf(tmp_path / "e", fields, params, "LlamaForCausalLM")
 
 
 @pytest.mark.parametrize("name", ["t5", "t5_tied"])

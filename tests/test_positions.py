@@ -82,6 +82,40 @@ BIAS_CASES = {
 }
 
 
+def test_a_sliding_window_masks_keys_that_far_back_in_every_path():
+  """Flash (blocks wholly outside the window skipped) and the fused call equal einsum, outputs
+  and gradients, with packed segments, GQA and an ALiBi bias; einsum equals the written-out
+  mask: key j visible to query i when 0 <= i - j < 20."""
+  from transformers_jax.modules.masks import with_window
+
+  q, k, v, cot = qkv(100, 4, 2)
+  segments = jnp.asarray(np.repeat([[1, 2]], [60, 40], axis=1).repeat(2, 0))
+  bias = ScoreBias(jnp.asarray(alibi_slopes(4)), "alibi", False)
+  mask = with_window(AttentionMask(q_segments=segments), 20)
+
+  def run(impl, mask=mask):
+    def f(q, k, v):
+      return attend(q, k, v, mask, True, impl=impl, block_q=32, block_kv=32, bias=bias)
+
+    out, vjp = jax.vjp(jax.jit(f), q, k, v)
+    return (out, *vjp(cot))
+
+  want = run("einsum")
+  for impl in ("flash", "fused"):
+    for a, b in zip(run(impl), want):
+      assert_close(a, b)
+  i = np.arange(100)
+  allowed = (i[None] <= i[:, None]) & (i[:, None] - i[None] < 20)
+  allowed &= np.asarray(segments[0])[:, None] == np.asarray(segments[0])[None]
+  dense = jnp.asarray(allowed)[None, None]
+  explicit = attend(q, k, v, dense, False, impl="einsum", bias=bias)
+  assert_close(want[0], explicit)
+  assert_close(
+      max_attention_logit(q, k, mask, True, (32, 32), bias=bias),
+      max_attention_logit(q, k, mask, True, bias=bias),
+  )
+
+
 @pytest.mark.parametrize("case", list(BIAS_CASES))
 def test_flash_and_fused_with_a_score_bias_equal_einsum_with_gradients(case):
   """Outputs and the gradients of q, k, v and the bias's weights (T5's table) to 1e-5."""
@@ -186,8 +220,9 @@ def test_the_registry_names_every_scheme_and_splash_refuses_a_bias():
 def context_runs():
   """One 8-device worker, 4 steps on the same batches of the 2017 Transformer with T5's
   relative bias (bidirectional buckets in the encoder, whose split keeps natural order; causal
-  ones in the decoder, whose split is zig-zag permuted): whole sequences, and split over
-  context 4 with the keys gathered and passed around a ring."""
+  ones in the decoder, whose split is zig-zag permuted) and a sliding window of 5 positions in
+  the decoder: whole sequences, and split over context 4 with the keys gathered and passed
+  around a ring."""
   meshes = {
       "whole": {"data": 8},
       "gather4": {"fsdp": 2, "context": 4},
@@ -198,7 +233,12 @@ def context_runs():
       "meshes": meshes,
       "steps": 4,
       "batch_size": 8,
-      "model": {"positions": "t5", "attention_impl": "flash", "num_layers": 1},
+      "model": {
+          "positions": "t5",
+          "sliding_window": 5,
+          "attention_impl": "flash",
+          "num_layers": 1,
+      },
   }
   return run_worker("sharding_worker.py", spec, devices=8)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from transformers_jax.modules import lora, remat
+from transformers_jax.modules import feed_forward, lora, remat
 from transformers_jax.modules.common import ACTIVATIONS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
@@ -99,6 +99,10 @@ class ModelConfig:
   attention_block_kv: int = 512  # flash / splash: keys per block (splash: a multiple of 128)
   # mesh.context > 1: all_gather (every device gathers all keys/values) | ring (blocks passed on)
   context_strategy: str = "all_gather"
+  # causal self-attention sees only keys fewer than this many positions back (0 = all of them;
+  # Mistral 7B v0.1: 4,096)
+  sliding_window: int = 0
+  sliding_every: int = 1  # with sliding_window: only blocks 0, n, 2n, … slide (Gemma 2: 2)
   feed_forward: str = "dense"  # dense | moe
   num_experts: int = 8  # moe: experts per layer (E)
   top_k: int = 2  # moe: experts each token is routed to
@@ -274,6 +278,7 @@ def validate(c: ModelConfig) -> None:
       "max_len",
       "attention_query_blocks",
       "vocab_multiple",
+      "sliding_every",
   ):
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
@@ -313,22 +318,14 @@ def validate(c: ModelConfig) -> None:
         f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
         "covers any mesh)",
     )
-  if c.type_vocab_size < 0:
-    _fail("type_vocab_size", str(c.type_vocab_size), "must be >= 0")
+  for field in ("type_vocab_size", "sliding_window"):
+    if getattr(c, field) < 0:
+      _fail(field, str(getattr(c, field)), "must be >= 0 (0: none)")
   for field in ("dropout", "attention_dropout"):
     if not 0.0 <= getattr(c, field) < 1.0:
       _fail(field, str(getattr(c, field)), "must be in [0, 1)")
   if not c.norm_eps > 0:
     _fail("norm_eps", str(c.norm_eps), "must be positive")
-  if c.feed_forward == "moe":
-    if c.num_experts < 1:
-      _fail("num_experts", str(c.num_experts), "must be a positive integer")
-    if not 1 <= c.top_k <= c.num_experts:
-      _fail("top_k", str(c.top_k), f"must be in [1, num_experts={c.num_experts}]")
-    if c.capacity_factor <= 0:
-      _fail("capacity_factor", str(c.capacity_factor), "must be positive")
-    if c.moe_every < 1:
-      _fail("moe_every", str(c.moe_every), "must be a positive integer")
   if c.head_kind == "classifier" and c.num_classes < 1:
     _fail("num_classes", str(c.num_classes), "a classifier head needs num_classes >= 1")
   if c.family == "vit":
@@ -339,7 +336,12 @@ def validate(c: ModelConfig) -> None:
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
   _check_placement(c)
-  checks = (lora.config_problem, remat.config_problem, position_scheme(c).config_problem)
+  checks = (
+      lora.config_problem,
+      remat.config_problem,
+      position_scheme(c).config_problem,
+      feed_forward.config_problem,
+  )
   for problem in (check(c) for check in checks):
     if problem:
       _fail(*problem)

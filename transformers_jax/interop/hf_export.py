@@ -57,6 +57,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       scale_scores=True,
       unembed_scale=False,
       norm_unit_offset=False,
+      sliding_window=0,
       rope_scaling="",
   )
   want.update(family.requirements(c, architecture))

@@ -107,6 +107,7 @@ class Llama(Family):
         norm_unit_offset=self.gemma,
         use_bias=False,
         qkv_bias=True if self.qkv_bias else None,
+        sliding_window=0,  # Mistral's own
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         head="lm",
         dropout=0.0,
@@ -181,13 +182,16 @@ class Llama(Family):
     return patterns
 
   def default_architecture(self, c):
-    """A RoPE decoder is written as Llama (Qwen2 with q/k/v biases); Mistral when asked for."""
+    """A RoPE decoder is written as Llama: as Qwen2 with q/k/v biases, Gemma with (1 + w) norms,
+    Mixtral with experts, Mistral with a sliding window (or when asked for)."""
     if c.family != "decoder" or c.positions != "rope":
       return None
     if c.norm_unit_offset:
       return "GemmaForCausalLM"
     if c.feed_forward == "moe":
       return "MixtralForCausalLM"
+    if c.sliding_window:
+      return "MistralForCausalLM"
     return "Qwen2ForCausalLM" if c.qkv_bias else "LlamaForCausalLM"
 
   def requirements(self, c, architecture):
@@ -226,17 +230,21 @@ class Mistral(Llama):
 
   def check(self, hf, where):
     require(hf, where, hidden_act="silu")
-    window = hf.get("sliding_window")
-    if window is not None and window < hf["max_position_embeddings"]:
-      raise UnsupportedArchitecture(
-          f"{where}: sliding_window={window} is not supported yet (Mistral 7B v0.2 and later "
-          "have none): set it to null to attend the whole context"
-      )
+
+  def fields(self, hf, architecture, where):
+    window = hf.get("sliding_window")  # Mistral 7B v0.1: 4,096; v0.2 and later: none
+    window = window if window is not None and window < hf["max_position_embeddings"] else 0
+    return dict(super().fields(hf, architecture, where), sliding_window=window)
 
   def hf_config(self, c, architecture):
     out = super().hf_config(c, architecture)
     del out["attention_bias"], out["mlp_bias"]
-    return dict(out, sliding_window=None)
+    return dict(out, sliding_window=c.sliding_window or None)
+
+  def requirements(self, c, architecture):
+    return dict(
+        super().requirements(c, architecture), sliding_window=c.sliding_window, sliding_every=1
+    )
 
 
 class Qwen2(Llama):

@@ -24,9 +24,10 @@ from transformers_jax.modules.common import (
 )
 from transformers_jax.modules.cache import attend_cache
 from transformers_jax.modules.context import context_size, split_attention
-from transformers_jax.modules.flash import blockwise_max_logit, flash_attention
-from transformers_jax.modules.masks import AttentionMask, as_dense
+from transformers_jax.modules.flash import flash_attention
+from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
 from transformers_jax.modules.norms import Norm, norm_over_heads
+from transformers_jax.modules.scores import dense_mask, max_attention_logit, whole_bias
 from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
 from transformers_jax.modules.positions import index_positions, position_scheme
 from transformers_jax.modules.splash import splash_attention, target_platform
@@ -98,7 +99,7 @@ def attend(
       logging.info("attention: splash takes no score bias; running flash for %s", bias.kind)
       impl = "flash"
     if impl == "splash" and blockwise:
-      if mask is None or not mask.has_positions:
+      if mask is None or not (mask.has_positions or mask.window is not None):
         return splash_attention(q, k, v, mask, causal, block_q, block_kv)
       impl = "flash"
     if impl == "flash" and blockwise:
@@ -106,29 +107,14 @@ def attend(
     dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
     if impl == "cudnn" and requested == "auto":
       try:
-        return _attend(q, k, v, *_dense(mask, causal), None, "cudnn", query_blocks, dense_bias)
+        dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
+        return _attend(q, k, v, *dense, None, "cudnn", query_blocks, dense_bias)
       except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
         return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias)
     if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
       impl = "einsum"
-    return _attend(q, k, v, *_dense(mask, causal), dropout_fn, impl, query_blocks, dense_bias)
-
-
-def whole_bias(bias, mask, q, k):
-  """The score bias for every (query, key) pair, [B or 1, G, H/G, T, S] float32, at the mask's
-  positions where it carries them (a permuted or split sequence), else at the indices."""
-  T, S, G = q.shape[1], k.shape[1], k.shape[2]
-  if isinstance(mask, AttentionMask) and mask.has_positions:
-    return bias.block(mask.q_positions, mask.kv_positions, G)
-  return bias.block(index_positions(T), index_positions(S), G)
-
-
-def _dense(mask, causal):
-  """(dense mask or None, causal) for the reference paths: causal order by positions goes into
-  the mask, causal order by index stays with the path (which skips blocks by it)."""
-  if isinstance(mask, AttentionMask) and mask.has_positions and causal:
-    return mask.dense(causal=True), False
-  return as_dense(mask), causal
+    dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
+    return _attend(q, k, v, *dense, dropout_fn, impl, query_blocks, dense_bias)
 
 
 def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None):
@@ -189,34 +175,6 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None):
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
-def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None = None, bias=None):
-  """The largest pre-softmax attention score q.k / sqrt(K) (+ the score `bias`, a ScoreBias or
-  None) over the positions a query may
-  attend (float32 scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
-  is the attention-logit instability that query/key normalisation removes. With `blocks`
-  (block_q, block_kv) and a mask that is an AttentionMask or None, it is computed block by
-  block (no T x S array), as flash and splash attention need at long T."""
-  if blocks is not None and (mask is None or isinstance(mask, AttentionMask)):
-    return blockwise_max_logit(q, k, mask, causal, *blocks, bias=bias)
-  dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
-  mask, causal = _dense(mask, causal)
-  B, T, H, K = q.shape
-  S, G = k.shape[1], k.shape[2]
-  qg = q.reshape(B, T, G, H // G, K)
-  s = jnp.einsum("btgrk,bsgk->bgrts", qg, k, preferred_element_type=jnp.float32)
-  s = s / jnp.sqrt(jnp.float32(K))
-  if dense_bias is not None:
-    s = s + dense_bias
-  allowed = jnp.ones((1, 1, 1, T, S), bool)
-  if causal:
-    allowed = allowed & (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])
-  if mask is not None:  # broadcastable to [B, H, T, S]
-    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    m = jnp.broadcast_to(m, (m.shape[0], H, T, S)).reshape(m.shape[0], G, H // G, T, S)
-    allowed = allowed & m
-  return jnp.max(jnp.where(allowed, s, -jnp.inf))
-
-
 class Attention(nn.Module):
   """Projections q, k, v, out; RoPE on self-attention; a key/value cache when `decode`.
 
@@ -239,7 +197,9 @@ class Attention(nn.Module):
   features: tuple[str, ...] = ()
 
   @nn.compact
-  def __call__(self, x, context=None, mask=None, positions=None, bias=None):
+  def __call__(self, x, context=None, mask=None, positions=None, bias=None, window=None):
+    """`bias`: a position scheme's ScoreBias, `window`: a sliding window (int, or traced under
+    a scan over layers), both for self-attention only."""
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
@@ -280,8 +240,10 @@ class Attention(nn.Module):
       width = source.shape[-1]
       return normed(*fused_dense(c, source, [key(width), value(width)], lora_x(source)))
 
-    if self.decode:  # the cache paths take dense masks (over cache slots)
+    if self.decode:  # the cache paths take dense masks (over cache slots), the window apart
       mask = as_dense(mask)
+    else:
+      mask = with_window(mask, window)
     if self.decode and is_cross:  # keys/values of the context, projected once
       out = attend_cache(q, *self._cross_cached(project, context), mask)
     else:
@@ -289,10 +251,10 @@ class Attention(nn.Module):
       if not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        out = attend_cache(q, *self._cached(k, v, mask, bias))
+        out = attend_cache(q, *self._cached(k, v, mask, bias, window))
       else:
         if self.decode:
-          self._cached(k, v, mask, bias)  # init: shape the cache
+          self._cached(k, v, mask, bias, window)  # init: shape the cache
         causal = self.causal and not is_cross
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
@@ -347,7 +309,7 @@ class Attention(nn.Module):
       self.put_variable("cache", "cross_value", v)
     return k, v
 
-  def _cached(self, k, v, mask, bias=None):
+  def _cached(self, k, v, mask, bias=None, window=None):
     """Write this call's keys/values at the cache index and return the arguments of
     `attend_cache`: the cache as it was ([B, G, L, K]) with the mask of its slots written before
     this call, and this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus
@@ -381,6 +343,10 @@ class Attention(nn.Module):
     ci.value = start + T
     old_mask = (jnp.arange(L) < start)[None, None, None, :]  # [1, 1, 1, L]
     new_mask = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, T]
+    if window is not None:  # slots keep position differences, as for the bias below
+      query_slots = start + jnp.arange(T)[:, None]
+      old_mask = old_mask & (query_slots - jnp.arange(L)[None] < window)[None, None]
+      new_mask = new_mask & (jnp.arange(T)[:, None] - jnp.arange(T)[None] < window)[None, None]
     if mask is not None:  # a caller's mask over cache slots, [B, 1, 1 or T, L]
       mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, L))
       old_mask = old_mask & mask

@@ -39,6 +39,18 @@ class Block(nn.Module):
     """A placement's learned gain (placement_base.Site.gain)."""
     return self.param(name, constant(value, names), shape, dtype_of(self.cfg.param_dtype))
 
+  def window(self, index):
+    """This block's sliding window (model.sliding_window on every sliding_every-th causal
+    block), None where it attends every earlier key; traced under a scan over layers."""
+    c = self.cfg
+    if not (c.sliding_window and self.causal):
+      return None
+    if c.sliding_every == 1:
+      return c.sliding_window
+    if isinstance(index, int):
+      return c.sliding_window if index % c.sliding_every == 0 else None
+    return jnp.where(index % c.sliding_every == 0, c.sliding_window, jnp.iinfo(jnp.int32).max)
+
   def depth(self, layer) -> Depth:
     c = self.cfg
     other = {"encoder": c.decoder_layers, "decoder": c.encoder_layers}.get(self.role, 0)
@@ -64,11 +76,12 @@ class Block(nn.Module):
       return dict(init_rules=tuple(sorted(rules.items())), features=placement.features)
 
     kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
+    window = self.window(depth.layer)
     sublayers = [
         (
             "self_attn",
             lambda h: Attention(causal=self.causal, name="self_attn", **kw, **parts("self_attn"))(
-                h, mask=mask, positions=positions, bias=bias
+                h, mask=mask, positions=positions, bias=bias, window=window
             ),
         )
     ]

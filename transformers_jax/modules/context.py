@@ -170,7 +170,7 @@ def attend_over_context(
       in_specs=(
           q_spec,
           kv_specs,
-          jax.tree_util.tree_map(lambda _: token_spec, mask),
+          jax.tree_util.tree_map(lambda x: token_spec if x.ndim else P(), mask),  # window: P()
           jax.tree_util.tree_map(lambda w: P(*(None,) * (w.ndim - 1), q_spec[2]), bias),
       ),
       out_specs=P() if reduce_max else q_spec,

@@ -59,6 +59,21 @@ class FeedForward(nn.Module):
     return checkpoint_name(apply_projection(h, wo(h.shape[-1]), 1, lora_x(h)), "mlpwo")
 
 
+def config_problem(c) -> tuple[str, str, str] | None:
+  """(field, value, fix) of a feed-forward setting that cannot work, or None."""
+  if c.feed_forward != "moe":
+    return None
+  if c.num_experts < 1:
+    return "num_experts", str(c.num_experts), "must be a positive integer"
+  if not 1 <= c.top_k <= c.num_experts:
+    return "top_k", str(c.top_k), f"must be in [1, num_experts={c.num_experts}]"
+  if c.capacity_factor <= 0:
+    return "capacity_factor", str(c.capacity_factor), "must be positive"
+  if c.moe_every < 1:
+    return "moe_every", str(c.moe_every), "must be a positive integer"
+  return None
+
+
 def route(router_probs, top_k: int, capacity: int):
   """Top-k routing with a per-expert capacity (GShard/Switch style), per sequence.
 

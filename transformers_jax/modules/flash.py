@@ -64,9 +64,9 @@ def _pad(x, axis: int, length: int, value=0):
 
 def _fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
   """The mask's per-token fields padded to the block multiples Tp, Sp: (query segments, key
-  segments, key validity, query positions, key positions), None where absent. Padded keys are
-  invalid, so key validity exists whenever S is padded."""
-  q_seg = kv_seg = valid = q_pos = kv_pos = None
+  segments, key validity, query positions, key positions, sliding window), None where absent.
+  Padded keys are invalid, so key validity exists whenever S is padded."""
+  q_seg = kv_seg = valid = q_pos = kv_pos = window = None
   if isinstance(mask, AttentionMask):
     if mask.q_segments is not None:
       q_seg = _pad(mask.q_segments.astype(jnp.int32), 1, Tp)
@@ -76,17 +76,18 @@ def _fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
     if mask.has_positions:
       q_pos = _pad(mask.q_positions.astype(jnp.int32), 1, Tp)
       kv_pos = _pad(mask.kv_positions.astype(jnp.int32), 1, Sp, jnp.iinfo(jnp.int32).max)
+    window = mask.window
   elif mask is not None:
     raise TypeError("flash attention takes an AttentionMask (modules/masks.py), not a dense mask")
   if valid is None and Sp > S:
     valid = jnp.arange(Sp)[None, :] < S
-  return (q_seg, kv_seg, valid, q_pos, kv_pos)
+  return (q_seg, kv_seg, valid, q_pos, kv_pos, window)
 
 
 def _block_mask(st: _Static, fields, i0, j0):
   """Boolean [B or 1, 1, 1, block_q, block_kv] for the block pair starting at query i0 and key
   j0 (True = may attend), or None when nothing masks it."""
-  q_seg, kv_seg, valid, q_pos, kv_pos = fields
+  q_seg, kv_seg, valid, q_pos, kv_pos, window = fields
   bq, bk = st.block_q, st.block_kv
   out = None
 
@@ -107,12 +108,15 @@ def _block_mask(st: _Static, fields, i0, j0):
     rows = i0 + jnp.arange(bq)[:, None]
     cols = j0 + jnp.arange(bk)[None, :]
     out = both(out, (cols <= rows)[None])
+  if window is not None:  # keys `window` or more positions back are masked
+    qp, kp = _bias_positions(st, fields, i0, j0)
+    out = both(out, qp[:, :, None] - kp[:, None, :] < window)
   return None if out is None else out[:, None, None]
 
 
 def _empty_by_position(st: _Static, fields, i0, j0):
   """Whether every pair of the block is causally masked by position (a traced bool)."""
-  _, _, _, q_pos, kv_pos = fields
+  _, _, _, q_pos, kv_pos, _ = fields
   qp = lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1)
   kp = lax.dynamic_slice_in_dim(kv_pos, j0, st.block_kv, axis=1)
   return jnp.min(kp) > jnp.max(qp)
@@ -135,7 +139,7 @@ def _q_start(st: _Static, j0):
 def _bias_positions(st: _Static, fields, i0, j0):
   """The positions the score bias reads for block pair (i0, j0): ([B or 1, block_q],
   [B or 1, block_kv]), the mask's positions where it has them, else the indices."""
-  _, _, _, q_pos, kv_pos = fields
+  _, _, _, q_pos, kv_pos, _ = fields
   if q_pos is None:
     return (i0 + jnp.arange(st.block_q))[None], (j0 + jnp.arange(st.block_kv))[None]
   return (
@@ -152,10 +156,23 @@ def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None):
   return s if m is None else jnp.where(m, s, MASKED)
 
 
+def _outside_window(st: _Static, fields, i0, j0):
+  """Whether every key of the block is `window` or more positions behind every query."""
+  qp, kp = _bias_positions(st, fields, i0, j0)
+  return jnp.min(qp) - jnp.max(kp) >= fields[5]
+
+
 def _skippable(st: _Static, fields, i0, j0, compute, carry):
-  """`compute(carry)`, or `carry` unchanged where a block is empty by position."""
+  """`compute(carry)`, or `carry` unchanged where a block is empty by position or lies wholly
+  outside a sliding window."""
+  empty = None
   if st.causal and st.by_position:
-    return lax.cond(_empty_by_position(st, fields, i0, j0), lambda c: c, compute, carry)
+    empty = _empty_by_position(st, fields, i0, j0)
+  if fields[5] is not None:
+    outside = _outside_window(st, fields, i0, j0)
+    empty = outside if empty is None else empty | outside
+  if empty is not None:
+    return lax.cond(empty, lambda c: c, compute, carry)
   return compute(carry)
 
 

@@ -10,7 +10,10 @@ A query i may attend key j when all of these hold (each only where its fields ar
   q_segments[b, i] == kv_segments[b, j]     (kv_segments default to q_segments: self-attention)
   kv_valid[b, j]
   and, when the attention is causal: kv_positions[b, j] <= q_positions[b, i] if positions are
-  set, else j <= i (queries and keys aligned at the start).
+  set, else j <= i (queries and keys aligned at the start);
+  and, with a sliding `window`: q_positions[b, i] - kv_positions[b, j] < window (a query sees
+  only the keys fewer than `window` positions back; the paths that mask by index give such a
+  mask index positions first, `with_index_positions`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class AttentionMask:
   kv_valid: jax.Array | None = None  # [B, S] bool: False = a padding key nobody attends
   q_positions: jax.Array | None = None  # [B, T] int: a query's position (causal order)
   kv_positions: jax.Array | None = None  # [B, S] int: a key's position (causal order)
+  window: jax.Array | None = None  # int scalar: keys this many positions back or more are masked
 
   @property
   def key_segments(self):
@@ -60,9 +64,29 @@ class AttentionMask:
     if causal and self.has_positions:
       order = self.kv_positions[:, None, None, :] <= self.q_positions[:, None, :, None]
       out = order if out is None else out & order
+    if self.window is not None and self.has_positions:
+      back = self.q_positions[:, None, :, None] - self.kv_positions[:, None, None, :]
+      out = (back < self.window) if out is None else out & (back < self.window)
     if out is not None and length is not None and out.shape[2] == 1:
       out = jnp.broadcast_to(out, out.shape[:2] + (length, out.shape[3]))
     return out
+
+
+def with_index_positions(mask: AttentionMask, T: int, S: int) -> AttentionMask:
+  """`mask` with positions 0 .. T-1 for its queries and 0 .. S-1 for its keys where it has none
+  (what a sliding window needs to be evaluated)."""
+  if mask.has_positions:
+    return mask
+  index = lambda n: jnp.arange(n, dtype=jnp.int32)[None]  # noqa: E731
+  return mask.replace(q_positions=index(T), kv_positions=index(S))
+
+
+def with_window(mask, window):
+  """`mask` (an AttentionMask or None) limited to a sliding `window` (None: unchanged)."""
+  if window is None:
+    return mask
+  mask = mask if mask is not None else AttentionMask()
+  return mask.replace(window=jnp.asarray(window, jnp.int32))
 
 
 def as_dense(mask, causal: bool = False):
