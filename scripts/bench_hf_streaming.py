@@ -7,7 +7,9 @@ Writes a randomly initialised checkpoint of experiments/llama.py's preset (defau
 1,235,814,400 parameters, bfloat16, about 2.5 GB) as LlamaForCausalLM in `--shards` safetensors
 shards with their index, then runs, each in a process of its own whose peak resident memory
 (ru_maxrss) is read when it ends:
+  read    `interop.load_hf(DIR, "bfloat16")` alone: the tensors in memory as parameters
   import  `python -m transformers_jax.convert --from_hf DIR --workdir RUN --dtype bfloat16`
+          (read, then the run's orbax checkpoint written)
   export  `python -m transformers_jax.convert --to_hf OUT --workdir RUN`
 and checks that every exported tensor equals the original bit for bit (compared one at a time).
 Reports each step's wall seconds and peak memory against the checkpoint's size.
@@ -116,20 +118,11 @@ def main(argv=None):
     start = time.perf_counter()
     sizes = write_checkpoint(tmp / "hf", FLAGS.preset, FLAGS.shards)
     written_s = time.perf_counter() - start
+    read = child([sys.executable, __file__, "--_child_read", str(tmp / "hf")])
     python = [sys.executable, "-m", "transformers_jax.convert"]
-    dtype = ["--dtype", "bfloat16"]
-    imported = run(python + ["--from_hf", str(tmp / "hf"), "--workdir", str(tmp / "run"), *dtype])
-    # ru_maxrss of the children is the largest of all so far: the export's own process is read
-    # from a fresh parent so that the import's peak does not mask it
-    exported = json.loads(
-        subprocess.run(
-            [sys.executable, __file__, "--_child_export", str(tmp)],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        ).stdout
-    )
+    run_dir = ["--workdir", str(tmp / "run")]
+    imported = child(python + ["--from_hf", str(tmp / "hf"), *run_dir, "--dtype", "bfloat16"])
+    exported = child(python + ["--to_hf", str(tmp / "out"), *run_dir])
     same = identical(tmp / "hf", tmp / "out")
   gib = 2**30
   result = {
@@ -138,6 +131,7 @@ def main(argv=None):
       "checkpoint_gib": round(sizes["bytes"] / gib, 3),
       "shards": FLAGS.shards,
       "write_s": round(written_s, 1),
+      "read": {**read, "peak_over_size": round(read["peak_rss_bytes"] / sizes["bytes"], 3)},
       "import": {
           **imported,
           "peak_over_size": round(imported["peak_rss_bytes"] / sizes["bytes"], 3),
@@ -149,10 +143,13 @@ def main(argv=None):
       "exported_bit_identical": same,
   }
   print(json.dumps(result))
+  steps = ", ".join(
+      f"{k} {result[k]['wall_s']} s, peak {result[k]['peak_over_size']}x"
+      for k in ("read", "import", "export")
+  )
   print(
-      f"| {result['preset']} | {result['checkpoint_gib']} GiB in {FLAGS.shards} shards | import "
-      f"{imported['wall_s']} s, peak {result['import']['peak_over_size']}x | export "
-      f"{exported['wall_s']} s, peak {result['export']['peak_over_size']}x | bit-identical: {same} |"
+      f"| {result['preset']} | {result['checkpoint_gib']} GiB in {FLAGS.shards} shards | "
+      f"{steps} | bit-identical: {same} |"
   )
   if FLAGS.out:
     pathlib.Path(FLAGS.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -160,14 +157,30 @@ def main(argv=None):
     raise SystemExit(1)
 
 
-def child_export(tmp: str) -> None:
-  tmp = pathlib.Path(tmp)
-  cmd = [sys.executable, "-m", "transformers_jax.convert", "--to_hf", str(tmp / "out")]
-  print(json.dumps(run(cmd + ["--workdir", str(tmp / "run")])))
+def child(cmd: list[str]) -> dict:
+  """`run(cmd)` from a fresh process of this script: ru_maxrss of a process's children is the
+  largest of them all, so each step is measured under a parent of its own."""
+  out = subprocess.run(
+      [sys.executable, __file__, "--_child", json.dumps(cmd)],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+  )
+  if out.returncode:
+    raise UserError(f"{cmd[-1]}: failed: {out.stderr.strip().splitlines()[-1]}")
+  return json.loads(out.stdout)
+
+
+def read_only(directory: str) -> None:
+  from transformers_jax.interop import load_hf
+
+  load_hf(directory, "bfloat16")
 
 
 if __name__ == "__main__":
-  if len(sys.argv) == 3 and sys.argv[1] == "--_child_export":
-    child_export(sys.argv[2])
+  if len(sys.argv) == 3 and sys.argv[1] == "--_child":
+    print(json.dumps(run(json.loads(sys.argv[2]))))
+  elif len(sys.argv) == 3 and sys.argv[1] == "--_child_read":
+    read_only(sys.argv[2])
   else:
     cli.run_script(main)

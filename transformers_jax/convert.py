@@ -99,6 +99,13 @@ def _check_tokenizer(path: pathlib.Path) -> None:
     ) from None
 
 
+def _as_jax_arrays(tree: dict) -> dict:
+  """The nested dict of numpy arrays `tree`, each leaf replaced in place by a jax array."""
+  for key, value in tree.items():
+    tree[key] = _as_jax_arrays(value) if isinstance(value, dict) else jax.device_put(value)
+  return tree
+
+
 def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False) -> dict:
   tokenizer = pathlib.Path(source) / "tokenizer.json"
   if tokenizer.is_file():
@@ -113,7 +120,10 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   run = Run(workdir)
   if run.checkpoint_dir.exists() and any(run.checkpoint_dir.iterdir()):
     raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
-  run.save_params(params, step=0)
+  # orbax writes jax arrays without the host copy of every tensor it makes of numpy ones; each
+  # numpy array is let go once it is a jax array (measured: 1.7x the checkpoint's size at peak
+  # instead of 2.8x, scripts/bench_hf_streaming.py)
+  run.save_params(_as_jax_arrays(params), step=0)
   run.write_config(config)
   (run.path / "config.py").write_text(CONFIG_PY)
   if tokenizer.is_file():
