@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -88,21 +87,10 @@ def write_checkpoint(directory: pathlib.Path, preset: str, shards: int) -> dict:
   return {"parameters": sum(int(np.prod(s)) for s in shapes.values()), "bytes": total}
 
 
-def run(cmd: list[str]) -> dict:
-  """Wall seconds and peak resident memory (bytes) of one command in a process of its own."""
-  start = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-  wall = time.perf_counter() - start
-  if proc.returncode:
-    raise UserError(f"{' '.join(cmd[2:4])} failed: {proc.stderr.strip().splitlines()[-1]}")
-  peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # kB on Linux
-  return {"wall_s": round(wall, 1), "peak_rss_bytes": peak}
-
-
 def identical(original: pathlib.Path, exported: pathlib.Path) -> bool:
-  from transformers_jax.interop.hf import _read_tensors
+  from transformers_jax.interop.tensor_files import TensorFiles
 
-  a, b = _read_tensors(original), _read_tensors(exported)
+  a, b = (TensorFiles(sorted(d.glob("*.safetensors"))) for d in (original, exported))
   if set(a) != set(b):
     return False
   return all(a[n].tobytes() == b[n].tobytes() for n in a)  # one tensor at a time
@@ -118,7 +106,7 @@ def main(argv=None):
     start = time.perf_counter()
     sizes = write_checkpoint(tmp / "hf", FLAGS.preset, FLAGS.shards)
     written_s = time.perf_counter() - start
-    read = child([sys.executable, __file__, "--_child_read", str(tmp / "hf")])
+    read = child([sys.executable, "-c", READ, str(tmp / "hf")])
     python = [sys.executable, "-m", "transformers_jax.convert"]
     run_dir = ["--workdir", str(tmp / "run")]
     imported = child(python + ["--from_hf", str(tmp / "hf"), *run_dir, "--dtype", "bfloat16"])
@@ -157,30 +145,31 @@ def main(argv=None):
     raise SystemExit(1)
 
 
+# What measures one step: run the command given as JSON, print its wall seconds and peak
+# resident memory (ru_maxrss of a process's children is the largest of them all, so each step
+# runs under a parent of its own).
+MEASURE = """
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+done = subprocess.run(json.loads(sys.argv[1]), capture_output=True, text=True)
+wall = time.perf_counter() - start
+if done.returncode:
+  sys.exit(done.stderr.strip().splitlines()[-1])
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"wall_s": round(wall, 1), "peak_rss_bytes": peak}))
+"""
+READ = "import sys; from transformers_jax.interop import load_hf; load_hf(sys.argv[1], 'bfloat16')"
+
+
 def child(cmd: list[str]) -> dict:
-  """`run(cmd)` from a fresh process of this script: ru_maxrss of a process's children is the
-  largest of them all, so each step is measured under a parent of its own."""
+  """Wall seconds and peak resident memory (bytes) of `cmd`, in a process of its own."""
   out = subprocess.run(
-      [sys.executable, __file__, "--_child", json.dumps(cmd)],
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
+      [sys.executable, "-c", MEASURE, json.dumps(cmd)], capture_output=True, text=True, cwd=ROOT
   )
   if out.returncode:
-    raise UserError(f"{cmd[-1]}: failed: {out.stderr.strip().splitlines()[-1]}")
+    raise UserError(f"{' '.join(cmd[2:4])} failed: {out.stderr.strip().splitlines()[-1]}")
   return json.loads(out.stdout)
 
 
-def read_only(directory: str) -> None:
-  from transformers_jax.interop import load_hf
-
-  load_hf(directory, "bfloat16")
-
-
 if __name__ == "__main__":
-  if len(sys.argv) == 3 and sys.argv[1] == "--_child":
-    print(json.dumps(run(json.loads(sys.argv[2]))))
-  elif len(sys.argv) == 3 and sys.argv[1] == "--_child_read":
-    read_only(sys.argv[2])
-  else:
-    cli.run_script(main)
+  cli.run_script(main)
