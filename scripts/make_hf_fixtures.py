@@ -148,8 +148,21 @@ MIXTRAL = dict(  # 4 experts, 2 routed per token
     bos_token_id=None,
     eos_token_id=None,
 )
+# Gemma 2: norms around each sublayer, soft-capping (attention 5, logits 20: tight enough to act
+# on this model's scores) and a sliding window of 3 on layers 0 and 2 of 3, shorter than the
+# prompt
+GEMMA2 = dict(
+    GEMMA,
+    num_hidden_layers=3,
+    num_key_value_heads=2,
+    query_pre_attn_scalar=16,
+    sliding_window=3,
+    attn_logit_softcapping=5.0,
+    final_logit_softcapping=20.0,
+)
 DECODERS = {
     "gpt2": GPT2,
+    "gemma2": GEMMA2,
     "llama": LLAMA,
     "mistral": MISTRAL,
     "mixtral": MIXTRAL,
@@ -211,6 +224,8 @@ def build(name: str):
     model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
   elif name == "gemma":
     model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**GEMMA))
+  elif name == "gemma2":
+    model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**GEMMA2))
   elif name == "qwen2":
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN2))
   elif name in ("t5", "t5_tied"):
@@ -227,7 +242,8 @@ def build(name: str):
   else:
     raise ValueError(name)
   # a random T5 or Gemma this small keeps repeating one token unless shaken harder
-  perturb(model, SEED + 1, 1.0 if name.startswith("t5") else 0.4 if name == "gemma" else 0.05)
+  shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith("gemma") else 0.05
+  perturb(model, SEED + 1, shake)
   return model.eval()
 
 
@@ -370,7 +386,7 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   write_rope()
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
-  names += ("mixtral", "gemma", "t5")
+  names += ("mixtral", "gemma", "gemma2", "t5")
   for name in names + ("t5_tied",):
     directory = write(name)
     if FLAGS.check:

@@ -35,6 +35,7 @@ NAMES = [
     "qwen2",
     "mixtral",
     "gemma",
+    "gemma2",
     "t5",
     "t5_tied",
 ]
@@ -42,6 +43,7 @@ HEADS = {
     "t5": "lm",
     "t5_tied": "lm",
     "gemma": "lm",
+    "gemma2": "lm",
     "mixtral": "lm",
     "gpt2": "lm",
     "llama": "lm",

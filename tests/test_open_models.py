@@ -36,6 +36,9 @@ PUBLISHED = {
     ("mixtral", "8x22b"): 140_620_634_112,
     ("gemma", "2b"): 2_506_172_416,
     ("gemma", "7b"): 8_537_680_896,
+    ("gemma", "2-2b"): 2_614_341_888,
+    ("gemma", "2-9b"): 9_241_705_984,
+    ("gemma", "2-27b"): 27_227_128_320,
     ("qwen2", "0.5b"): 494_032_768,
     ("qwen2", "1.5b"): 1_543_714_304,
     ("qwen2", "7b"): 7_615_616_512,
@@ -158,7 +161,7 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gemma"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"])
 def test_imported_decoders_continue_greedily_as_transformers_generate(name):
   """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
   tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,

@@ -116,6 +116,33 @@ def test_a_sliding_window_masks_keys_that_far_back_in_every_path():
   )
 
 
+def test_soft_capped_scores_through_flash_equal_einsum_and_the_written_out_formula():
+  """Gemma 2's cap tanh(s / cap) on the scores (here at 2, with a window and GQA): flash's
+  backward multiplies by 1 - tanh^2 block by block; outputs and gradients equal einsum's, and
+  einsum equals the formula written out."""
+  from transformers_jax.modules.masks import with_window
+
+  q, k, v, cot = qkv(100, 4, 2)
+  mask = with_window(None, 30)
+
+  def run(impl):
+    def f(q, k, v):
+      return attend(q, k, v, mask, True, impl=impl, block_q=32, block_kv=32, softcap=2.0)
+
+    out, vjp = jax.vjp(jax.jit(f), q, k, v)
+    return (out, *vjp(cot))
+
+  want = run("einsum")
+  for a, b in zip(run("flash"), want):
+    assert_close(a, b)
+  kk, vv = (jnp.repeat(x, 2, axis=2) for x in (k, v))
+  s = 2.0 * jnp.tanh(jnp.einsum("bthk,bshk->bhts", q, kk) / 4.0 / 2.0)  # K = 16: sqrt 4
+  i = np.arange(100)
+  s = jnp.where((i[None] <= i[:, None]) & (i[:, None] - i[None] < 30), s, -1e30)
+  written = jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(s, -1), vv)
+  assert_close(want[0], written)
+
+
 @pytest.mark.parametrize("case", list(BIAS_CASES))
 def test_flash_and_fused_with_a_score_bias_equal_einsum_with_gradients(case):
   """Outputs and the gradients of q, k, v and the bias's weights (T5's table) to 1e-5."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from transformers_jax.modules import feed_forward, lora, remat
+from transformers_jax.modules import feed_forward, lora, remat, scores
 from transformers_jax.modules.common import ACTIVATIONS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
@@ -103,6 +103,8 @@ class ModelConfig:
   # Mistral 7B v0.1: 4,096)
   sliding_window: int = 0
   sliding_every: int = 1  # with sliding_window: only blocks 0, n, 2n, … slide (Gemma 2: 2)
+  attention_softcap: float = 0.0  # attention scores s -> cap tanh(s / cap) (Gemma 2: 50); 0 = off
+  logit_softcap: float = 0.0  # output logits z -> cap tanh(z / cap) (Gemma 2: 30); 0 = off
   feed_forward: str = "dense"  # dense | moe
   num_experts: int = 8  # moe: experts per layer (E)
   top_k: int = 2  # moe: experts each token is routed to
@@ -166,9 +168,8 @@ class ModelConfig:
 
   @property
   def has_final_norm(self) -> bool:
-    if self.final_norm is None:
-      return PLACEMENTS[self.norm_placement].final_norm
-    return self.final_norm
+    placement = PLACEMENTS[self.norm_placement].final_norm
+    return placement if self.final_norm is None else self.final_norm
 
   @property
   def head_kind(self) -> str:
@@ -185,9 +186,8 @@ class ModelConfig:
   @property
   def seq_len_max(self) -> int:
     """Longest token sequence the position table must cover."""
-    if self.family == "vit":
-      return self.num_patches + (1 if self.pool == "cls" else 0)
-    return self.max_len
+    vit = self.family == "vit"
+    return self.num_patches + (1 if self.pool == "cls" else 0) if vit else self.max_len
 
   def is_moe_layer(self, index: int) -> bool:
     return self.feed_forward == "moe" and (index + 1) % self.moe_every == 0
@@ -318,7 +318,7 @@ def validate(c: ModelConfig) -> None:
         f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
         "covers any mesh)",
     )
-  for field in ("type_vocab_size", "sliding_window"):
+  for field in ("type_vocab_size", "sliding_window", "attention_softcap", "logit_softcap"):
     if getattr(c, field) < 0:
       _fail(field, str(getattr(c, field)), "must be >= 0 (0: none)")
   for field in ("dropout", "attention_dropout"):
@@ -341,6 +341,7 @@ def validate(c: ModelConfig) -> None:
       remat.config_problem,
       position_scheme(c).config_problem,
       feed_forward.config_problem,
+      scores.config_problem,
   )
   for problem in (check(c) for check in checks):
     if problem:

@@ -10,7 +10,8 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
-from transformers_jax.interop.llama import Gemma, Llama, Mistral, Mixtral, Qwen2
+from transformers_jax.interop.gemma import Gemma, Gemma2
+from transformers_jax.interop.llama import Llama, Mistral, Mixtral, Qwen2
 from transformers_jax.interop.t5 import T5
 from transformers_jax.interop.vit import ViT
 
@@ -24,6 +25,7 @@ FAMILIES: tuple[Family, ...] = (
     Mixtral(),
     Qwen2(),
     Gemma(),
+    Gemma2(),
     T5(),
 )
 FAMILY_OF = {arch: f for f in FAMILIES for arch in f.architectures}

@@ -13,7 +13,7 @@ unless tie_word_embeddings is false), BertModel / BertForMaskedLM (encoder, post
 embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vit, pre-LN, class
 token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
 LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM
-(decoder, pre-norm RMSNorm, RoPE,
+/ Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE,
 SwiGLU, grouped-query attention; interop/llama.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py).
 
@@ -171,8 +171,6 @@ def _readable_roots(directory: pathlib.Path) -> list[pathlib.Path]:
 NOT_BUILT = {
     "DeepseekV3ForCausalLM": "multi-head latent attention with decoupled RoPE, shared experts "
     "beside routed ones and multi-token prediction have no counterpart in the shared block",
-    "Gemma2ForCausalLM": "attention and final-logit soft-capping and alternating sliding-window "
-    "layers are not built yet",
 }
 
 

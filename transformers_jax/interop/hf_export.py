@@ -58,6 +58,8 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       unembed_scale=False,
       norm_unit_offset=False,
       sliding_window=0,
+      attention_softcap=0.0,
+      logit_softcap=0.0,
       rope_scaling="",
   )
   want.update(family.requirements(c, architecture))

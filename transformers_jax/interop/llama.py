@@ -54,6 +54,8 @@ class Llama(Family):
   activation = ("swiglu", "silu")  # (ours, config.json's hidden_act)
   gemma = False  # Gemma: embeddings times sqrt(d_model), norms applying 1 + w, tied
   feed_forward = "dense"  # Mixtral: moe
+  # each block's norms: (Hugging Face's name, ours); pre-norm, one before each sublayer
+  norms = (("input_layernorm", "self_attn_norm"), ("post_attention_layernorm", "ffn_norm"))
   explicit_head_dim = True  # config.json's head_dim may differ from hidden_size / heads
   defaults = dict(
       vocab_size=32000,
@@ -154,15 +156,11 @@ class Llama(Family):
     for i in range(c.num_layers):
       h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
       attn = ours + ("self_attn",)
-      rules.append(
-          Rule("copy", (h + "input_layernorm.weight",), (ours + ("self_attn_norm", "scale"),))
-      )
+      for hf_name, name in self.norms:
+        rules.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
       for hf_name, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
         rules += _linear(h + "self_attn." + hf_name, attn + (name,), bias=self.qkv_bias)
       rules += _linear(h + "self_attn.o_proj", attn + ("out",), n_in=2)
-      rules.append(
-          Rule("copy", (h + "post_attention_layernorm.weight",), (ours + ("ffn_norm", "scale"),))
-      )
       rules += self.ffn_rules(c, h, ours + ("ffn",))
     rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
     if not c.tie_embeddings:
@@ -187,7 +185,7 @@ class Llama(Family):
     if c.family != "decoder" or c.positions != "rope":
       return None
     if c.norm_unit_offset:
-      return "GemmaForCausalLM"
+      return "Gemma2ForCausalLM" if c.norm_placement == "sandwich" else "GemmaForCausalLM"
     if c.feed_forward == "moe":
       return "MixtralForCausalLM"
     if c.sliding_window:
@@ -266,39 +264,6 @@ class Qwen2(Llama):
 
   def hf_config(self, c, architecture):
     return dict(super().hf_config(c, architecture), use_sliding_window=False)
-
-
-class Gemma(Llama):
-  """Gemma (GemmaForCausalLM): Llama's tensors, with tanh-GELU gating, embeddings scaled by
-  sqrt(d_model), RMSNorm weights stored as w and applied as 1 + w, and a tied unembedding."""
-
-  model_type = "gemma"
-  architectures = {"GemmaForCausalLM": ("lm",)}
-  base_prefix = {"GemmaForCausalLM": "model."}
-  activation = ("geglu_tanh", "gelu_pytorch_tanh")
-  gemma = True
-  defaults = dict(
-      Llama.defaults,
-      vocab_size=256000,
-      hidden_size=3072,
-      intermediate_size=24576,
-      num_hidden_layers=28,
-      num_attention_heads=16,
-      num_key_value_heads=16,
-      head_dim=256,
-      max_position_embeddings=8192,
-      tie_word_embeddings=True,
-  )
-
-  def config(self, hf):
-    hf = super().config(hf)
-    # Gemma's configs name the feed-forward's function hidden_activation (hidden_act is older)
-    act = hf.get("hidden_activation") or hf.get("hidden_act") or self.activation[1]
-    return dict(hf, hidden_act="gelu_pytorch_tanh" if act == "gelu" else act)
-
-  def hf_config(self, c, architecture):
-    out = super().hf_config(c, architecture)
-    return dict(out, hidden_activation=self.activation[1])
 
 
 class Mixtral(Mistral):

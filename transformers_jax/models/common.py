@@ -63,6 +63,8 @@ def output_logits(cfg, logits, bias=None):
   logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
+  if cfg.logit_softcap:  # Gemma 2: cap tanh(z / cap), before the padded ids are masked
+    logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
   logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
   return mask_padded_vocab(cfg, logits)
 

@@ -27,7 +27,7 @@ from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
 from transformers_jax.modules.norms import Norm, norm_over_heads
-from transformers_jax.modules.scores import dense_mask, max_attention_logit, whole_bias
+from transformers_jax.modules.scores import dense_mask, max_attention_logit, softcap, whole_bias
 from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
 from transformers_jax.modules.positions import index_positions, position_scheme
 from transformers_jax.modules.splash import splash_attention, target_platform
@@ -69,6 +69,7 @@ def attend(
     block_q: int = 512,
     block_kv: int = 512,
     bias=None,
+    softcap: float = 0.0,
 ):
   """softmax(q k^T / sqrt(K) + bias + masks) v, softmax in float32; q [B, T, H, K], k v
   [B, S, G, K]; `bias` a position scheme's ScoreBias (modules/positions.py) or None.
@@ -88,13 +89,17 @@ def attend(
     "auto" is splash on a TPU; on a GPU computing in bfloat16 or float16 cuDNN (flash where
       cuDNN refuses the shapes or mask); elsewhere flash when T or S >= AUTO_FLASH_MIN_LENGTH,
       else einsum.
-  Attention dropout (`dropout_fn` on the weights) always takes "einsum". `causal` masks key
+  `softcap` (Gemma 2's, 0 = none) caps the scores at +-softcap before the mask; flash and einsum
+  run it (`auto` picks one of them). Attention dropout (`dropout_fn` on the weights) always
+  takes "einsum". `causal` masks key
   j > query i (queries and keys aligned at the start), or by the mask's positions when it
   carries them.
   """
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
     requested, impl = impl, choose_impl(impl, q, k, dropout_fn is not None)
     blockwise = isinstance(mask, AttentionMask) or mask is None
+    if softcap and impl in ("splash", "cudnn", "fused"):  # their kernels cannot cap the scores
+      impl = "flash" if blockwise else "einsum"
     if impl == "splash" and bias is not None:  # (an explicit choice is refused by the config)
       logging.info("attention: splash takes no score bias; running flash for %s", bias.kind)
       impl = "flash"
@@ -103,7 +108,7 @@ def attend(
         return splash_attention(q, k, v, mask, causal, block_q, block_kv)
       impl = "flash"
     if impl == "flash" and blockwise:
-      return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias)
+      return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias, softcap)
     dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
     if impl == "cudnn" and requested == "auto":
       try:
@@ -114,11 +119,12 @@ def attend(
     if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
       impl = "einsum"
     dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
-    return _attend(q, k, v, *dense, dropout_fn, impl, query_blocks, dense_bias)
+    return _attend(q, k, v, *dense, dropout_fn, impl, query_blocks, dense_bias, softcap)
 
 
-def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None):
-  """The reference paths; `bias` [B or 1, G, R, T, S] float32 (whole_bias) or None."""
+def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, cap=0.0):
+  """The reference paths; `bias` [B or 1, G, R, T, S] float32 (whole_bias) or None; `cap` the
+  scores' soft-cap (einsum only)."""
   if impl in ("fused", "cudnn") and dropout_fn is None:
     if bias is not None:  # the call takes it per query head: [B or 1, H, T, S]
       bias = bias.reshape(bias.shape[0], -1, *bias.shape[3:]).astype(q.dtype)
@@ -158,6 +164,7 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None):
     )
     if bias is not None:
       s = s + bias[:, :, :, start:end, :keys]
+    s = softcap(s, cap)
     m = None
     if causal:
       m = jnp.arange(start, end)[:, None] >= jnp.arange(keys)[None, :]
@@ -245,13 +252,14 @@ class Attention(nn.Module):
     else:
       mask = with_window(mask, window)
     if self.decode and is_cross:  # keys/values of the context, projected once
-      out = attend_cache(q, *self._cross_cached(project, context), mask)
+      cross = self._cross_cached(project, context)
+      out = attend_cache(q, *cross, mask, softcap=c.attention_softcap)
     else:
       k, v = project(context if is_cross else x)
       if not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        out = attend_cache(q, *self._cached(k, v, mask, bias, window))
+        out = attend_cache(q, *self._cached(k, v, mask, bias, window), c.attention_softcap)
       else:
         if self.decode:
           self._cached(k, v, mask, bias, window)  # init: shape the cache
@@ -271,7 +279,7 @@ class Attention(nn.Module):
           self.sow(
               "intermediates",
               "attention_logit_max",
-              logit_max(q, k, mask, causal, blockwise, bias=bias),
+              logit_max(q, k, mask, causal, blockwise, bias=bias, cap=c.attention_softcap),
           )
         out = core(
             q,
@@ -284,6 +292,7 @@ class Attention(nn.Module):
             c.attention_query_blocks,
             *blocks,
             bias=bias,
+            softcap=c.attention_softcap,
         )
     out = checkpoint_name(out, "context")
     if HEAD_GAIN in self.features:  # NormFormer: a learned gain per head, initialised to 1

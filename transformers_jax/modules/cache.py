@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 
 
-def attend_cache(q, k, v, mask, k_new=None, v_new=None, new_mask=None, bias=None, new_bias=None):
+def attend_cache(
+    q, k, v, mask, k_new=None, v_new=None, new_mask=None, bias=None, new_bias=None, softcap=0.0
+):
   """Attention of q [B, T, H, K] over keys/values kept as a cache, k and v [B, G, L, K] (kv heads
   before slots, so both products are batched matmuls over the cache as it lies), plus
   optionally this call's own T keys/values k_new, v_new [B, G, T, K]: one softmax over the L + T
@@ -22,6 +24,8 @@ def attend_cache(q, k, v, mask, k_new=None, v_new=None, new_mask=None, bias=None
     s = s / jnp.sqrt(K).astype(jnp.float32)
     if b is not None:
       s = s + b.reshape(b.shape[0], G, R * T, b.shape[-1])
+    if softcap:  # Gemma 2's, before the mask
+      s = softcap * jnp.tanh(s / softcap)
     if m is None:
       return s
     n = keys.shape[2]

@@ -104,6 +104,7 @@ def attend_over_context(
     reduce_max: bool = False,
     ring: bool = False,
     bias=None,
+    softcap: float = 0.0,
 ):
   """fn(q, *kvs, mask, causal, bias) with the tokens split over `context`: q [B, T, H, K] stays
   split, the key-side arrays `kvs` ([B, S, ...]: keys, values) and the mask's key fields are
@@ -150,7 +151,7 @@ def attend_over_context(
     if ring and not reduce_max:
       if mask.q_segments is not None and mask.kv_segments is None:
         mask = mask.replace(kv_segments=mask.q_segments)
-      return ring_attention(q, kvs, mask, causal, shards, bias)
+      return ring_attention(q, kvs, mask, causal, shards, bias, softcap)
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
@@ -178,7 +179,7 @@ def attend_over_context(
   )(q, tuple(kvs), mask, bias)
 
 
-def ring_attention(q, kvs, mask, causal: bool, shards: int, bias=None):
+def ring_attention(q, kvs, mask, causal: bool, shards: int, bias=None, softcap: float = 0.0):
   """Attention of this device's queries q [B, T, H, K] over every device's keys and values,
   with the key-side arrays passed around the `context` ring instead of gathered: `shards`
   steps, each scoring the queries against the block it holds ([T, T] scores per head, never
@@ -199,6 +200,8 @@ def ring_attention(q, kvs, mask, causal: bool, shards: int, bias=None):
     s = jnp.einsum("btgrk,bsgk->bgrts", qh, k, preferred_element_type=jnp.float32) * scale
     if bias is not None:  # at the true positions: the queries' and the passed block's
       s = s + bias.block(mask.q_positions, fields["kv_positions"], G)
+    if softcap:  # Gemma 2's, before the mask
+      s = softcap * jnp.tanh(s / softcap)
     if block_mask is not None:  # a large finite fill: a fully masked block then weighs 0
       s = jnp.where(block_mask[:, :, None], s, -1e30)
     block_lse = jax.nn.logsumexp(s, axis=-1)  # [B, G, R, T]
@@ -254,7 +257,7 @@ def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gat
   also masks by true position, as the zig-zag order needs. `strategy` (model.context_strategy):
   "all_gather" gathers the keys and values, "ring" passes them around (`ring_attention`)."""
 
-  def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None):
+  def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None, softcap=0.0):
     if dropout_fn is not None:
       raise ValueError(
           "attention dropout is not applied over mesh.context: set model.attention_dropout=0"
@@ -263,14 +266,16 @@ def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gat
       impl = "flash"
 
     def core(q, k, v, m, cz, b):
-      return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b)
+      return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b, softcap=softcap)
 
     ring = strategy == "ring"
-    return attend_over_context(core, q, (k, v), mask, positions, causal, ring=ring, bias=bias)
+    return attend_over_context(
+        core, q, (k, v), mask, positions, causal, ring=ring, bias=bias, softcap=softcap
+    )
 
-  def logit_max(q, k, mask, causal, *args, bias=None):
+  def logit_max(q, k, mask, causal, *args, bias=None, cap=0.0):
     def core(q, k, m, cz, b):
-      return logit_max_fn(q, k, m, cz, *args, bias=b)
+      return logit_max_fn(q, k, m, cz, *args, bias=b, cap=cap)
 
     return attend_over_context(core, q, (k,), mask, positions, causal, reduce_max=True, bias=bias)
 

@@ -48,6 +48,7 @@ class _Static(NamedTuple):
   causal: bool
   by_position: bool  # causal order from the mask's positions rather than the indices
   scale: float
+  softcap: float = 0.0  # scores s -> softcap tanh(s / softcap) before masking (0: off)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -148,12 +149,19 @@ def _bias_positions(st: _Static, fields, i0, j0):
   )
 
 
-def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None):
+def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None, cap_slope: bool = False):
+  """The block's scores q.k scale (+ bias, soft-capped), masked; with `cap_slope` also the
+  soft-cap's derivative 1 - tanh^2 (1 without a cap), what the backward pass multiplies by."""
   s = jnp.einsum("bgrqk,bgsk->bgrqs", qb, kb, preferred_element_type=jnp.float32) * st.scale
   if bias is not None:
     s = s + bias.block(*_bias_positions(st, fields, i0, j0), qb.shape[1])
+  slope = 1.0
+  if st.softcap:
+    s = st.softcap * jnp.tanh(s / st.softcap)
+    slope = 1.0 - jnp.square(s / st.softcap)
   m = _block_mask(st, fields, i0, j0)
-  return s if m is None else jnp.where(m, s, MASKED)
+  s = s if m is None else jnp.where(m, s, MASKED)
+  return (s, slope) if cap_slope else s
 
 
 def _outside_window(st: _Static, fields, i0, j0):
@@ -248,13 +256,13 @@ def _backward(st: _Static, qh, kh, vh, fields, bias, out, lse, dout):
         dq, dkb, dvb, dw = state
         qb = lax.dynamic_slice_in_dim(qh, i0, bq, axis=3)
         dob = lax.dynamic_slice_in_dim(dout, i0, bq, axis=3)
-        s = _scores(st, fields, qb, kb, i0, j0, bias)
+        s, slope = _scores(st, fields, qb, kb, i0, j0, bias, cap_slope=True)
         p = jnp.exp(s - lax.dynamic_slice_in_dim(lse, i0, bq, axis=3)[..., None])
         dvb = dvb + jnp.einsum(
             "bgrqs,bgrqk->bgsk", p.astype(dob.dtype), dob, preferred_element_type=jnp.float32
         )
         dp = jnp.einsum("bgrqk,bgsk->bgrqs", dob, vb, preferred_element_type=jnp.float32)
-        ds = p * (dp - lax.dynamic_slice_in_dim(delta, i0, bq, axis=3)[..., None])
+        ds = p * (dp - lax.dynamic_slice_in_dim(delta, i0, bq, axis=3)[..., None]) * slope
         if learned:  # d loss / d bias is the score gradient itself, before the 1/sqrt(K) scale
           positions = _bias_positions(st, fields, i0, j0)
           b, pullback = jax.vjp(
@@ -316,19 +324,21 @@ def _layout(q, k, block_q: int, block_kv: int):
   return bq, bk, _round_up(T, bq), _round_up(S, bk)
 
 
-def flash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None):
+def flash_attention(
+    q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None, softcap=0.0
+):
   """softmax(q k^T / sqrt(K) + bias + mask) v blockwise; q [B, T, H, K], k v [B, S, G, K] ->
   [B, T, H, K].
 
   `mask`: an AttentionMask or None; `causal`: key j > query i masked (or, when the mask carries
   positions, key position > query position); `bias`: a ScoreBias (modules/positions.py) or
-  None."""
+  None; `softcap`: Gemma 2's soft-capping of the scores (0: none)."""
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   R = H // G
   bq, bk, Tp, Sp = _layout(q, k, block_q, block_kv)
   by_position = isinstance(mask, AttentionMask) and mask.has_positions
-  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5)
+  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
   fields = _fields(mask, B, T, S, Tp, Sp)
   qh = _pad(q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B, G, R, Tp, K]
   kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)  # [B, G, Sp, K]
@@ -338,7 +348,7 @@ def flash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block
 
 
 def blockwise_max_logit(
-    q, k, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None
+    q, k, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None, softcap=0.0
 ):
   """The largest score q.k / sqrt(K) + bias over the pairs the mask allows (float32), computed
   block by block as `flash_attention` visits them: no T x S array."""
@@ -346,7 +356,7 @@ def blockwise_max_logit(
   S, G = k.shape[1], k.shape[2]
   bq, bk, Tp, Sp = _layout(q, k, block_q, block_kv)
   by_position = isinstance(mask, AttentionMask) and mask.has_positions
-  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5)
+  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
   fields = _fields(mask, B, T, S, Tp, Sp)
   if Tp > T:  # padded queries must not count: mark them with a segment no key has
     q_seg = fields[0] if fields[0] is not None else jnp.zeros((1, Tp), jnp.int32)

@@ -11,6 +11,20 @@ from transformers_jax.modules.masks import AttentionMask, as_dense, with_index_p
 from transformers_jax.modules.positions import index_positions
 
 
+def softcap(s, cap: float):
+  """Gemma 2's soft-capping: cap tanh(s / cap), which keeps scores (or logits) within +-cap;
+  `cap` 0 leaves them as they are."""
+  return s if not cap else cap * jnp.tanh(s / cap)
+
+
+def config_problem(c) -> tuple[str, str, str] | None:
+  """(field, value, fix) of an attention setting that a chosen kernel cannot run, or None."""
+  if c.attention_softcap and c.attention_impl in ("splash", "fused", "cudnn"):
+    fix = "its kernel has no soft-capping: use flash or einsum, or auto (which picks one)"
+    return "attention_impl", repr(c.attention_impl), fix
+  return None
+
+
 def whole_bias(bias, mask, q, k):
   """The score bias for every (query, key) pair, [B or 1, G, H/G, T, S] float32, at the mask's
   positions where it carries them (a permuted or split sequence), else at the indices."""
@@ -31,15 +45,17 @@ def dense_mask(mask, causal, T: int, S: int):
   return as_dense(mask), causal
 
 
-def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None = None, bias=None):
+def max_attention_logit(
+    q, k, mask, causal: bool, blocks: tuple[int, int] | None = None, bias=None, cap: float = 0.0
+):
   """The largest pre-softmax attention score q.k / sqrt(K) (+ the score `bias`, a ScoreBias or
-  None) over the positions a query may
-  attend (float32 scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
+  None; soft-capped at `cap` when it is not 0) over the positions a query may attend (float32
+  scalar); q [B, T, H, K], k [B, S, G, K]. Growth of this value during training
   is the attention-logit instability that query/key normalisation removes. With `blocks`
   (block_q, block_kv) and a mask that is an AttentionMask or None, it is computed block by
   block (no T x S array), as flash and splash attention need at long T."""
   if blocks is not None and (mask is None or isinstance(mask, AttentionMask)):
-    return blockwise_max_logit(q, k, mask, causal, *blocks, bias=bias)
+    return blockwise_max_logit(q, k, mask, causal, *blocks, bias=bias, softcap=cap)
   dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
   mask, causal = dense_mask(mask, causal, q.shape[1], k.shape[1])
   B, T, H, K = q.shape
@@ -49,6 +65,7 @@ def max_attention_logit(q, k, mask, causal: bool, blocks: tuple[int, int] | None
   s = s / jnp.sqrt(jnp.float32(K))
   if dense_bias is not None:
     s = s + dense_bias
+  s = softcap(s, cap)
   allowed = jnp.ones((1, 1, 1, T, S), bool)
   if causal:
     allowed = allowed & (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])
