@@ -54,6 +54,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def assert_close(a, b, rel=1e-5):
+  """max |a - b| within `rel` of max |b| (float32)."""
+  import numpy as np
+
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  assert a.shape == b.shape
+  err, scale = np.max(np.abs(a - b)), np.max(np.abs(b))
+  assert err <= rel * scale, f"max error {err:.2e} vs scale {scale:.2e}"
+
+
 def run_worker(script: str, spec=None, devices: int | None = None):
   """Run tests/<script> in a subprocess (the spec as its JSON argument, `devices` simulated CPU
   devices) and return the JSON object its last line prints; its stderr's end when it fails."""

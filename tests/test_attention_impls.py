@@ -18,15 +18,9 @@ from transformers_jax.modules.attention import (
 )
 from transformers_jax.modules.masks import AttentionMask
 
+from conftest import assert_close
+
 KEY = jax.random.PRNGKey(0)
-
-
-def assert_close(a, b, rel=1e-5):
-  """max |a - b| within `rel` of max |b| (float32)."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  assert a.shape == b.shape
-  err, scale = np.max(np.abs(a - b)), np.max(np.abs(b))
-  assert err <= rel * scale, f"max error {err:.2e} vs scale {scale:.2e}"
 
 
 def packed(B, T, lengths):

@@ -20,16 +20,9 @@ from transformers_jax.modules.positions import (
     relative_bucket,
 )
 
-from conftest import run_worker
+from conftest import assert_close, run_worker
 
 KEY = jax.random.PRNGKey(0)
-
-
-def assert_close(a, b, rel=1e-5):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  assert a.shape == b.shape
-  err, scale = np.max(np.abs(a - b)), np.max(np.abs(b))
-  assert err <= rel * scale, f"max error {err:.2e} vs scale {scale:.2e}"
 
 
 # ------------------------------------------------------------------ the formulas
