@@ -1,7 +1,8 @@
-"""Llama (LlamaForCausalLM), Mistral (MistralForCausalLM) and Qwen2 (Qwen2ForCausalLM) <-> the
-decoder family: pre-norm RMSNorm, RoPE (Llama 3.1's "llama3" scaling included), SwiGLU,
-grouped-query attention, no biases but Qwen2's on q/k/v, the `lm` head untied unless
-tie_word_embeddings. The three share their tensor names; config.json is read both as the hub's
+"""Llama (LlamaForCausalLM), Mistral (MistralForCausalLM, with its sliding window), Mixtral
+(MixtralForCausalLM, its experts) and Qwen2 (Qwen2ForCausalLM) <-> the decoder family: pre-norm
+RMSNorm, RoPE (Llama 3.1's "llama3" scaling included), SwiGLU, grouped-query attention, no
+biases but Qwen2's on q/k/v, the `lm` head untied unless tie_word_embeddings. They share their
+tensor names (Mixtral's experts apart); config.json is read both as the hub's
 files write it (`rope_theta`, `rope_scaling`) and as transformers 5.x does (`rope_parameters`).
 """
 
@@ -42,7 +43,7 @@ def _rope(hf, where: str) -> tuple[float, str]:
       rope["high_freq_factor"],
       rope["original_max_position_embeddings"],
   ]
-  return theta, "llama3:" + ",".join(f"{float(x):g}" for x in numbers)
+  return theta, "llama3:" + ",".join(format(float(x), ".12g") for x in numbers)
 
 
 class Llama(Family):
