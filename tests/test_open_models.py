@@ -291,3 +291,20 @@ def test_export_writes_shards_with_an_index_that_import_reads_back(tmp_path):
   save_hf(tmp_path, fields, params)  # one file again: the old shards and index are gone
   assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]
   assert not (tmp_path / "model.safetensors.index.json").exists()
+
+
+def test_a_converted_run_carries_the_tokenizer_settings_back_out(tmp_path):
+  """The files beside the weights (tokenizer_config.json with its chat template, the
+  generation defaults) ride along: kept by --from_hf, written back by --to_hf."""
+  import json
+  import shutil
+
+  from transformers_jax.convert import export_hf, import_hf
+
+  source = shutil.copytree(FIXTURES / "llama", tmp_path / "llama")
+  settings = {"chat_template": "{{ messages }}", "model_max_length": 64}
+  (source / "tokenizer_config.json").write_text(json.dumps(settings))
+  import_hf(source, tmp_path / "run")
+  export_hf(tmp_path / "run", tmp_path / "out")
+  for name in ("tokenizer_config.json", "generation_config.json"):
+    assert (tmp_path / "out" / name).read_bytes() == (source / name).read_bytes(), name

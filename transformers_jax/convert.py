@@ -99,6 +99,17 @@ def _check_tokenizer(path: pathlib.Path) -> None:
     ) from None
 
 
+# A Hugging Face folder's files besides the weights, config.json and tokenizer.json that a
+# converted run keeps (in hf_files/) and an export writes back: the tokenizer's settings and
+# chat template, its special tokens, a SentencePiece model, the generation defaults.
+HF_FILES_KEPT = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+)
+
+
 def _as_jax_arrays(tree: dict) -> dict:
   """The nested dict of numpy arrays `tree`, each leaf replaced in place by a jax array."""
   for key, value in tree.items():
@@ -129,6 +140,10 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   if tokenizer.is_file():
     shutil.copy(tokenizer, run.tokenizer_path)
   shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
+  for name in HF_FILES_KEPT:  # carried back out by --to_hf
+    if (pathlib.Path(source) / name).is_file():
+      run.hf_files_dir.mkdir(exist_ok=True)
+      shutil.copy(pathlib.Path(source) / name, run.hf_files_dir / name)
   return fields
 
 
@@ -225,6 +240,9 @@ def export_hf(
   tokenizer = run.tokenizer_path
   if tokenizer.is_file() and '"model"' in tokenizer.read_text()[:10_000]:  # an HF tokenizer file
     shutil.copy(tokenizer, model_folder / "tokenizer.json")
+  for kept in sorted(run.hf_files_dir.glob("*")) if run.hf_files_dir.is_dir() else []:
+    if kept.is_file() and not (model_folder / kept.name).exists():
+      shutil.copy(kept, model_folder / kept.name)  # the tokenizer's settings, chat template …
   return architecture
 
 

@@ -47,6 +47,7 @@ class Run:
     self.checkpoint_dir = self.path / "checkpoints"
     # the Hugging Face config.json a converted run came from (convert --from_hf copies it)
     self.hf_config_path = self.path / "hf_config.json"
+    self.hf_files_dir = self.path / "hf_files"  # its tokenizer settings etc., written back out
 
   # ------------------------------------------------------------------ config and tokenizer
   def saved_config(self) -> dict | None:
