@@ -189,6 +189,25 @@ T5 = dict(
     pad_token_id=0,
     eos_token_id=1,
 )
+# Marian: swish feed-forward, embeddings scaled by sqrt(d_model), 2 encoder layers over 1 decoder
+# layer
+MARIAN = dict(
+    vocab_size=64,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=1,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=48,
+    max_position_embeddings=64,
+    activation_function="swish",
+    scale_embedding=True,
+    init_std=0.1,
+    pad_token_id=63,  # Marian's conventions: the last id pads and starts, 0 ends
+    decoder_start_token_id=63,
+    eos_token_id=0,
+)
 T5_TIED = dict(T5, feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=2)
 
 
@@ -205,7 +224,8 @@ def perturb(model, seed: int, scale: float = 0.05) -> None:
   g = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for p in model.parameters():
-      p.add_(scale * torch.randn(p.shape, generator=g))
+      if p.requires_grad:  # not the fixed tables (Marian's sinusoids), which files do not hold
+        p.add_(scale * torch.randn(p.shape, generator=g))
 
 
 def build(name: str):
@@ -231,6 +251,8 @@ def build(name: str):
   elif name in ("t5", "t5_tied"):
     config = transformers.T5Config(**(T5 if name == "t5" else T5_TIED))
     model = transformers.T5ForConditionalGeneration(config)
+  elif name == "marian":
+    model = transformers.MarianMTModel(transformers.MarianConfig(**MARIAN))
   elif name in ("vit", "vit_classifier"):
     config = transformers.ViTConfig(**VIT)
     if name == "vit":
@@ -255,7 +277,7 @@ def inputs(name: str) -> dict[str, np.ndarray]:
         "tokens": rng.integers(0, vocab, (2, 10)).astype(np.int32),
         "prompt": rng.integers(0, vocab, (1, 5)).astype(np.int32),
     }
-  if name.startswith("t5"):
+  if name.startswith("t5") or name == "marian":
     src = rng.integers(2, T5["vocab_size"], (2, 9)).astype(np.int32)
     src_mask = np.ones((2, 9), np.int32)
     src_mask[1, 6:] = 0  # the second source is padded after 6 tokens
@@ -290,11 +312,16 @@ def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
           pad_token_id=0,
       )
       out["greedy"] = generated[:, x["prompt"].shape[1] :]
-    elif name.startswith("t5"):
+    elif name.startswith("t5") or name == "marian":
       o = model(input_ids=t["src"], attention_mask=t["src_mask"], decoder_input_ids=t["tgt"])
       out["logits"] = o.logits
-      generated = model.generate(
-          t["source"], max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8
+      generated = model.generate(  # plain greedy: Marian's config would force an end token
+          t["source"],
+          max_new_tokens=8,
+          do_sample=False,
+          num_beams=1,
+          min_new_tokens=8,
+          forced_eos_token_id=None,
       )
       out["greedy"] = generated[:, 1:]  # after decoder_start_token_id
     elif name.startswith("bert"):
@@ -328,7 +355,8 @@ def write(name: str) -> pathlib.Path:
   model.save_pretrained(directory, safe_serialization=True, **kwargs)
   x = inputs(name)
   y = run(name, model, x)
-  count = sum(p.numel() for p in model.parameters())
+  # trained parameters: Marian's fixed sinusoids are parameters that no file holds
+  count = sum(p.numel() for p in model.parameters() if p.requires_grad)
   np.savez(directory / "reference.npz", **x, **y, hf_param_count=np.int64(count))
   size = sum(f.stat().st_size for f in directory.iterdir())
   print(
@@ -386,7 +414,7 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   write_rope()
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
-  names += ("mixtral", "gemma", "gemma2", "t5")
+  names += ("mixtral", "gemma", "gemma2", "t5", "marian")
   for name in names + ("t5_tied",):
     directory = write(name)
     if FLAGS.check:

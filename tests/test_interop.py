@@ -38,10 +38,12 @@ NAMES = [
     "gemma2",
     "t5",
     "t5_tied",
+    "marian",
 ]
 HEADS = {
     "t5": "lm",
     "t5_tied": "lm",
+    "marian": "lm",
     "gemma": "lm",
     "gemma2": "lm",
     "mixtral": "lm",
@@ -257,10 +259,10 @@ def test_error_unsupported_architecture(tmp_path):
 def test_error_unsupported_option(tmp_path):
   d = copy_fixture("bert", tmp_path)
   config = json.loads((d / "config.json").read_text())
-  (d / "config.json").write_text(json.dumps({**config, "hidden_act": "silu"}))
+  (d / "config.json").write_text(json.dumps({**config, "hidden_act": "mish"}))
   with pytest.raises(interop.UnsupportedArchitecture) as e:
     load_hf(d)
-  assert_one_line(e, "hidden_act", "silu")
+  assert_one_line(e, "hidden_act", "mish")
 
 
 @pytest.mark.parametrize("missing", ["config.json", "model.safetensors"])

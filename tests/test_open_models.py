@@ -215,17 +215,19 @@ def test_a_rope_decoder_exports_as_llama_or_the_class_asked_for(tmp_path):
     save_hf(tmp_path / "e", fields, params, "LlamaForCausalLM")
 
 
-@pytest.mark.parametrize("name", ["t5", "t5_tied"])
-def test_imported_t5_translates_greedily_as_transformers_generate(name):
-  """decode.translate from config.json's decoder start (0) and end (1) ids: transformers'
-  greedy tokens (it was kept from ending before 8; ours may end earlier, at the same place)."""
+@pytest.mark.parametrize("name,start,end", [("t5", 0, 1), ("t5_tied", 0, 1), ("marian", 63, 0)])
+def test_imported_encoder_decoders_translate_greedily_as_transformers_generate(name, start, end):
+  """decode.translate from config.json's decoder start and end ids: transformers' greedy tokens
+  (it was kept from ending before 8; ours may end earlier, at the same place)."""
   from transformers_jax import decode
   from transformers_jax.interop import load_hf
 
   fields, params = load_hf(FIXTURES / name)
   with np.load(FIXTURES / name / "reference.npz") as ref:
     source, want = ref["source"], ref["greedy"][0]
-  out = decode.translate(ModelConfig(**fields), params, [list(source[0])], 0, 1, 8, beam_size=0)
+  out = decode.translate(
+      ModelConfig(**fields), params, [list(source[0])], start, end, 8, beam_size=0
+  )
   got = np.asarray(out.tokens)[0, : out.lengths[0]]
   assert len(got) >= 4
   np.testing.assert_array_equal(got, want[: len(got)])

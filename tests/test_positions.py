@@ -225,7 +225,8 @@ def test_relative_positions_make_scores_shift_invariant():
 
 
 def test_the_registry_names_every_scheme_and_splash_refuses_a_bias():
-  assert set(POSITION_SCHEMES) == {"sinusoidal", "learned", "rope", "t5", "alibi", "none"}
+  names = {"sinusoidal", "sinusoidal_halves", "learned", "rope", "t5", "alibi", "none"}
+  assert set(POSITION_SCHEMES) == names
   for positions in ("t5", "alibi"):
     with pytest.raises(ValueError, match="model.attention_impl='splash'.*use flash"):
       ModelConfig(positions=positions, attention_impl="splash", attention_block_q=128)

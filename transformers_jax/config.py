@@ -60,7 +60,7 @@ class ModelConfig:
   vocab_multiple: int = 1
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
-  positions: str = "learned"  # sinusoidal | learned | rope | t5 (relative bias) | alibi | none
+  positions: str = "learned"  # learned | sinusoidal(_halves) | rope | t5 | alibi | none
   rope_theta: float = 10000.0  # RoPE base wavelength
   # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
   rope_scaling: str = ""

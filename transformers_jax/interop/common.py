@@ -19,8 +19,10 @@ ACTIVATIONS_IN = {
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "relu": "relu",
+    "swish": "silu",
+    "silu": "silu",
 }
-ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+ACTIVATIONS_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "swish"}
 
 
 class HFCheckpointError(ValueError):

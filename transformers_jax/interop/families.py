@@ -12,6 +12,7 @@ from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
 from transformers_jax.interop.gemma import Gemma, Gemma2
 from transformers_jax.interop.llama import Llama, Mistral, Mixtral, Qwen2
+from transformers_jax.interop.marian import Marian
 from transformers_jax.interop.t5 import T5
 from transformers_jax.interop.vit import ViT
 
@@ -27,6 +28,7 @@ FAMILIES: tuple[Family, ...] = (
     Gemma(),
     Gemma2(),
     T5(),
+    Marian(),
 )
 FAMILY_OF = {arch: f for f in FAMILIES for arch in f.architectures}
 SUPPORTED_ARCHITECTURES = {arch: f.model_type for arch, f in FAMILY_OF.items()}

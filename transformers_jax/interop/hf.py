@@ -15,7 +15,8 @@ token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` hea
 LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM
 / Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE,
 SwiGLU, grouped-query attention; interop/llama.py), T5ForConditionalGeneration (encoder-decoder,
-T5's relative bias, unscaled scores; interop/t5.py).
+T5's relative bias, unscaled scores; interop/t5.py), MarianMTModel (encoder-decoder, post-LN,
+fixed sinusoids; interop/marian.py).
 
 Layouts. Parameters come back unscanned (`layer_0` … `layer_{L-1}`; `loop_to_scan` from
 modules/block.py gives the `scan_layers` layout). torch Linear weights are [out, in] and are

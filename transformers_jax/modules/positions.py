@@ -25,14 +25,17 @@ from flax import linen as nn
 from transformers_jax.modules.common import dtype_of, normal
 
 
-def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
+def sinusoidal_table(length: int, d_model: int, halves: bool = False) -> np.ndarray:
   """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) (Vaswani et al.).
 
   Columns interleave sine and cosine as in the paper: column 2i is sin, column 2i + 1 is cos.
+  With `halves` the same values lie as Marian lays them: all sines, then all cosines.
   """
   pos = np.arange(length, dtype=np.float64)[:, None]
   i = np.arange(d_model // 2, dtype=np.float64)[None, :]
   angle = pos / 10000.0 ** (2.0 * i / d_model)
+  if halves:
+    return np.concatenate([np.sin(angle), np.cos(angle)], axis=1).astype(np.float32)
   table = np.empty((length, d_model), dtype=np.float64)
   table[:, 0::2] = np.sin(angle)
   table[:, 1::2] = np.cos(angle)
@@ -220,14 +223,23 @@ class Sinusoidal(PositionScheme):
   """The 2017 Transformer's fixed sinusoids added to the embeddings."""
 
   name = "sinusoidal"
+  halves = False
 
   def add_to_embeddings(self, c, x, positions, table):
-    return x + jnp.asarray(sinusoidal_table(c.seq_len_max, c.d_model), x.dtype)[positions]
+    values = sinusoidal_table(c.seq_len_max, c.d_model, self.halves)
+    return x + jnp.asarray(values, x.dtype)[positions]
 
   def config_problem(self, c):
     if c.d_model % 2:
       return "d_model", str(c.d_model), "sinusoidal positions need an even d_model"
     return None
+
+
+class SinusoidalHalves(Sinusoidal):
+  """The same fixed sinusoids with all sines before all cosines (Marian's layout)."""
+
+  name = "sinusoidal_halves"
+  halves = True
 
 
 class Rotary(PositionScheme):
@@ -296,7 +308,8 @@ class ALiBi(PositionScheme):
 
 
 POSITION_SCHEMES = {
-    s.name: s() for s in (Sinusoidal, Learned, Rotary, RelativeBias, ALiBi, PositionScheme)
+    s.name: s()
+    for s in (Sinusoidal, SinusoidalHalves, Learned, Rotary, RelativeBias, ALiBi, PositionScheme)
 }
 
 
