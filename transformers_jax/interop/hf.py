@@ -6,15 +6,15 @@ interop/gpt2.py, bert.py, vit.py; adding an architecture is one such file, liste
     model = build_model(fields); model.apply({"params": params}, tokens)
     save_hf("path/to/out", fields, params)            # loadable by transformers' from_pretrained
 
-Only numpy and `safetensors.numpy` are used: no torch, no transformers, no pickle files.
+Only numpy and `safetensors` are used: no torch, no transformers, no pickle files.
 
 Architectures: GPT2LMHeadModel / GPT2Model (decoder, pre-LN, `lm` head tied to the token embedding
 unless tie_word_embeddings is false), BertModel / BertForMaskedLM (encoder, post-LN with the
 embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vit, pre-LN, class
 token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
 LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM
-/ Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE,
-SwiGLU, grouped-query attention; interop/llama.py), T5ForConditionalGeneration (encoder-decoder,
+/ Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE, gated feed-forward, grouped-query
+attention; interop/llama.py and gemma.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py), MarianMTModel (encoder-decoder, post-LN,
 fixed sinusoids; interop/marian.py).
 
@@ -96,29 +96,12 @@ def _unreadable(path, error) -> CorruptCheckpoint:
 
 def _read_tensors(directory: pathlib.Path) -> TensorFiles:
   """The checkpoint's tensors, read one by one when taken (interop/tensor_files.py); opening
-  reads every file's header, which must promise no more data than the file holds."""
-  paths = _safetensors_paths(directory)
-  for path in paths:  # one by one: the error names the file
-    try:
-      TensorFiles([path])
-    except UnreadableFile as e:
-      raise _unreadable(path, e) from None
-  if paths and any(p.stat().st_size < _data_end(p) for p in paths):
-    path = next(p for p in paths if p.stat().st_size < _data_end(p))
-    raise _unreadable(path, "its header describes more data than the file holds")
-  return TensorFiles(paths)
-
-
-def _data_end(path: pathlib.Path) -> int:
-  """Where the last tensor's data ends, by the file's header."""
-  import json as json_lib
-  import struct
-
-  with open(path, "rb") as f:
-    (length,) = struct.unpack("<Q", f.read(8))
-    header = json_lib.loads(f.read(length))
-  ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-  return 8 + length + max(ends, default=0)
+  reads every file's header (safetensors refuses one that promises more data than the file
+  holds)."""
+  try:
+    return TensorFiles(_safetensors_paths(directory))
+  except UnreadableFile as e:
+    raise _unreadable(e.path, e) from None
 
 
 def _safetensors_paths(directory: pathlib.Path) -> list[pathlib.Path]:
@@ -302,7 +285,7 @@ def _take(tensors: TensorFiles, name: str, directory, architecture: str) -> np.n
   try:
     array = tensors.pop(name)
   except UnreadableFile as e:
-    raise _unreadable(directory, e) from None
+    raise _unreadable(e.path, e) from None
   if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
     raise CorruptCheckpoint(
         f"{directory}: tensor {_full_name(name, architecture)} holds NaN or infinite values: "

@@ -18,7 +18,12 @@ INDEX = "model.safetensors.index.json"
 
 
 class UnreadableFile(ValueError):
-  """A safetensors file whose header or data cannot be read (message: the library's)."""
+  """A safetensors file whose header or data cannot be read (message: the library's; a header
+  that promises more data than the file holds is one); `path` names the file."""
+
+  def __init__(self, path: pathlib.Path, error: Exception):
+    super().__init__(str(error))
+    self.path = path
 
 
 def _open(path: pathlib.Path):
@@ -27,7 +32,7 @@ def _open(path: pathlib.Path):
   try:
     return safe_open(str(path), framework="numpy")
   except Exception as e:  # safetensors raises its own SafetensorError (an Exception subclass)
-    raise UnreadableFile(f"{e}") from None
+    raise UnreadableFile(path, e) from None
 
 
 class TensorFiles(MutableMapping):
@@ -41,6 +46,7 @@ class TensorFiles(MutableMapping):
     self._where: dict[str, pathlib.Path] = {}
     self._shapes: dict[str, tuple[int, ...]] = {}
     self._held: dict[str, np.ndarray] = {}
+    self._source: dict[str, str] = {}  # a renamed tensor's name in its file
     for path in paths:
       with _open(path) as f:
         for name in f.keys():
@@ -52,7 +58,7 @@ class TensorFiles(MutableMapping):
     out._where = {rename(k): v for k, v in self._where.items()}
     out._shapes = {rename(k): v for k, v in self._shapes.items()}
     out._held = {rename(k): v for k, v in self._held.items()}
-    out._source = {rename(k): k for k in self._where}
+    out._source = {rename(k): self._source.get(k, k) for k in self._where}
     return out
 
   def shape(self, name: str) -> tuple[int, ...]:
@@ -62,12 +68,11 @@ class TensorFiles(MutableMapping):
     if name in self._held:
       return self._held[name]
     path = self._where[name]
-    stored = getattr(self, "_source", {}).get(name, name)
     with _open(path) as f:
       try:
-        return f.get_tensor(stored)
-      except Exception as e:  # a header that promises more data than the file holds
-        raise UnreadableFile(f"{e}") from None
+        return f.get_tensor(self._source.get(name, name))
+      except Exception as e:  # safetensors' own SafetensorError
+        raise UnreadableFile(path, e) from None
 
   def __setitem__(self, name: str, value: np.ndarray) -> None:
     self._where.pop(name, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.modules.common import dense
+from transformers_jax.modules.common import dense, soft_cap
 
 
 def check_length(cfg, length: int, what: str = "sequence") -> None:
@@ -63,8 +63,7 @@ def output_logits(cfg, logits, bias=None):
   logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
-  if cfg.logit_softcap:  # Gemma 2: cap tanh(z / cap), before the padded ids are masked
-    logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+  logits = soft_cap(logits, cfg.logit_softcap)  # Gemma 2's, before the padded ids are masked
   logits = nn.with_logical_constraint(logits, ("act_batch", "act_length", "act_vocab"))
   return mask_padded_vocab(cfg, logits)
 

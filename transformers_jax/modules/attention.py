@@ -21,13 +21,14 @@ from transformers_jax.modules.common import (
     dtype_of,
     fused_dense,
     apply_projection,
+    soft_cap,
 )
 from transformers_jax.modules.cache import attend_cache
 from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import flash_attention
 from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
 from transformers_jax.modules.norms import Norm, norm_over_heads
-from transformers_jax.modules.scores import dense_mask, max_attention_logit, softcap, whole_bias
+from transformers_jax.modules.scores import dense_mask, max_attention_logit, whole_bias
 from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
 from transformers_jax.modules.positions import index_positions, position_scheme
 from transformers_jax.modules.splash import splash_attention, target_platform
@@ -115,7 +116,9 @@ def attend(
         dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
         return _attend(q, k, v, *dense, None, "cudnn", query_blocks, dense_bias)
       except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
-        return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias)
+        if blockwise:
+          return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias, softcap)
+        impl = "einsum"
     if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
       impl = "einsum"
     dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
@@ -164,7 +167,7 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, ca
     )
     if bias is not None:
       s = s + bias[:, :, :, start:end, :keys]
-    s = softcap(s, cap)
+    s = soft_cap(s, cap)
     m = None
     if causal:
       m = jnp.arange(start, end)[:, None] >= jnp.arange(keys)[None, :]
@@ -322,9 +325,9 @@ class Attention(nn.Module):
     """Write this call's keys/values at the cache index and return the arguments of
     `attend_cache`: the cache as it was ([B, G, L, K]) with the mask of its slots written before
     this call, and this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus
-    reads the cache from before the write, which XLA can then do in place. A score `bias` is
-    evaluated at the slots (query slots start .. start + T, key slots 0 .. L): the schemes
-    that have one depend only on key - query offsets, which slots keep even for left-padded
+    reads the cache from before the write, which XLA can then do in place. A score `bias` and a
+    sliding `window` are evaluated at the slots (query slots start .. start + T, key slots
+    0 .. L): both depend only on key - query offsets, which slots keep even for left-padded
     rows. A cache without a
     `cache_index` (decode.init_cache makes them) is empty: its first call, the prefill, attends
     over its own keys only. A query always sees its own key, so rows of padding (whose slots a
@@ -352,10 +355,12 @@ class Attention(nn.Module):
     ci.value = start + T
     old_mask = (jnp.arange(L) < start)[None, None, None, :]  # [1, 1, 1, L]
     new_mask = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, T]
-    if window is not None:  # slots keep position differences, as for the bias below
-      query_slots = start + jnp.arange(T)[:, None]
-      old_mask = old_mask & (query_slots - jnp.arange(L)[None] < window)[None, None]
-      new_mask = new_mask & (jnp.arange(T)[:, None] - jnp.arange(T)[None] < window)[None, None]
+    # slots keep the positions' differences (left-padded rows included): what the window and
+    # the score bias compare
+    query_slots, key_slots = index_positions(T, start), index_positions(L)
+    if window is not None:
+      old_mask = old_mask & (query_slots[0, :, None] - key_slots[0, None] < window)[None, None]
+      new_mask = new_mask & (query_slots[0, :, None] - query_slots[0, None] < window)[None, None]
     if mask is not None:  # a caller's mask over cache slots, [B, 1, 1 or T, L]
       mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, L))
       old_mask = old_mask & mask
@@ -364,8 +369,7 @@ class Attention(nn.Module):
       )
     old_bias = new_bias = None
     if bias is not None:
-      query_slots = index_positions(T, start)
-      old_bias = bias.block(query_slots, index_positions(L), G)
+      old_bias = bias.block(query_slots, key_slots, G)
       new_bias = bias.block(query_slots, query_slots, G)
     if empty:
       return k, v, new_mask, None, None, None, new_bias, None

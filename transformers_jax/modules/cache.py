@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from transformers_jax.modules.common import soft_cap
+
 
 def attend_cache(
     q, k, v, mask, k_new=None, v_new=None, new_mask=None, bias=None, new_bias=None, softcap=0.0
@@ -24,8 +26,7 @@ def attend_cache(
     s = s / jnp.sqrt(K).astype(jnp.float32)
     if b is not None:
       s = s + b.reshape(b.shape[0], G, R * T, b.shape[-1])
-    if softcap:  # Gemma 2's, before the mask
-      s = softcap * jnp.tanh(s / softcap)
+    s = soft_cap(s, softcap)  # Gemma 2's, before the mask
     if m is None:
       return s
     n = keys.shape[2]

@@ -25,6 +25,12 @@ ACTIVATIONS = {
 }
 
 
+def soft_cap(x, cap: float):
+  """Gemma 2's soft-capping: cap tanh(x / cap), which keeps scores (or logits) within +-cap;
+  `cap` 0 leaves them as they are."""
+  return x if not cap else cap * jnp.tanh(x / cap)
+
+
 def dtype_of(name: str):
   """A dtype named in the config (config.DTYPES) as JAX's dtype object."""
   return jnp.dtype(name)

@@ -23,6 +23,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
+from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.masks import AttentionMask
 from transformers_jax.modules.splash import target_platform
 
@@ -200,8 +201,7 @@ def ring_attention(q, kvs, mask, causal: bool, shards: int, bias=None, softcap: 
     s = jnp.einsum("btgrk,bsgk->bgrts", qh, k, preferred_element_type=jnp.float32) * scale
     if bias is not None:  # at the true positions: the queries' and the passed block's
       s = s + bias.block(mask.q_positions, fields["kv_positions"], G)
-    if softcap:  # Gemma 2's, before the mask
-      s = softcap * jnp.tanh(s / softcap)
+    s = soft_cap(s, softcap)  # Gemma 2's, before the mask
     if block_mask is not None:  # a large finite fill: a fully masked block then weighs 0
       s = jnp.where(block_mask[:, :, None], s, -1e30)
     block_lse = jax.nn.logsumexp(s, axis=-1)  # [B, G, R, T]

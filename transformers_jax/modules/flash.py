@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.positions import index_positions
 
 # The score of a masked pair: exp() of it minus any real maximum is exactly 0 in float32, and it
 # stays finite, so a row with no key to attend averages its (masked) keys instead of making NaN.
@@ -142,7 +144,7 @@ def _bias_positions(st: _Static, fields, i0, j0):
   [B or 1, block_kv]), the mask's positions where it has them, else the indices."""
   _, _, _, q_pos, kv_pos, _ = fields
   if q_pos is None:
-    return (i0 + jnp.arange(st.block_q))[None], (j0 + jnp.arange(st.block_kv))[None]
+    return index_positions(st.block_q, i0), index_positions(st.block_kv, j0)
   return (
       lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1),
       lax.dynamic_slice_in_dim(kv_pos, j0, st.block_kv, axis=1),
@@ -155,10 +157,8 @@ def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None, cap_slope: bool = Fa
   s = jnp.einsum("bgrqk,bgsk->bgrqs", qb, kb, preferred_element_type=jnp.float32) * st.scale
   if bias is not None:
     s = s + bias.block(*_bias_positions(st, fields, i0, j0), qb.shape[1])
-  slope = 1.0
-  if st.softcap:
-    s = st.softcap * jnp.tanh(s / st.softcap)
-    slope = 1.0 - jnp.square(s / st.softcap)
+  s = soft_cap(s, st.softcap)
+  slope = 1.0 - jnp.square(s / st.softcap) if st.softcap else 1.0
   m = _block_mask(st, fields, i0, j0)
   s = s if m is None else jnp.where(m, s, MASKED)
   return (s, slope) if cap_slope else s

@@ -22,6 +22,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from transformers_jax.modules.positions import index_positions
+
 
 @flax.struct.dataclass
 class AttentionMask:
@@ -77,8 +79,7 @@ def with_index_positions(mask: AttentionMask, T: int, S: int) -> AttentionMask:
   (what a sliding window needs to be evaluated)."""
   if mask.has_positions:
     return mask
-  index = lambda n: jnp.arange(n, dtype=jnp.int32)[None]  # noqa: E731
-  return mask.replace(q_positions=index(T), kv_positions=index(S))
+  return mask.replace(q_positions=index_positions(T), kv_positions=index_positions(S))
 
 
 def with_window(mask, window):

@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.flash import blockwise_max_logit
 from transformers_jax.modules.masks import AttentionMask, as_dense, with_index_positions
-from transformers_jax.modules.positions import index_positions
-
-
-def softcap(s, cap: float):
-  """Gemma 2's soft-capping: cap tanh(s / cap), which keeps scores (or logits) within +-cap;
-  `cap` 0 leaves them as they are."""
-  return s if not cap else cap * jnp.tanh(s / cap)
 
 
 def config_problem(c) -> tuple[str, str, str] | None:
@@ -28,10 +22,9 @@ def config_problem(c) -> tuple[str, str, str] | None:
 def whole_bias(bias, mask, q, k):
   """The score bias for every (query, key) pair, [B or 1, G, H/G, T, S] float32, at the mask's
   positions where it carries them (a permuted or split sequence), else at the indices."""
-  T, S, G = q.shape[1], k.shape[1], k.shape[2]
-  if isinstance(mask, AttentionMask) and mask.has_positions:
-    return bias.block(mask.q_positions, mask.kv_positions, G)
-  return bias.block(index_positions(T), index_positions(S), G)
+  mask = mask if isinstance(mask, AttentionMask) else AttentionMask()
+  mask = with_index_positions(mask, q.shape[1], k.shape[1])
+  return bias.block(mask.q_positions, mask.kv_positions, k.shape[2])
 
 
 def dense_mask(mask, causal, T: int, S: int):
@@ -65,7 +58,7 @@ def max_attention_logit(
   s = s / jnp.sqrt(jnp.float32(K))
   if dense_bias is not None:
     s = s + dense_bias
-  s = softcap(s, cap)
+  s = soft_cap(s, cap)
   allowed = jnp.ones((1, 1, 1, T, S), bool)
   if causal:
     allowed = allowed & (jnp.arange(T)[:, None] >= jnp.arange(S)[None, :])
