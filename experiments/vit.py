@@ -10,12 +10,14 @@ LayerNorm, linear classifier on the class token.
 | b16    | 16    | 12     | 768     | 3072 | 12    |
 | l16    | 16    | 24     | 1024    | 4096 | 16    |
 | h14    | 14    | 32     | 1280    | 5120 | 16    |
+| 22b    | 14    | 48     | 6144    | 24576| 48    |
 
 Counts include the patch embedding (with bias), class token, position table, blocks, final norm
 and the 1,000-way classifier, and no pre-logits layer: the widely used reference
 implementations (timm `vit_*_patch*_224`, Hugging Face `ViTForImageClassification` with 1,000
 labels) have exactly these parameters. `tiny` classifies the bundled 8 x 8 digits (1 channel,
-2 x 2 patches, 10 classes).
+2 x 2 patches, 10 classes). `22b` is ViT-22B (Dehghani et al., 2023; see VIT_22B below): the
+parallel block, query/key LayerNorm and its bias pattern.
 """
 
 from transformers_jax.train_config import preset_config
@@ -36,6 +38,28 @@ VIT = dict(
     head="classifier",
 )
 SOURCE = "timm / Hugging Face ViTForImageClassification, 1,000 classes"
+# ViT-22B (Dehghani et al., 2023): the parallel block (attention and MLP read one LayerNorm of
+# the block's input and their sum is added to it), LayerNorm on each head's queries and keys, no
+# biases on the query/key/value projections (the output projection and the MLP keep theirs) and
+# no shift (beta) in any LayerNorm. Its figure of 21,743M is the paper's Table 1, which counts
+# the blocks' weight matrices only (48 x (4 x 6,144^2 + 2 x 6,144 x 24,576) = 21,743,271,936);
+# this preset's count adds the biases, norms, patch and position embeddings and a 1,000-way
+# classifier (+0.06%). The paper's attention-pooling (MAP) head is not built here: the preset
+# pools by the mean of the patch tokens.
+SOURCE_22B = "Dehghani et al. 2023, Table 1 (21,743M: the blocks' weight matrices)"
+VIT_22B = dict(
+    num_layers=48,
+    d_model=6144,
+    num_heads=48,
+    d_ff=24576,
+    patch_size=14,
+    norm_placement="parallel",
+    qk_norm=True,
+    norm_bias=False,
+    qkv_bias=False,
+    pool="mean",
+    scan_layers=True,
+)
 
 PRESETS = {
     "tiny": dict(
@@ -54,6 +78,7 @@ PRESETS = {
     "h14": dict(
         num_layers=32, d_model=1280, num_heads=16, patch_size=14, published_params=632_045_800
     ),
+    "22b": dict(VIT_22B, published_params=21_743_000_000, published_source=SOURCE_22B),
 }
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).

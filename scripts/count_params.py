@@ -30,6 +30,8 @@ FILES = (
     "qwen2",
     "gemma",
     "t5",
+    "bart",
+    "marian",
 )
 
 

@@ -208,10 +208,35 @@ MARIAN = dict(
     decoder_start_token_id=63,
     eos_token_id=0,
 )
+# BART: exact GELU, each stack its own offset position table and embedding LayerNorm, 1 encoder
+# layer over 2 decoder layers
+BART = dict(
+    vocab_size=64,
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=40,
+    decoder_ffn_dim=40,
+    max_position_embeddings=24,
+    init_std=0.1,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    decoder_start_token_id=2,
+    forced_eos_token_id=None,
+)
 T5_TIED = dict(T5, feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=2)
 
 
 FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_list(
+    "names",
+    [],
+    "Write only these fixtures (e.g. --names=bart,marian); default: all of them.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool(
     "check",
     True,
@@ -253,6 +278,8 @@ def build(name: str):
     model = transformers.T5ForConditionalGeneration(config)
   elif name == "marian":
     model = transformers.MarianMTModel(transformers.MarianConfig(**MARIAN))
+  elif name == "bart":
+    model = transformers.BartForConditionalGeneration(transformers.BartConfig(**BART))
   elif name in ("vit", "vit_classifier"):
     config = transformers.ViTConfig(**VIT)
     if name == "vit":
@@ -263,9 +290,11 @@ def build(name: str):
       model = transformers.ViTForImageClassification(config)
   else:
     raise ValueError(name)
-  # a random T5 or Gemma this small keeps repeating one token unless shaken harder
+  # a random T5, Gemma, Marian or BART this small keeps repeating one token unless shaken
+  # harder (the encoder-decoders: and with another draw, whose greedy tokens vary)
   shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith("gemma") else 0.05
-  perturb(model, SEED + 1, shake)
+  shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2)}.get(name, (shake, 1))
+  perturb(model, SEED + draw, shake)
   return model.eval()
 
 
@@ -277,7 +306,7 @@ def inputs(name: str) -> dict[str, np.ndarray]:
         "tokens": rng.integers(0, vocab, (2, 10)).astype(np.int32),
         "prompt": rng.integers(0, vocab, (1, 5)).astype(np.int32),
     }
-  if name.startswith("t5") or name == "marian":
+  if name.startswith("t5") or name in ("marian", "bart"):
     src = rng.integers(2, T5["vocab_size"], (2, 9)).astype(np.int32)
     src_mask = np.ones((2, 9), np.int32)
     src_mask[1, 6:] = 0  # the second source is padded after 6 tokens
@@ -312,7 +341,7 @@ def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
           pad_token_id=0,
       )
       out["greedy"] = generated[:, x["prompt"].shape[1] :]
-    elif name.startswith("t5") or name == "marian":
+    elif name.startswith("t5") or name in ("marian", "bart"):
       o = model(input_ids=t["src"], attention_mask=t["src_mask"], decoder_input_ids=t["tgt"])
       out["logits"] = o.logits
       generated = model.generate(  # plain greedy: Marian's config would force an end token
@@ -412,10 +441,14 @@ def main(argv=None):
   if torch is None:
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-  write_rope()
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
-  names += ("mixtral", "gemma", "gemma2", "t5", "marian")
-  for name in names + ("t5_tied",):
+  names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied")
+  unknown = sorted(set(FLAGS.names) - set(names))
+  if unknown:
+    raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")
+  if not FLAGS.names:
+    write_rope()
+  for name in FLAGS.names or names:
     directory = write(name)
     if FLAGS.check:
       check_export(name, directory)

@@ -39,11 +39,13 @@ NAMES = [
     "t5",
     "t5_tied",
     "marian",
+    "bart",
 ]
 HEADS = {
     "t5": "lm",
     "t5_tied": "lm",
     "marian": "lm",
+    "bart": "lm",
     "gemma": "lm",
     "gemma2": "lm",
     "mixtral": "lm",

@@ -56,6 +56,9 @@ PUBLISHED = {
     ("t5", "v1_1-large"): 783_150_080,
     ("t5", "v1_1-xl"): 2_849_757_184,
     ("t5", "v1_1-xxl"): 11_135_332_352,
+    ("bart", "base"): 139_420_416,
+    ("bart", "large"): 406_291_456,
+    ("marian", "en-de"): 73_886_208,
 }
 
 
@@ -215,7 +218,10 @@ def test_a_rope_decoder_exports_as_llama_or_the_class_asked_for(tmp_path):
     save_hf(tmp_path / "e", fields, params, "LlamaForCausalLM")
 
 
-@pytest.mark.parametrize("name,start,end", [("t5", 0, 1), ("t5_tied", 0, 1), ("marian", 63, 0)])
+@pytest.mark.parametrize(
+    "name,start,end",
+    [("t5", 0, 1), ("t5_tied", 0, 1), ("marian", 63, 0), ("bart", 2, 2)],
+)
 def test_imported_encoder_decoders_translate_greedily_as_transformers_generate(name, start, end):
   """decode.translate from config.json's decoder start and end ids: transformers' greedy tokens
   (it was kept from ending before 8; ours may end earlier, at the same place)."""

@@ -59,6 +59,7 @@ class ModelConfig:
   # Face conversion and decoding see V rows only.
   vocab_multiple: int = 1
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
+  position_offset: int = 0  # learned: table rows before position 0, never looked up (BART: 2)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
   positions: str = "learned"  # learned | sinusoidal(_halves) | rope | t5 | alibi | none
   rope_theta: float = 10000.0  # RoPE base wavelength
@@ -116,6 +117,9 @@ class ModelConfig:
   moe_dropless: bool = True  # ragged: compute every routing choice; False = capacity_factor drops
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
+  # encoder_decoder with share_embeddings: one token table, but each stack has its own learned
+  # positions and embed_norm (BART)
+  stack_embeddings: bool = False
   head: str = ""  # output head (HEADS[family]); "" = the family's: lm | pooler | classifier
   num_classes: int = 0  # classifier heads (encoder classifier, vit)
   image_size: int = 224  # vit: square image side in pixels
@@ -271,15 +275,8 @@ def validate(c: ModelConfig) -> None:
   _choice(c, "pool", POOLS)
   if c.head and c.head not in HEADS[c.family]:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
-  for field in (
-      "num_layers",
-      "d_model",
-      "num_heads",
-      "max_len",
-      "attention_query_blocks",
-      "vocab_multiple",
-      "sliding_every",
-  ):
+  positive = "num_layers d_model num_heads max_len attention_query_blocks vocab_multiple"
+  for field in positive.split() + ["sliding_every"]:
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
   for field in ("attention_block_q", "attention_block_kv"):
@@ -318,7 +315,10 @@ def validate(c: ModelConfig) -> None:
         f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
         "covers any mesh)",
     )
-  for field in ("type_vocab_size", "sliding_window", "attention_softcap", "logit_softcap"):
+  if c.position_offset and c.positions != "learned":
+    _fail("position_offset", str(c.position_offset), "only learned positions have rows to offset")
+  nonnegative = "type_vocab_size sliding_window attention_softcap logit_softcap position_offset"
+  for field in nonnegative.split():
     if getattr(c, field) < 0:
       _fail(field, str(getattr(c, field)), "must be >= 0 (0: none)")
   for field in ("dropout", "attention_dropout"):
@@ -335,8 +335,8 @@ def validate(c: ModelConfig) -> None:
       _fail("image_size", str(c.image_size), f"must be divisible by patch_size={c.patch_size}")
     if c.num_channels < 1:
       _fail("num_channels", str(c.num_channels), "must be a positive integer")
-  _check_placement(c)
   checks = (
+      lambda c: config_problem(c, PLACEMENTS[c.norm_placement]),  # placement_base.py
       lora.config_problem,
       remat.config_problem,
       position_scheme(c).config_problem,
@@ -346,19 +346,14 @@ def validate(c: ModelConfig) -> None:
   for problem in (check(c) for check in checks):
     if problem:
       _fail(*problem)
+  if c.stack_embeddings and not (c.family == "encoder_decoder" and c.share_embeddings):
+    _fail("stack_embeddings", "True", "only an encoder_decoder with share_embeddings=True")
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
     _fail(
         "moe_every",
         str(c.moe_every),
         "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
     )
-
-
-def _check_placement(c: ModelConfig) -> None:
-  """What the norm placement needs of the rest of the config (placement_base.config_problem)."""
-  problem = config_problem(c, PLACEMENTS[c.norm_placement])
-  if problem:
-    _fail(*problem)
 
 
 def model_config_dict(**overrides) -> ml_collections.ConfigDict:

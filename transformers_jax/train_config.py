@@ -377,6 +377,7 @@ def preset_config(
     raise ValueError(f"{file}: unknown preset {name!r}; choose one of {', '.join(presets)}")
   preset = dict(presets[name])
   published = preset.pop("published_params", 0)
+  source = preset.pop("published_source", source)  # a preset whose figure has its own source
   return experiment_config(
       published, source if published else "", (training or {}).get(name), **{**base, **preset}
   )

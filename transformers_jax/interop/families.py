@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from transformers_jax.config import ModelConfig
+from transformers_jax.interop.bart import Bart
 from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
@@ -29,6 +30,7 @@ FAMILIES: tuple[Family, ...] = (
     Gemma2(),
     T5(),
     Marian(),
+    Bart(),
 )
 FAMILY_OF = {arch: f for f in FAMILIES for arch in f.architectures}
 SUPPORTED_ARCHITECTURES = {arch: f.model_type for arch, f in FAMILY_OF.items()}

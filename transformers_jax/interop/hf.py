@@ -16,7 +16,8 @@ LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / 
 / Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE, gated feed-forward, grouped-query
 attention; interop/llama.py and gemma.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py), MarianMTModel (encoder-decoder, post-LN,
-fixed sinusoids; interop/marian.py).
+fixed sinusoids; interop/marian.py), BartForConditionalGeneration (encoder-decoder, post-LN,
+positions and embedding norm per stack; interop/bart.py).
 
 Layouts. Parameters come back unscanned (`layer_0` … `layer_{L-1}`; `loop_to_scan` from
 modules/block.py gives the `scan_layers` layout). torch Linear weights are [out, in] and are

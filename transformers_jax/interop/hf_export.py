@@ -43,6 +43,8 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
   want = dict(  # what every supported architecture needs
       head_kind=family.architectures[architecture],
       positions="learned",
+      position_offset=0,
+      stack_embeddings=False,
       norm="layernorm",
       norm_scale=True,
       has_norm_bias=True,

@@ -192,10 +192,11 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
     out["patch_embedding"] += D if c.pool == "cls" else 0
   else:
     out["token_embedding"] = embedders * V * D
+  stack_embedders = 2 if c.stack_embeddings else embedders  # BART: positions and norm per stack
   if c.positions == "learned":
-    out["position_embedding"] = embedders * c.seq_len_max * D
-  out["type_embedding"] = embedders * c.type_vocab_size * D
-  out["norms"] = embedders * _norm(c) * int(c.embed_norm)
+    out["position_embedding"] = stack_embedders * (c.seq_len_max + c.position_offset) * D
+  out["type_embedding"] = stack_embedders * c.type_vocab_size * D
+  out["norms"] = stack_embedders * _norm(c) * int(c.embed_norm)
   if c.family == "encoder_decoder":
     stacks = [_stack(c, c.encoder_layers, False, active), _stack(c, c.decoder_layers, True, active)]
     out["norms"] += 2 * _norm(c) * int(c.has_final_norm)

@@ -40,6 +40,8 @@ class EncoderDecoder(nn.Module):
     self.embed = Embedder(c, self.deterministic)  # target side, and source side when shared
     if not c.share_embeddings:
       self.src_embed = Embedder(c, self.deterministic)
+    elif c.stack_embeddings:  # the source's own positions and norm over the shared token table
+      self.src_embed = Embedder(c, self.deterministic, tokens=False)
     self.encoder = Stack(c, c.encoder_layers, deterministic=self.deterministic, role="encoder")
     self.decoder = Stack(
         c,
@@ -68,9 +70,12 @@ class EncoderDecoder(nn.Module):
     check_length(c, S, "source")
     check_context(S, context_size(), "source")  # bidirectional: natural order over `context`
     positions = default_positions(B, S) if src_positions is None else src_positions
-    embedder = self.embed if c.share_embeddings else self.src_embed
+    if c.stack_embeddings:
+      x = self.src_embed(positions=positions, embedded=self.embed.token_embed(src))
+    else:
+      x = (self.embed if c.share_embeddings else self.src_embed)(src, positions)
     mask = token_mask(src_mask, src_segments)
-    x = self.encoder(embedder(src, positions), mask, positions)
+    x = self.encoder(x, mask, positions)
     return self.encoder_norm(x) if c.has_final_norm else x
 
   def decode_logits(

@@ -17,23 +17,27 @@ class Embedder(nn.Module):
 
   Adds what the position scheme adds to embeddings (modules/positions.py: learned or sinusoidal
   positions; the others act inside attention), token types, then the optional embedding norm
-  (BERT) and dropout. `attend` is the tied unembedding x E^T.
+  (BERT) and dropout. `attend` is the tied unembedding x E^T. With `tokens=False` it has no
+  token table and is always given `embedded` (BART's encoder: its own positions and norm over the
+  token table the decoder's embedder holds).
   """
 
   cfg: "ModelConfig"  # noqa: F821
   deterministic: bool = True
+  tokens: bool = True
 
   def setup(self):
     c = self.cfg
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
     token_std = PLACEMENTS[c.norm_placement].token_embedding_std(c) or c.init_std
-    self.token_embed = nn.Embed(
-        c.padded_vocab,
-        c.d_model,
-        dtype=dt,
-        param_dtype=pdt,
-        embedding_init=normal(token_std, ("vocab", "embed")),
-    )
+    if self.tokens:
+      self.token_embed = nn.Embed(
+          c.padded_vocab,
+          c.d_model,
+          dtype=dt,
+          param_dtype=pdt,
+          embedding_init=normal(token_std, ("vocab", "embed")),
+      )
     self.pos_embed = position_scheme(c).embedding_table(c)
     if c.type_vocab_size:
       self.type_embed = nn.Embed(

@@ -202,13 +202,14 @@ class PositionScheme:
 
 
 class Learned(PositionScheme):
-  """A trained table of max_len rows added to the token embeddings (BERT, GPT-2)."""
+  """A trained table of max_len rows added to the token embeddings (BERT, GPT-2); with
+  model.position_offset = n, n more rows come first and position p reads row p + n (BART's 2)."""
 
   name = "learned"
 
   def embedding_table(self, c):
     return nn.Embed(
-        c.seq_len_max,
+        c.seq_len_max + c.position_offset,
         c.d_model,
         dtype=dtype_of(c.dtype),
         param_dtype=dtype_of(c.param_dtype),
@@ -216,7 +217,7 @@ class Learned(PositionScheme):
     )
 
   def add_to_embeddings(self, c, x, positions, table):
-    return x + table(positions)
+    return x + table(positions + c.position_offset if c.position_offset else positions)
 
 
 class Sinusoidal(PositionScheme):

@@ -1,0 +1,81 @@
+"""BART (BartForConditionalGeneration) <-> the encoder-decoder family: Marian's post-LN blocks
+with biases (interop/marian.py), but exact GELU, unscaled embeddings and, per stack, a learned
+position table whose first two rows are never read (position p reads row p + 2) and a LayerNorm
+right after the embeddings (model.stack_embeddings, model.position_offset=2). One token table,
+tied to the softmax; final_logits_bias is a buffer of zeros."""
+
+from __future__ import annotations
+
+from transformers_jax.interop.common import ACTIVATIONS_OUT, Rule, norm
+from transformers_jax.interop.marian import Marian
+
+# BartLearnedPositionalEmbedding's rows before position 0
+OFFSET = 2
+
+
+class Bart(Marian):
+  model_type = "bart"
+  architectures = {"BartForConditionalGeneration": ("lm",)}
+  base_prefix = {"BartForConditionalGeneration": "model."}
+  defaults = dict(Marian.defaults, vocab_size=50265, scale_embedding=False)
+
+  def fields(self, hf, architecture, where):
+    return dict(
+        super().fields(hf, architecture, where),
+        positions="learned",
+        position_offset=OFFSET,
+        stack_embeddings=True,
+        embed_norm=True,
+    )
+
+  def hf_config(self, c, architecture):
+    return dict(
+        vocab_size=c.vocab_size,
+        max_position_embeddings=c.max_len,
+        d_model=c.d_model,
+        encoder_layers=c.encoder_layers,
+        decoder_layers=c.decoder_layers,
+        encoder_attention_heads=c.num_heads,
+        decoder_attention_heads=c.num_heads,
+        encoder_ffn_dim=c.ff_width,
+        decoder_ffn_dim=c.ff_width,
+        activation_function=ACTIVATIONS_OUT[c.activation],
+        scale_embedding=c.embed_scale,
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        init_std=c.init_std,
+        tie_word_embeddings=True,
+        is_encoder_decoder=True,
+        # BART's conventions (an export from a run with a tokenizer overrides the pad id)
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+    )
+
+  def rules(self, c, base):
+    rules = super().rules(c, base)
+    for stack, ours in (("encoder", "src_embed"), ("decoder", "embed")):
+      table = (ours, "pos_embed", "embedding")
+      rules.append(Rule("copy", (f"{base}{stack}.embed_positions.weight",), (table,)))
+      rules += norm(f"{base}{stack}.layernorm_embedding", (ours, "embed_norm"))
+    return rules
+
+  def ignorable(self, c):
+    # copies of the shared table
+    return [r"(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"]
+
+  def default_architecture(self, c):
+    if c.family == "encoder_decoder" and c.stack_embeddings:
+      return "BartForConditionalGeneration"
+    return None
+
+  def requirements(self, c, architecture):
+    return dict(
+        super().requirements(c, architecture),
+        positions="learned",
+        position_offset=OFFSET,
+        stack_embeddings=True,
+        embed_norm=True,
+    )
