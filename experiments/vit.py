@@ -17,7 +17,7 @@ and the 1,000-way classifier, and no pre-logits layer: the widely used reference
 implementations (timm `vit_*_patch*_224`, Hugging Face `ViTForImageClassification` with 1,000
 labels) have exactly these parameters. `tiny` classifies the bundled 8 x 8 digits (1 channel,
 2 x 2 patches, 10 classes). `22b` is ViT-22B (Dehghani et al., 2023; see VIT_22B below): the
-parallel block, query/key LayerNorm and its bias pattern.
+parallel block, query/key norms, RMSNorm and its bias pattern.
 """
 
 from transformers_jax.train_config import preset_config
@@ -39,9 +39,9 @@ VIT = dict(
 )
 SOURCE = "timm / Hugging Face ViTForImageClassification, 1,000 classes"
 # ViT-22B (Dehghani et al., 2023): the parallel block (attention and MLP read one LayerNorm of
-# the block's input and their sum is added to it), LayerNorm on each head's queries and keys, no
-# biases on the query/key/value projections (the output projection and the MLP keep theirs) and
-# no shift (beta) in any LayerNorm. Its figure of 21,743M is the paper's Table 1, which counts
+# the block's input and their sum is added to it), a norm on each head's queries and keys, no
+# biases on the query/key/value projections (the MLP keeps its biases, and so does the output
+# projection here) and every norm "without bias and centering" (Zhang & Sennrich's RMSNorm). Its figure of 21,743M is the paper's Table 1, which counts
 # the blocks' weight matrices only (48 x (4 x 6,144^2 + 2 x 6,144 x 24,576) = 21,743,271,936);
 # this preset's count adds the biases, norms, patch and position embeddings and a 1,000-way
 # classifier (+0.06%). The paper's attention-pooling (MAP) head is not built here: the preset
@@ -54,8 +54,8 @@ VIT_22B = dict(
     d_ff=24576,
     patch_size=14,
     norm_placement="parallel",
+    norm="rmsnorm",
     qk_norm=True,
-    norm_bias=False,
     qkv_bias=False,
     pool="mean",
     scan_layers=True,

@@ -316,3 +316,18 @@ def test_a_converted_run_carries_the_tokenizer_settings_back_out(tmp_path):
   export_hf(tmp_path / "run", tmp_path / "out")
   for name in ("tokenizer_config.json", "generation_config.json"):
     assert (tmp_path / "out" / name).read_bytes() == (source / name).read_bytes(), name
+
+
+def test_vit_22b_has_its_bias_pattern_and_one_norm_per_parallel_block(experiment):
+  """The 22b preset's shapes at 2 blocks: no q/k/v biases, the MLP's and output's kept, a scale
+  (no shift) in each norm, one input norm per block shared by attention and MLP, q/k norms."""
+  from transformers_jax.models import param_shapes
+
+  c = ModelConfig.from_dict(experiment("vit", "22b").model).replace(num_layers=2, scan_layers=False)
+  block = param_shapes(c)["encoder"]["layer_0"]
+  attention = block["self_attn"]
+  assert [k for k in ("query", "key", "value", "out") if "bias" in attention[k]] == ["out"]
+  assert set(attention["query_norm"]) == set(attention["key_norm"]) == {"scale"}
+  assert {"bias"} <= set(block["ffn"]["wi"]) and {"bias"} <= set(block["ffn"]["wo"])
+  assert [k for k in block if "norm" in k] == ["input_norm"]
+  assert set(block["input_norm"]) == {"scale"}
