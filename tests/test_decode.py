@@ -70,6 +70,10 @@ def run(cfg, params, inputs, max_new, **kw):
         ("encoder_decoder", dict(positions="t5", scan_layers=True)),
         # a sliding window of 3 on every other block (the window traced under the scan)
         ("decoder", dict(positions="rope", sliding_window=3, sliding_every=2, scan_layers=True)),
+        # rings of 3 slots (a static window): block 0 of two looped ones; every block, scanned,
+        # with ALiBi's bias read at the positions the slots hold
+        ("decoder", dict(positions="rope", sliding_window=3, sliding_every=2)),
+        ("decoder", dict(positions="alibi", sliding_window=3, num_kv_heads=2, scan_layers=True)),
     ],
 )
 def test_cached_logits_equal_full_forward_at_every_step(family, extra):
@@ -86,6 +90,22 @@ def test_cached_logits_equal_full_forward_at_every_step(family, extra):
     n = out.lengths[b] + out.stopped[b]  # steps this row took
     np.testing.assert_allclose(out.logits[b, :n], full[b, :n], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(out.tokens[b, :n], full[b, :n].argmax(-1))
+
+
+def test_a_static_sliding_window_keeps_a_ring_of_window_slots():
+  """Layers with a static window cache `window` slots, whatever the length; the others (and
+  every layer when the window is traced under a scan) one slot per position."""
+  kw = dict(SMALL, positions="rope", sliding_window=3)
+  dummy = jnp.zeros((2, 12), jnp.int32)
+
+  def slots(**extra):
+    model = build_model(ModelConfig(**kw, **extra), decode=True)
+    cache = decode.init_cache(model, dummy, dummy, dummy)["decoder"]
+    return {k: v["self_attn"]["cached_key"].shape[-2] for k, v in cache.items()}
+
+  assert slots(sliding_every=2) == {"layer_0": 3, "layer_1": 12}
+  assert slots(scan_layers=True) == {"layers": 3}
+  assert slots(sliding_every=2, scan_layers=True) == {"layers": 12}
 
 
 def test_cross_attention_keys_are_cached_once():

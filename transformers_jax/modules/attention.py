@@ -322,55 +322,72 @@ class Attention(nn.Module):
     return k, v
 
   def _cached(self, k, v, mask, bias=None, window=None):
-    """Write this call's keys/values at the cache index and return the arguments of
-    `attend_cache`: the cache as it was ([B, G, L, K]) with the mask of its slots written before
-    this call, and this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus
-    reads the cache from before the write, which XLA can then do in place. A score `bias` and a
-    sliding `window` are evaluated at the slots (query slots start .. start + T, key slots
-    0 .. L): both depend only on key - query offsets, which slots keep even for left-padded
-    rows. A cache without a
+    """Write this call's keys/values into the cache and return the arguments of `attend_cache`:
+    the cache as it was ([B, G, S, K]) with the mask of its slots written before this call, and
+    this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus reads the
+    cache from before the write, which XLA can then do in place. A cache without a
     `cache_index` (decode.init_cache makes them) is empty: its first call, the prefill, attends
     over its own keys only. A query always sees its own key, so rows of padding (whose slots a
-    caller's `mask` over the L slots hides) stay finite.
+    caller's `mask` over the L positions hides) stay finite.
+
+    Without a window, or with one traced under a scan (alternating layers), the cache has one
+    slot per position (S = L, as many as the init input) and position p sits in slot p. With a
+    static sliding `window` it is a ring of S = min(L, window) slots, position p in slot p mod S:
+    a query sees only the keys fewer than `window` positions back, which the ring still holds
+    (Mistral's rolling cache; Gemma 2's local layers when layers are looped). The window, a
+    score `bias` and the caller's `mask` are evaluated at the positions the slots hold; they
+    depend only on key - query offsets, which positions keep even for left-padded rows.
     """
     B, T, G, K = k.shape
+    ring = isinstance(window, int)  # static: this layer keeps only its last `window` positions
     initialised = self.has_variable("cache", "cached_key")
     empty = initialised and not self.has_variable("cache", "cache_index")  # static
-    ck = self.variable("cache", "cached_key", jnp.zeros, (B, G, T, K), k.dtype)
-    cv = self.variable("cache", "cached_value", jnp.zeros, (B, G, T, K), v.dtype)
+    shape = (B, G, min(T, window) if ring else T, K)  # init: as many positions as the input
+    ck = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+    cv = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
     ci = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if not initialised:  # init only shapes the cache: as many slots as the init input
+    if not initialised:
       return None
-    L = ck.value.shape[2]
-    if T > L:
+    S = ck.value.shape[2]
+    if T > S and not ring:
       raise ValueError(
-          f"{T} tokens do not fit a key/value cache of {L} slots: initialise the "
+          f"{T} tokens do not fit a key/value cache of {S} slots: initialise the "
           "cache with a longer input"
       )
     start = ci.value
     old_k, old_v = ck.value, cv.value
     k, v = (x.astype(old_k.dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
-    ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
-    cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
+    if ring:  # the last min(T, S) of this call's positions, each in its slot
+      kept = min(T, S)
+      slots = jnp.mod(start + T - kept + jnp.arange(kept), S)
+      ck.value = old_k.at[:, :, slots].set(k[:, :, T - kept :])
+      cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
+      # the position each slot held before this call: the latest p < start with p mod S = slot
+      slot = jnp.arange(S, dtype=jnp.int32)
+      key_positions = (start - 1 - jnp.mod(start - 1 - slot, S))[None]  # [1, S]; < 0: unwritten
+      old_mask = (key_positions >= 0)[:, None, None, :]
+    else:
+      ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
+      cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
+      key_positions = index_positions(S)
+      old_mask = (key_positions < start)[:, None, None, :]  # [1, 1, 1, S]
     ci.value = start + T
-    old_mask = (jnp.arange(L) < start)[None, None, None, :]  # [1, 1, 1, L]
     new_mask = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, T]
-    # slots keep the positions' differences (left-padded rows included): what the window and
-    # the score bias compare
-    query_slots, key_slots = index_positions(T, start), index_positions(L)
+    query_positions = index_positions(T, start)
     if window is not None:
-      old_mask = old_mask & (query_slots[0, :, None] - key_slots[0, None] < window)[None, None]
-      new_mask = new_mask & (query_slots[0, :, None] - query_slots[0, None] < window)[None, None]
-    if mask is not None:  # a caller's mask over cache slots, [B, 1, 1 or T, L]
-      mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, L))
-      old_mask = old_mask & mask
+      old_mask = old_mask & (query_positions[0, :, None] - key_positions[0, None] < window)
+      new_mask = new_mask & (query_positions[0, :, None] - query_positions[0, None] < window)
+    if mask is not None:  # a caller's mask over the L positions, [B, 1, 1 or T, L]
+      mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, mask.shape[-1]))
+      held = jnp.take(mask, jnp.maximum(key_positions[0], 0), axis=3) if ring else mask
+      old_mask = old_mask & held
       new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
           T, dtype=bool
       )
     old_bias = new_bias = None
     if bias is not None:
-      old_bias = bias.block(query_slots, key_slots, G)
-      new_bias = bias.block(query_slots, query_slots, G)
+      old_bias = bias.block(query_positions, key_positions, G)
+      new_bias = bias.block(query_positions, query_positions, G)
     if empty:
       return k, v, new_mask, None, None, None, new_bias, None
     return old_k, old_v, old_mask, k, v, new_mask, old_bias, new_bias

@@ -1,0 +1,93 @@
+"""Bytes of the key/value cache that decoding keeps, from shapes alone (nothing is allocated):
+a preset's cache at a given context length and batch, with the sliding-window ring where the
+config has a static window and, for comparison, with one slot per position.
+
+    python scripts/decode_cache_memory.py --preset experiments/mistral.py:7b-v0.1 --length 32768
+
+prints JSON: bytes and the cached keys' shape, with the window's ring and without it.
+"""
+
+import json
+import math
+
+from absl import flags
+
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_string(
+    "preset", "experiments/mistral.py:7b-v0.1", "A decoder preset, FILE:PRESET.", flag_values=FLAGS
+)
+flags.DEFINE_integer(
+    "length", 32768, "Positions the cache holds (prompt + new tokens).", flag_values=FLAGS
+)
+flags.DEFINE_integer("batch", 1, "Rows decoded at once.", flag_values=FLAGS)
+flags.DEFINE_string("dtype", "bfloat16", "Compute dtype (the cache's).", flag_values=FLAGS)
+flags.DEFINE_bool(
+    "loop_layers",
+    False,
+    "Loop over the layers rather than scan them: alternating windows (Gemma 2) are then static "
+    "per layer, and only the local layers keep rings.",
+    flag_values=FLAGS,
+)
+
+
+def cache_bytes(c, length: int, batch: int) -> dict:
+  import jax
+  import jax.numpy as jnp
+
+  from transformers_jax import decode
+  from transformers_jax.models import build_model
+
+  model = build_model(c, decode=True)
+  dummy = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  shapes = jax.tree_util.tree_leaves(
+      jax.eval_shape(lambda d: decode.init_cache(model, d, d, d), dummy)
+  )
+  keys = [s for s in shapes if s.ndim >= 4]
+  return {
+      "bytes": sum(math.prod(s.shape) * s.dtype.itemsize for s in shapes),
+      "key_shapes": sorted({str(s.shape) for s in keys}),
+  }
+
+
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise UserError("unexpected arguments: pass options as --flag=value")
+  from transformers_jax.config import ModelConfig, load_config_module
+
+  path, _, preset = FLAGS.preset.partition(":")
+  config = load_config_module(path).get_config(preset or None)
+  c = ModelConfig.from_dict(config.model).replace(
+      dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, max_len=max(FLAGS.length, config.model.max_len)
+  )
+  if FLAGS.loop_layers:
+    c = c.replace(scan_layers=False)
+  if c.family != "decoder":
+    raise UserError(f"{FLAGS.preset} is a {c.family} model: give a decoder preset")
+  ring = cache_bytes(c, FLAGS.length, FLAGS.batch)
+  full = cache_bytes(c.replace(sliding_window=0), FLAGS.length, FLAGS.batch)
+  print(
+      json.dumps(
+          {
+              "preset": FLAGS.preset,
+              "length": FLAGS.length,
+              "batch": FLAGS.batch,
+              "dtype": FLAGS.dtype,
+              "sliding_window": c.sliding_window,
+              "sliding_every": c.sliding_every,
+              "scan_layers": c.scan_layers,
+              "cache_bytes": ring["bytes"],
+              "cache_gib": round(ring["bytes"] / 2**30, 3),
+              "key_shapes": ring["key_shapes"],
+              "one_slot_per_position_bytes": full["bytes"],
+              "one_slot_per_position_gib": round(full["bytes"] / 2**30, 3),
+          },
+          indent=1,
+      )
+  )
+
+
+if __name__ == "__main__":
+  cli.run_script(main)
