@@ -421,3 +421,51 @@ def test_error_non_finite_tensor(tmp_path):
   save_file(tensors, str(tmp_path / "m" / "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(interop.CorruptCheckpoint, match="NaN or infinite"):
     load_hf(tmp_path / "m")
+
+
+# ------------------------------------------------------------------ placed onto a mesh on import
+def test_load_hf_places_each_tensor_onto_the_mesh_as_training_shards_it():
+  """With a mesh, every parameter comes back as a jax array with its training sharding (the
+  logical-axis rules' PartitionSpec), holding the values the numpy import gives."""
+  from transformers_jax.machine import parallel
+  from transformers_jax.models import param_shardings
+
+  mesh = parallel.make_mesh({"fsdp": 1, "tensor": 1}, jax.devices()[:1])
+  fields, placed = load_hf(FIXTURES / "llama", mesh=mesh)
+  _, plain = load_hf(FIXTURES / "llama")
+  want = param_shardings(ModelConfig(**fields), mesh)
+  got, ref, specs = leaves(placed), leaves(plain), jax.tree_util.tree_leaves(placed)
+  assert all(isinstance(a, jax.Array) for a in specs)
+  flat_want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(want)[0]}
+  for path, array in jax.tree_util.tree_flatten_with_path(placed)[0]:
+    assert array.sharding.spec == flat_want[jax.tree_util.keystr(path)].spec, path
+  assert any(any(a is not None for a in s.spec) for s in flat_want.values())  # some are split
+  assert got.keys() == ref.keys()
+  for k in ref:
+    np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+def test_convert_places_the_import_on_an_8_device_mesh_and_writes_the_same_parameters(tmp_path):
+  """convert --from_hf --mesh=fsdp_tensor on 8 devices: the run's checkpoint holds exactly the
+  parameters of a one-device import; a bad --mesh is one line."""
+  from conftest import run_python, subprocess_env
+
+  from transformers_jax.run_folder.runs import load_run
+
+  command = ["-m", "transformers_jax.convert", f"--from_hf={FIXTURES / 'gpt2'}"]
+  out = run_python(
+      [*command, f"--workdir={tmp_path / 'run'}", "--mesh=fsdp_tensor"],
+      env=subprocess_env(devices=8),
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  _, params, _, _ = load_run(tmp_path / "run")
+  _, want = load_hf(FIXTURES / "gpt2")
+  got, ref = leaves(params), leaves(want)
+  assert got.keys() == ref.keys()
+  for k in ref:
+    np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+  bad = run_python(
+      [*command, f"--workdir={tmp_path / 'bad'}", "--mesh=fsdp=3"], env=subprocess_env(8)
+  )
+  assert bad.returncode != 0 and "--mesh='fsdp=3'" in bad.stderr, bad.stderr[-2000:]
+  assert len(bad.stderr.strip().splitlines()) == 1

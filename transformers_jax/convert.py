@@ -41,6 +41,13 @@ flags.DEFINE_string(
 )
 flags.DEFINE_enum("dtype", "float32", list(DTYPES), "Parameter dtype on import.")
 flags.DEFINE_bool("scan_layers", False, "Store the imported blocks in the scanned layout.")
+flags.DEFINE_string(
+    "mesh",
+    "",
+    "--from_hf: place each tensor, as it is read, onto a mesh of this host's devices, sharded "
+    "as training shards it: a mesh preset (data | fsdp | fsdp_tensor) or axis sizes such as "
+    "fsdp=4,tensor=2; default: the first device alone.",
+)
 flags.DEFINE_bool(
     "overwrite",
     False,
@@ -110,18 +117,39 @@ HF_FILES_KEPT = (
 )
 
 
-def _as_jax_arrays(tree: dict) -> dict:
-  """The nested dict of numpy arrays `tree`, each leaf replaced in place by a jax array."""
-  for key, value in tree.items():
-    tree[key] = _as_jax_arrays(value) if isinstance(value, dict) else jax.device_put(value)
-  return tree
+def _import_mesh(spec: str):
+  """The mesh of this process's devices that --mesh names ('' = the default device alone)."""
+  from transformers_jax.machine import parallel
+
+  if not spec:
+    return parallel.make_mesh({}, jax.devices()[:1])
+  if "=" not in spec:
+    axes = {"preset": spec}
+  else:
+    try:
+      axes = {k.strip(): int(n) for k, n in (part.split("=") for part in spec.split(","))}
+    except ValueError:
+      raise UserError(
+          f"--mesh={spec!r}: give a mesh preset ({', '.join(parallel.MESH_PRESETS)}) or axis "
+          "sizes such as fsdp=4,tensor=2"
+      ) from None
+  try:
+    return parallel.make_mesh(parallel.resolve_preset(axes), jax.local_devices())
+  except ValueError as e:
+    raise UserError(f"--mesh={spec!r}: {e}") from None
 
 
-def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False) -> dict:
+def import_hf(
+    source, workdir, dtype: str = "float32", scan_layers: bool = False, mesh: str = ""
+) -> dict:
+  """Write Hugging Face folder `source` as a run in `workdir` (its parameters as checkpoint step
+  0); returns the model's fields. Each tensor is placed onto the devices as it is read (no host
+  copy of the whole model): onto the mesh `mesh` names (a mesh preset such as fsdp, or axis sizes
+  such as fsdp=4,tensor=2), sharded as training shards it, or onto the default device."""
   tokenizer = pathlib.Path(source) / "tokenizer.json"
   if tokenizer.is_file():
     _check_tokenizer(tokenizer)
-  fields, params = load_hf(source, dtype)
+  fields, params = load_hf(source, dtype, mesh=_import_mesh(mesh))
   fields["scan_layers"] = scan_layers
   if scan_layers:
     params = loop_to_scan(params)
@@ -131,10 +159,7 @@ def import_hf(source, workdir, dtype: str = "float32", scan_layers: bool = False
   run = Run(workdir)
   if run.checkpoint_dir.exists() and any(run.checkpoint_dir.iterdir()):
     raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
-  # orbax writes jax arrays without the host copy of every tensor it makes of numpy ones; each
-  # numpy array is let go once it is a jax array (measured: 1.9x the checkpoint's size at peak
-  # instead of 2.8x, scripts/bench_hf_streaming.py)
-  run.save_params(_as_jax_arrays(params), step=0)
+  run.save_params(params, step=0)
   run.write_config(config)
   (run.path / "config.py").write_text(CONFIG_PY)
   if tokenizer.is_file():
@@ -262,7 +287,7 @@ def main(argv):
           f"--member={FLAGS.member}: picks the member of a population's run to export with "
           "--to_hf; --from_hf imports one model: leave --member out"
       )
-    fields = import_hf(FLAGS.from_hf, FLAGS.workdir, FLAGS.dtype, FLAGS.scan_layers)
+    fields = import_hf(FLAGS.from_hf, FLAGS.workdir, FLAGS.dtype, FLAGS.scan_layers, FLAGS.mesh)
     print(
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
         f"(checkpoint step 0, config.py, config.json)"
@@ -275,6 +300,11 @@ def main(argv):
           "--prompt_ids works without"
       )
   else:
+    if FLAGS.mesh:
+      raise UserError(
+          f"--mesh={FLAGS.mesh}: places the tensors --from_hf reads; --to_hf reads the run's "
+          "checkpoint onto the host: leave --mesh out"
+      )
     architecture = export_hf(
         FLAGS.workdir, FLAGS.to_hf, FLAGS.overwrite, FLAGS.member, FLAGS.lora, FLAGS.architecture
     )

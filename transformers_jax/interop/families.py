@@ -5,6 +5,7 @@ bert.py, vit.py), and the parameter shapes a config implies: what reading (hf.py
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.interop.bart import Bart
@@ -39,14 +40,19 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-def flat_shapes(tree, prefix=()) -> dict[tuple[str, ...], tuple[int, ...]]:
+def flatten(tree, prefix=()) -> dict[tuple[str, ...], Any]:
+  """{path of keys: leaf} of a nested dict."""
   out = {}
   for key, value in tree.items():
     if isinstance(value, Mapping):
-      out.update(flat_shapes(value, prefix + (key,)))
+      out.update(flatten(value, prefix + (key,)))
     else:
-      out[prefix + (key,)] = tuple(value.shape)
+      out[prefix + (key,)] = value
   return out
+
+
+def flat_shapes(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
+  return {path: tuple(leaf.shape) for path, leaf in flatten(tree).items()}
 
 
 def expected_shapes(c: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:

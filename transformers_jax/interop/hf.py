@@ -59,6 +59,7 @@ from transformers_jax.interop.families import (
     SUPPORTED_ARCHITECTURES,
     WEIGHTS,
     expected_shapes,
+    flatten,
 )
 from transformers_jax.interop.tensor_files import TensorFiles, UnreadableFile
 
@@ -192,11 +193,16 @@ def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
 
 
 # ----------------------------------------------------------------------------- public API
-def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
+def load_hf(
+    directory, dtype: str = "float32", mesh=None, rules=None
+) -> tuple[dict[str, Any], dict]:
   """Read a local Hugging Face model directory -> (ModelConfig fields, unscanned params).
 
   The parameters are numpy arrays of `dtype` (recorded as the fields' `param_dtype`); the tree
-  matches `param_shapes(ModelConfig(**fields))`.
+  matches `param_shapes(ModelConfig(**fields))`. With a `mesh`, each one is placed onto it as
+  soon as it is converted, sharded as the logical-axis `rules` say (default: training's,
+  parallel.rules()), so the host never holds more than one tensor: a model larger than one
+  host's memory can be read onto the devices of a pod slice.
   """
   from transformers_jax.config import DTYPES
   from transformers_jax.modules.common import dtype_of
@@ -246,7 +252,8 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     ) from None
 
   expected = expected_shapes(c)
-  flat: dict[tuple[str, ...], np.ndarray] = {}
+  place = _placer(c, mesh, rules) if mesh is not None else None
+  flat: dict[tuple[str, ...], Any] = {}
   np_dtype = dtype_of(dtype)
   for rule in family.rules(c, ""):
     missing = [n for n in rule.hf if n not in tensors]
@@ -268,7 +275,9 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     arrays = [_take(tensors, n, directory, architecture) for n in rule.hf]
     arrays = to_ours(rule, arrays, shapes)
     for path, array in zip(rule.ours, arrays):
-      flat[path] = np.ascontiguousarray(array.astype(np_dtype, copy=False))
+      array = np.ascontiguousarray(array.astype(np_dtype, copy=False))
+      flat[path] = place(path, array) if place else array
+    del arrays, array  # the host copies, before the next tensor is read
   ignorable = re.compile("|".join(f"(?:{p})" for p in family.ignorable(c)) or "(?!)")
   left = sorted(_full_name(n, architecture) for n in tensors if not ignorable.fullmatch(n))
   if left:
@@ -279,6 +288,16 @@ def load_hf(directory, dtype: str = "float32") -> tuple[dict[str, Any], dict]:
     )
   assert set(flat) == set(expected), sorted(set(flat) ^ set(expected))
   return fields, _nest(flat)
+
+
+def _placer(c: ModelConfig, mesh, rules):
+  """(path, numpy array) -> the array on `mesh`, sharded as the rules say for that parameter."""
+  import jax
+
+  from transformers_jax.models import param_shardings
+
+  shardings = flatten(param_shardings(c.replace(scan_layers=False, remat="none"), mesh, rules))
+  return lambda path, array: jax.device_put(array, shardings[path])
 
 
 def _take(tensors: TensorFiles, name: str, directory, architecture: str) -> np.ndarray:

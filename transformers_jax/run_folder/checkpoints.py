@@ -28,8 +28,24 @@ from transformers_jax.run_folder import disk_full
 from transformers_jax.errors import RunError
 
 FULL_STATE, PARAMS_ONLY = "train_state", "params"
-# Files every committed orbax checkpoint of a StandardCheckpointHandler item holds.
-REQUIRED_FILES = ("_CHECKPOINT_METADATA", "default/_METADATA", "default/manifest.ocdbt")
+# Files every committed orbax checkpoint of a StandardCheckpointHandler item holds; OCDBT's
+# manifest too unless its _METADATA says it was written without OCDBT (Run.save_params).
+REQUIRED_FILES = ("_CHECKPOINT_METADATA", "default/_METADATA")
+OCDBT_MANIFEST = "default/manifest.ocdbt"
+
+
+def missing_file(folder: pathlib.Path) -> str | None:
+  """The first file that committed checkpoint `folder` lacks, or None."""
+  for name in REQUIRED_FILES:
+    if not (folder / name).is_file():
+      return name
+  try:
+    ocdbt = json.loads((folder / REQUIRED_FILES[1]).read_text()).get("use_ocdbt", True)
+  except (OSError, ValueError, AttributeError):  # unreadable: restoring it says what is wrong
+    ocdbt = True
+  return OCDBT_MANIFEST if ocdbt and not (folder / OCDBT_MANIFEST).is_file() else None
+
+
 # How tensorstore's errors (raised as ValueError) begin when a checkpoint's files are damaged,
 # as opposed to a tree that does not fit the target.
 STORAGE_ERRORS = ("NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "UNKNOWN", "INTERNAL", "FAILED_PREC")
@@ -38,7 +54,11 @@ STORAGE_ERRORS = ("NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "UNKNOWN", "INTERNAL
 class Checkpoints:
   """Orbax checkpoints in one folder: save a tree at a step, restore it onto any mesh."""
 
-  def __init__(self, directory, keep: int = 2, async_save: bool = True):
+  def __init__(self, directory, keep: int = 2, async_save: bool = True, ocdbt: bool = True):
+    """`ocdbt=False` writes each array as files of its own rather than into OCDBT's shared
+    database, which buffers about the whole tree in host memory while it writes (a 2.2 GiB
+    tree of bfloat16 arrays: 1.7 GiB over the arrays themselves at peak, against 0.2 GiB
+    without). Restores read either layout."""
     self.directory = pathlib.Path(directory).absolute()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
@@ -47,7 +67,9 @@ class Checkpoints:
         cleanup_tmp_directories=True,
     )
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
+        self.directory,
+        options=options,
+        item_handlers=ocp.StandardCheckpointHandler(use_ocdbt=ocdbt),
     )
     import jax
 
@@ -65,7 +87,7 @@ class Checkpoints:
   def kind(self, step: int) -> str:
     """FULL_STATE or PARAMS_ONLY: what the checkpoint at `step` holds (FULL_STATE when its
     metadata cannot be read: restoring it finds the damage and falls back)."""
-    if any(not (self.directory / str(step) / name).is_file() for name in REQUIRED_FILES):
+    if missing_file(self.directory / str(step)):
       return FULL_STATE
     try:
       tree = self.manager.item_metadata(step)
@@ -228,9 +250,9 @@ class Checkpoints:
     """What is wrong with the files of checkpoint `step` against the checksums recorded when it
     was committed, or None (intact, or saved before checksums were recorded)."""
     folder = self.directory / str(step)
-    for name in REQUIRED_FILES:
-      if not (folder / name).is_file():
-        return f"file {name} is missing"
+    missing = missing_file(folder)
+    if missing:
+      return f"file {missing} is missing"
     unverifiable = self.unverifiable()
     if unverifiable:
       raise CheckpointDamaged(unverifiable)

@@ -112,8 +112,8 @@ class Run:
       f.write(json.dumps(entry) + "\n")
 
   # ------------------------------------------------------------------ checkpoints
-  def checkpoints(self, keep: int = 2, async_save: bool = True) -> Checkpoints:
-    return Checkpoints(self.checkpoint_dir, keep, async_save)
+  def checkpoints(self, keep: int = 2, async_save: bool = True, ocdbt: bool = True) -> Checkpoints:
+    return Checkpoints(self.checkpoint_dir, keep, async_save, ocdbt)
 
   def steps(self) -> list[int]:
     """Steps with a complete checkpoint, oldest first (no orbax needed to list them)."""
@@ -207,8 +207,10 @@ class Run:
 
   def save_params(self, params, step: int = 0) -> None:
     """A parameters-only checkpoint (what convert writes): training in this folder starts from
-    these parameters with a fresh optimizer; generate and convert read them as they are."""
-    manager = self.checkpoints(async_save=False)
+    these parameters with a fresh optimizer; generate and convert read them as they are. Each
+    array is written as files of its own (no OCDBT), which holds the save's host memory to
+    little more than the parameters themselves (what a converted checkpoint needs)."""
+    manager = self.checkpoints(async_save=False, ocdbt=False)
     try:
       manager.save(step, {"params": params})
     finally:
