@@ -28,22 +28,18 @@ from transformers_jax.run_folder import disk_full
 from transformers_jax.errors import RunError
 
 FULL_STATE, PARAMS_ONLY = "train_state", "params"
-# Files every committed orbax checkpoint of a StandardCheckpointHandler item holds; OCDBT's
-# manifest too unless its _METADATA says it was written without OCDBT (Run.save_params).
-REQUIRED_FILES = ("_CHECKPOINT_METADATA", "default/_METADATA")
-OCDBT_MANIFEST = "default/manifest.ocdbt"
+REQUIRED_FILES = ("_CHECKPOINT_METADATA", "default/_METADATA", "default/manifest.ocdbt")
 
 
 def missing_file(folder: pathlib.Path) -> str | None:
-  """The first file that committed checkpoint `folder` lacks, or None."""
-  for name in REQUIRED_FILES:
-    if not (folder / name).is_file():
-      return name
-  try:
+  """The first file of REQUIRED_FILES that committed checkpoint `folder` lacks, or None: OCDBT's
+  manifest only where its _METADATA does not say it was written without OCDBT (save_params)."""
+  try:  # unreadable: restoring it says what is wrong
     ocdbt = json.loads((folder / REQUIRED_FILES[1]).read_text()).get("use_ocdbt", True)
-  except (OSError, ValueError, AttributeError):  # unreadable: restoring it says what is wrong
+  except (OSError, ValueError, AttributeError):
     ocdbt = True
-  return OCDBT_MANIFEST if ocdbt and not (folder / OCDBT_MANIFEST).is_file() else None
+  names = REQUIRED_FILES if ocdbt else REQUIRED_FILES[:2]
+  return next((name for name in names if not (folder / name).is_file()), None)
 
 
 # How tensorstore's errors (raised as ValueError) begin when a checkpoint's files are damaged,
@@ -55,10 +51,8 @@ class Checkpoints:
   """Orbax checkpoints in one folder: save a tree at a step, restore it onto any mesh."""
 
   def __init__(self, directory, keep: int = 2, async_save: bool = True, ocdbt: bool = True):
-    """`ocdbt=False` writes each array as files of its own rather than into OCDBT's shared
-    database, which buffers about the whole tree in host memory while it writes (a 2.2 GiB
-    tree of bfloat16 arrays: 1.7 GiB over the arrays themselves at peak, against 0.2 GiB
-    without). Restores read either layout."""
+    # ocdbt=False: each array in files of its own; OCDBT's one database buffers about the whole
+    # tree in host memory while it writes (2.2 GiB of bf16: +1.7 GiB, against +0.2 GiB)
     self.directory = pathlib.Path(directory).absolute()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
