@@ -19,8 +19,7 @@ released checkpoints:
 Gemma 2 puts a norm before and after each sublayer (norm_placement=sandwich), soft-caps the
 attention scores at 50 and the output logits at 30, and slides a 4,096-token window over every
 other block (the first included); its heads are 256 wide, 128 in 27B. 27B scales its scores by
-1/sqrt(144) (d_model / heads), not 1/sqrt(128): that preset has the released shapes and count
-but this project's 1/sqrt(head_dim), and its checkpoint is refused on import. `tiny` is for
+1/sqrt(144) (d_model / heads), not 1/sqrt(128) (model.score_scale_width=144). `tiny` is for
 tests and CPU runs.
 """
 
@@ -98,7 +97,9 @@ PRESETS = {
     ),
     "2-2b": dict(GEMMA2, **_gemma2(26, 2304, 8, 4, 256, 9216, 2_614_341_888)),
     "2-9b": dict(GEMMA2, **_gemma2(42, 3584, 16, 8, 256, 14336, 9_241_705_984)),
-    "2-27b": dict(GEMMA2, **_gemma2(46, 4608, 32, 16, 128, 36864, 27_227_128_320)),
+    "2-27b": dict(
+        GEMMA2, score_scale_width=144, **_gemma2(46, 4608, 32, 16, 128, 36864, 27_227_128_320)
+    ),
 }
 
 TRAINING = {"tiny": TINY_RUN}

@@ -155,7 +155,7 @@ GEMMA2 = dict(
     GEMMA,
     num_hidden_layers=3,
     num_key_value_heads=2,
-    query_pre_attn_scalar=16,
+    query_pre_attn_scalar=24,  # not head_dim (16): scores over sqrt(24), as 27B does
     sliding_window=3,
     attn_logit_softcapping=5.0,
     final_logit_softcapping=20.0,
@@ -293,7 +293,7 @@ def build(name: str):
   # a random T5, Gemma, Marian or BART this small keeps repeating one token unless shaken
   # harder (the encoder-decoders: and with another draw, whose greedy tokens vary)
   shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith("gemma") else 0.05
-  shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2)}.get(name, (shake, 1))
+  shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
   perturb(model, SEED + draw, shake)
   return model.eval()
 

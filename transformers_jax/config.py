@@ -88,6 +88,7 @@ class ModelConfig:
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
   scale_scores: bool = True  # attention scores q.k / sqrt(head_dim); False = q.k (T5)
+  score_scale_width: int = 0  # scores q.k / sqrt(this), not sqrt(head_dim) (Gemma 2 27B: 144)
   unembed_scale: bool = False  # hidden states times d_model^-1/2 before the unembedding (T5)
   residual: bool = True  # residual connections around each sublayer
   dropout: float = 0.0  # dropout on residual branches and embeddings
@@ -315,10 +316,12 @@ def validate(c: ModelConfig) -> None:
         f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
         "covers any mesh)",
     )
+  if c.score_scale_width and not c.scale_scores:
+    _fail("score_scale_width", str(c.score_scale_width), "unscaled scores take no width: set 0")
   if c.position_offset and c.positions != "learned":
     _fail("position_offset", str(c.position_offset), "only learned positions have rows to offset")
   nonnegative = "type_vocab_size sliding_window attention_softcap logit_softcap position_offset"
-  for field in nonnegative.split():
+  for field in nonnegative.split() + ["score_scale_width"]:
     if getattr(c, field) < 0:
       _fail(field, str(getattr(c, field)), "must be >= 0 (0: none)")
   for field in ("dropout", "attention_dropout"):

@@ -45,8 +45,8 @@ class Gemma(Llama):
 class Gemma2(Gemma):
   """Gemma 2 (Gemma2ForCausalLM): Gemma with a norm before and after each sublayer (sandwich),
   attention and final-logit soft-capping, and a sliding window on every other block (the first
-  included). Its query_pre_attn_scalar must equal head_dim (27B's 144 over 128-wide heads is
-  refused)."""
+  included). Scores are divided by sqrt(query_pre_attn_scalar): head_dim, or 27B's 144 over
+  128-wide heads (model.score_scale_width)."""
 
   model_type = "gemma2"
   architectures = {"Gemma2ForCausalLM": ("lm",)}
@@ -73,10 +73,11 @@ class Gemma2(Gemma):
   def fields(self, hf, architecture, where):
     out = super().fields(hf, architecture, where)
     head_dim = out["head_dim"] or out["d_model"] // out["num_heads"]
-    if hf["query_pre_attn_scalar"] != head_dim:
+    width = hf["query_pre_attn_scalar"]
+    if not isinstance(width, int) or width < 1:
       raise UnsupportedArchitecture(
-          f"{where}: query_pre_attn_scalar={hf['query_pre_attn_scalar']} differs from head_dim="
-          f"{head_dim}: scores scaled by another width are not supported"
+          f"{where}: query_pre_attn_scalar={width!r} must be a positive integer (a width whose "
+          "square root divides the scores)"
       )
     layers = hf["num_hidden_layers"]
     sliding = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
@@ -92,6 +93,7 @@ class Gemma2(Gemma):
         sliding_every=2,
         attention_softcap=float(hf["attn_logit_softcapping"] or 0.0),
         logit_softcap=float(hf["final_logit_softcapping"] or 0.0),
+        score_scale_width=0 if width == head_dim else width,
     )
 
   def hf_config(self, c, architecture):
@@ -101,7 +103,7 @@ class Gemma2(Gemma):
     ]
     return dict(
         out,
-        query_pre_attn_scalar=c.head_width,
+        query_pre_attn_scalar=c.score_scale_width or c.head_width,
         sliding_window=c.sliding_window or None,
         layer_types=layer_types,
         attn_logit_softcapping=c.attention_softcap or None,
@@ -116,4 +118,5 @@ class Gemma2(Gemma):
         sliding_every=2 if c.sliding_window else c.sliding_every,
         attention_softcap=c.attention_softcap,
         logit_softcap=c.logit_softcap,
+        score_scale_width=c.score_scale_width,
     )

@@ -57,6 +57,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       activation=tuple(ACTIVATIONS_OUT),
       qkv_bias=(None, c.use_bias),
       scale_scores=True,
+      score_scale_width=0,
       unembed_scale=False,
       norm_unit_offset=False,
       sliding_window=0,

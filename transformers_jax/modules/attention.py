@@ -235,6 +235,8 @@ class Attention(nn.Module):
       q = norm_over_heads(c, q, "query_proj_norm")
     if not c.scale_scores:  # every path divides q.k by sqrt(K): T5 wants q.k as it is
       q = q * jnp.asarray(K**0.5, q.dtype)
+    elif c.score_scale_width:  # q.k / sqrt(width) instead (Gemma 2 27B)
+      q = q * jnp.asarray((K / c.score_scale_width) ** 0.5, q.dtype)
 
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
