@@ -6,7 +6,7 @@ tied to the softmax; final_logits_bias is a buffer of zeros."""
 
 from __future__ import annotations
 
-from transformers_jax.interop.common import ACTIVATIONS_OUT, Rule, norm
+from transformers_jax.interop.common import Rule, norm
 from transformers_jax.interop.marian import Marian
 
 # BartLearnedPositionalEmbedding's rows before position 0
@@ -29,24 +29,13 @@ class Bart(Marian):
     )
 
   def hf_config(self, c, architecture):
+    out = super().hf_config(c, architecture)
+    del out["share_encoder_decoder_embeddings"]  # Marian's key
+    return out
+
+  def token_ids(self, c):
+    """BART's conventions (an export from a run with a tokenizer overrides the pad id)."""
     return dict(
-        vocab_size=c.vocab_size,
-        max_position_embeddings=c.max_len,
-        d_model=c.d_model,
-        encoder_layers=c.encoder_layers,
-        decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.num_heads,
-        decoder_attention_heads=c.num_heads,
-        encoder_ffn_dim=c.ff_width,
-        decoder_ffn_dim=c.ff_width,
-        activation_function=ACTIVATIONS_OUT[c.activation],
-        scale_embedding=c.embed_scale,
-        dropout=c.dropout,
-        attention_dropout=c.attention_dropout,
-        init_std=c.init_std,
-        tie_word_embeddings=True,
-        is_encoder_decoder=True,
-        # BART's conventions (an export from a run with a tokenizer overrides the pad id)
         bos_token_id=0,
         pad_token_id=1,
         eos_token_id=2,

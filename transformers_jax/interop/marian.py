@@ -98,10 +98,13 @@ class Marian(Family):
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
         is_encoder_decoder=True,
-        # Marian's conventions (an export from a run with a tokenizer overrides the pad id)
-        pad_token_id=c.vocab_size - 1,
-        decoder_start_token_id=c.vocab_size - 1,
-        eos_token_id=0,
+        **self.token_ids(c),
+    )
+
+  def token_ids(self, c):
+    """Marian's conventions (an export from a run with a tokenizer overrides the pad id)."""
+    return dict(
+        pad_token_id=c.vocab_size - 1, decoder_start_token_id=c.vocab_size - 1, eos_token_id=0
     )
 
   def rules(self, c, base):
