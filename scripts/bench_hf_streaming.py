@@ -77,7 +77,7 @@ def write_checkpoint(directory: pathlib.Path, preset: str, shards: int) -> dict:
   write_shards(
       directory,
       list(shapes),
-      lambda n: nbytes_of(shapes[n], ml_dtypes.bfloat16),
+      lambda n: (shapes[n], ml_dtypes.bfloat16),
       tensor,
       "model.safetensors",
       max_bytes=-(-total // shards),

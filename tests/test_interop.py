@@ -486,3 +486,48 @@ def test_the_documented_python_path_applies_every_converted_architecture(tmp_pat
     out = forward(cfg.to_dict(), params, ref)
     key = "logits" if "logits" in ref else "hidden"
     np.testing.assert_allclose(np.asarray(out[key]), ref[key], atol=TOL, rtol=0, err_msg=name)
+
+
+def test_tensors_are_written_one_at_a_time_and_read_back_by_safetensors(tmp_path):
+  """write_shards makes each tensor only as it is written; safetensors reads the files (and the
+  index of a sharded write) back exactly; a tensor that fails mid-file leaves no file."""
+  import ml_dtypes
+
+  from transformers_jax.interop.tensor_files import write_shards
+
+  rng = np.random.default_rng(0)
+  want = {
+      "a.weight": rng.standard_normal((5, 3)).astype(ml_dtypes.bfloat16),
+      "b.bias": rng.standard_normal(7).astype(np.float32),
+      "c.weight": rng.standard_normal((2, 2, 3)).astype(np.float16),
+  }
+  made = []
+
+  def tensor(name):
+    made.append(name)
+    return want[name]
+
+  spec = lambda n: (want[n].shape, want[n].dtype)  # noqa: E731
+  assert write_shards(tmp_path, list(want), spec, tensor, "model.safetensors") == [
+      "model.safetensors"
+  ]
+  assert made == list(want)
+  got = load_file(tmp_path / "model.safetensors")
+  for k, v in want.items():
+    assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
+  (tmp_path / "s").mkdir()
+  files = write_shards(tmp_path / "s", list(want), spec, tensor, "x", max_bytes=40)
+  assert len(files) > 1
+  index = json.loads((tmp_path / "s" / "model.safetensors.index.json").read_text())
+  for k, v in want.items():
+    assert np.array_equal(load_file(tmp_path / "s" / index["weight_map"][k])[k], v), k
+
+  def failing(name):
+    if name == "b.bias":
+      raise RuntimeError("stopped")
+    return want[name]
+
+  (tmp_path / "f").mkdir()
+  with pytest.raises(RuntimeError, match="stopped"):
+    write_shards(tmp_path / "f", list(want), spec, failing, "model.safetensors")
+  assert not any((tmp_path / "f").iterdir())

@@ -97,8 +97,8 @@ def save_hf(
   one matching the family and head (GPT2LMHeadModel, BertModel, BertForMaskedLM, ViTModel,
   ViTForImageClassification). `params` may be boxed, scanned (`layers`) or looped, jax or numpy.
   `extra_config` entries (token ids, id2label, ...) are merged into config.json. Tensors are
-  converted and written shard by shard (at most `shard_bytes` each; more than one shard adds
-  model.safetensors.index.json), so at most one shard's converted tensors are in memory beside
+  converted and written one at a time into shards of at most `shard_bytes` (more than one shard
+  adds model.safetensors.index.json), so at most one rule's converted tensors are in memory beside
   `params`. Returns the architecture written.
   """
   from flax import linen as nn
@@ -179,7 +179,7 @@ def save_hf(
       *directory.glob("model-*-of-*.safetensors"),
   ]:
     stale.unlink(missing_ok=True)  # (an overwritten folder: none of the old files remain)
-  write_shards(directory, list(tensors), tensors.nbytes, tensors.__getitem__, WEIGHTS, shard_bytes)
+  write_shards(directory, list(tensors), tensors.spec, tensors.__getitem__, WEIGHTS, shard_bytes)
   return architecture
 
 

@@ -106,11 +106,11 @@ class LazyArrays(MutableMapping):
   def plan(self, name: str, shape, dtype, make: Callable[[], np.ndarray]) -> None:
     self._made[name] = (tuple(shape), np.dtype(dtype), make)
 
-  def nbytes(self, name: str) -> int:
+  def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of `name`, without making it."""
     if name in self._held:
-      return self._held[name].nbytes
-    shape, dtype, _ = self._made[name]
-    return nbytes_of(shape, dtype)
+      return self._held[name].shape, self._held[name].dtype
+    return self._made[name][:2]
 
   def __getitem__(self, name: str) -> np.ndarray:
     return self._held[name] if name in self._held else self._made[name][2]()
@@ -149,32 +149,63 @@ def plan_shards(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
 def write_shards(
     directory: pathlib.Path,
     names: list[str],
-    nbytes: Callable[[str], int],
+    spec: Callable[[str], tuple[tuple[int, ...], np.dtype]],
     tensor: Callable[[str], np.ndarray],
     single: str,
     max_bytes: int = MAX_SHARD_BYTES,
 ) -> list[str]:
-  """Write tensors `names` (each made by `tensor(name)` only when its shard is written, and
-  dropped after) as `single` when they fit one shard, else as model-0000i-of-0000n.safetensors
-  with the index. Returns the file names written."""
-  from safetensors.numpy import save_file
-
-  shards = plan_shards({n: nbytes(n) for n in names}, max_bytes)
+  """Write tensors `names` (their shapes and dtypes given by `spec` beforehand; each made by
+  `tensor(name)` only when it is written, and dropped after) as `single` when they fit one
+  shard, else as model-0000i-of-0000n.safetensors with the index. Returns the file names."""
+  sizes = {n: nbytes_of(*spec(n)) for n in names}
+  shards = plan_shards(sizes, max_bytes)
   if len(shards) == 1:
     files = [single]
   else:
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-  weight_map, total = {}, 0
+  weight_map = {}
   for file, shard in zip(files, shards):
-    arrays = {n: np.ascontiguousarray(tensor(n)) for n in shard}
-    save_file(arrays, str(directory / file), metadata={"format": "pt"})
-    total += sum(a.nbytes for a in arrays.values())
+    write_safetensors(directory / file, shard, spec, tensor)
     weight_map.update({n: file for n in shard})
-    del arrays
   if len(files) > 1:
+    total = sum(sizes.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
   return files
+
+
+# safetensors' names of the dtypes a checkpoint here holds
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64"}
+
+
+def write_safetensors(path: pathlib.Path, names, spec, tensor) -> None:
+  """One safetensors file of `names`, written one tensor at a time: the header (each tensor's
+  dtype, shape and byte range, from `spec`) first, then each `tensor(name)` as it is made, so
+  that no more than one tensor is in memory. Written under a temporary name and renamed when
+  complete (safetensors.numpy.save_file needs every tensor in memory at once). safetensors
+  reads it back."""
+  header, offset = {"__metadata__": {"format": "pt"}}, 0
+  for name in names:
+    shape, dtype = spec(name)
+    end = offset + nbytes_of(shape, dtype)
+    kind = SAFETENSORS_DTYPES[np.dtype(dtype).name]
+    header[name] = {"dtype": kind, "shape": list(shape), "data_offsets": [offset, end]}
+    offset = end
+  encoded = json.dumps(header, separators=(",", ":")).encode()
+  encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors pads
+  partial = path.with_name(path.name + ".partial")
+  try:
+    with open(partial, "wb") as f:
+      f.write(len(encoded).to_bytes(8, "little") + encoded)
+      for name in names:
+        array = np.ascontiguousarray(tensor(name))
+        if (array.shape, array.dtype) != (tuple(spec(name)[0]), np.dtype(spec(name)[1])):
+          raise ValueError(f"{name}: made {array.dtype}{array.shape}, planned {spec(name)}")
+        f.write(array.view(np.uint8).data)
+        del array
+    partial.replace(path)
+  finally:
+    partial.unlink(missing_ok=True)  # a write that failed leaves no file behind
 
 
 def nbytes_of(shape: tuple[int, ...], dtype) -> int:
