@@ -37,6 +37,9 @@ from transformers_jax.modules.moe_weights import gather_experts, streamed_expert
 
 # Largest block of rows the CPU grouped matmul pads each expert's group to.
 MAX_BLOCK_ROWS = 128
+# Most bytes of hidden activations (h, h1) one chunk of a device's sorted rows holds (chunked_ffn;
+# Mixtral 8x7B at 36 x 4,096 tokens per chip: 294,912 rows x 14,336 x 2 x 2 bytes = 15.8 GiB).
+CHUNK_HIDDEN_BYTES = 2 * 2**30
 
 
 def expert_capacity(c, tokens: int) -> int | None:
@@ -190,6 +193,36 @@ def grouped_ffn(xs, group_sizes, weights, act, gated: bool, platform: str):
   return grouped_ffn_blocked(xs, group_sizes, weights, act, gated)
 
 
+def row_chunks(c, rows: int, dtype, limit: int = CHUNK_HIDDEN_BYTES) -> int:
+  """Chunks that keep a device's `rows` sorted rows' hidden activations under `limit` bytes."""
+  per_row = c.ff_width * (2 if c.gated else 1) * jnp.dtype(dtype).itemsize
+  return max(1, -(-rows * per_row // limit))
+
+
+def chunked_ffn(ffn, xs, group_sizes, weights, chunks: int):
+  """ffn(rows, group_sizes, weights) over sorted rows xs [M, D] in `chunks` consecutive chunks
+  of a multiple of 128 rows, each with its experts' group sizes within the chunk: a scan whose
+  body is rematerialised, so only one chunk's hidden activations exist at a time, forward and
+  backward (at the cost of the chunks' forward once more in the backward pass)."""
+  if chunks == 1:
+    return ffn(xs, group_sizes, weights)
+  m = xs.shape[0]
+  per_chunk = -(-m // chunks // 128) * 128
+  chunks = -(-m // per_chunk)
+  padded = jnp.pad(xs, ((0, per_chunk * chunks - m), (0, 0)))
+  end = jnp.cumsum(group_sizes)  # each expert's rows: [end - size, end)
+
+  @jax.checkpoint
+  def body(weights, chunk):
+    first = chunk * per_chunk
+    sizes = jnp.minimum(end, first + per_chunk) - jnp.maximum(end - group_sizes, first)
+    rows = jax.lax.dynamic_slice_in_dim(padded, first, per_chunk)
+    return ffn(rows, jnp.maximum(sizes, 0).astype(group_sizes.dtype), weights)
+
+  _, out = jax.lax.scan(lambda _, first: (None, body(weights, first)), None, jnp.arange(chunks))
+  return out.reshape(chunks * per_chunk, -1)[:m]
+
+
 def _inverse(order):
   return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
 
@@ -271,7 +304,8 @@ def local_moe(
     whole = gather_experts(weights, dtype, gather_axes)
     ys = exchange_ffn(xs, group_sizes, whole, ffn, expert_axis, shards, capacity, n)
   else:
-    ys = ffn(xs, group_sizes, weights if stream else gather_experts(weights, dtype, gather_axes))
+    whole = weights if stream else gather_experts(weights, dtype, gather_axes)
+    ys = chunked_ffn(ffn, xs, group_sizes, whole, row_chunks(c, xs.shape[0], dtype))
   y = ys[_inverse(order)].reshape(k, n, d)
   gate = (top_p.reshape(n, k).T * kept.reshape(k, n)).astype(y.dtype)
   out = jnp.einsum("knd,kn->nd", y, gate).reshape(b, t, d)
