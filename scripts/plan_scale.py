@@ -313,6 +313,29 @@ MAXTEXT_ROWS = [
             ],
         ),
     ),
+    # MaxText's long-context recipe: Llama-3.1-8B, 2 sequences of 1,048,576 tokens over 64 chips
+    # (context 64, no fsdp); parameters and optimizer state split over the context axis as its
+    # `embed` rule does; K/V gathered per layer (the ring's blocks are einsums, 137 GB of scores)
+    {
+        **row(
+            "Llama-3.1-8B 1M tokens context 64 v5p-64",
+            "experiments/llama.py:3.1-8b",
+            "v5p:4x4x4",
+            2,
+            1_048_576,
+            1,
+            context=64,
+            extra=[
+                "--config.model.max_len=1048576",
+                "--config.model.context_strategy=all_gather",
+                "--config.rules.embed=fsdp,context",
+                "--config.loss_chunks=16",
+                "--config.model.attention_impl=auto",
+            ],
+        ),
+        "source": "MaxText long context: Llama-3.1-8B, 1M tokens, 64 v5p chips, context 64, "
+        "2 sequences",
+    },
     recipe(
         "GPT-3 6.7B two slices v5p-64 x 2",
         "data parallel across 2 slices (dcn_data 2): which collectives cross DCN",
