@@ -421,6 +421,9 @@ if _CPU_RECORD:
     )
     line = {
         "test": item.nodeid,
+        # which xdist worker ran it, and when it ended (seconds since the epoch): the schedule
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "end": round(time.time(), 2),
         "wall_s": round(wall, 3),
         "own_cpu_s": round(own, 3),
         "children_cpu_s": round(children, 3),

@@ -11,8 +11,10 @@ gives the same bytes.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import hashlib
+import os
 import pathlib
 import platform
 import sysconfig
@@ -39,17 +41,26 @@ def is_validation_name(name: str, val_fraction: float) -> bool:
   return int.from_bytes(digest[:8], "big") / 2.0**64 < val_fraction
 
 
+def _skipped_dir(name: str) -> bool:
+  return name in _SKIP_DIRS or name.startswith("config-")
+
+
 def _stdlib_files() -> list[tuple[str, pathlib.Path]]:
+  """Every `*.py` under the standard library's folder (what `rglob("*.py")` finds: symlinked
+  folders are not entered) outside the skipped folders; the walk does not enter those at all,
+  site-packages being most of the folder's size on many machines."""
   root = pathlib.Path(sysconfig.get_paths()["stdlib"])
   files = []
-  for path in root.rglob("*.py"):
-    rel = path.relative_to(root)
-    dirs = rel.parts[:-1]
-    if any(d in _SKIP_DIRS or d.startswith("config-") for d in dirs):
-      continue
-    if rel.name.startswith("_sysconfigdata"):  # holds this machine's build paths
-      continue
-    files.append(("stdlib/" + rel.as_posix(), path))
+  for folder, dirnames, filenames in os.walk(root):
+    dirnames[:] = [d for d in dirnames if not _skipped_dir(d)]  # walked only if kept
+    for name in (*dirnames, *filenames):
+      if not fnmatch.fnmatchcase(name, "*.py"):
+        continue
+      path = pathlib.Path(folder, name)
+      rel = path.relative_to(root)
+      if rel.name.startswith("_sysconfigdata"):  # holds this machine's build paths
+        continue
+      files.append(("stdlib/" + rel.as_posix(), path))
   return files
 
 

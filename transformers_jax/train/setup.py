@@ -180,10 +180,11 @@ class Setup:
     """(state, first step, a note saying how it started): the newest intact checkpoint of the
     run, parameters of a parameters-only checkpoint (a converted model) with a fresh optimizer,
     parameters taken from `init_from`, or a fresh state."""
-    state, start = self.init_state(), checkpoints.latest_step()
+    start = checkpoints.latest_step()  # a fresh state is made only where one is used
     # the layout (scanned or looped blocks) each checkpoint holds, whatever the model's now
     stacked = lambda step: block.stacked_blocks(checkpoints.stored_tree(step))  # noqa: E731
     if start is not None and checkpoints.kind(start) == PARAMS_ONLY:  # e.g. a converted model
+      state = self.init_state()
       target = {"params": self.abstract_state().params}
       if self.members or stacked(start) not in (None, self.model_cfg.scan_layers):
         # every member starts from the same parameters; or the blocks move to this layout
@@ -213,6 +214,7 @@ class Setup:
       if self.members:
         self.check_same_members(state, start, checkpoints)
       return self.in_model_layout(state), start, f"resumed from step {start}"
+    state = self.init_state()
     if self.config.init_from:
       source = self.config.init_from
       params, src_step = resume.load_init_from(source, self.config.get("init_member", -1))
