@@ -4,7 +4,8 @@ post-LN, exact GELU, 30,522-token WordPiece vocabulary, 512 positions.
 `base` (12 x 768, 12 heads) and `large` (24 x 1024, 16 heads) are `BertModel`: embeddings, encoder
 and pooler — no MLM head and no classifier. Their published counts are those of the widely used
 reference implementation (Hugging Face `BertModel`, bert-base-uncased / bert-large-uncased):
-109,482,240 and 335,141,888. Set `--config.model.head=mlm` for `BertForMaskedLM` (no pooler; MLM
+109,482,240 and 335,141,888. `roberta-base` and `roberta-large` are RoBERTa's (`RobertaModel`):
+124,645,632 and 355,359,744. Set `--config.model.head=mlm` for `BertForMaskedLM` (no pooler; MLM
 transform, norm and vocabulary bias; decoder tied to the word embedding) or `head=classifier`
 with `num_classes` for `BertForSequenceClassification`.
 
@@ -38,6 +39,16 @@ BERT = dict(
     vocab_multiple=128,
 )  # 30,592 stored rows: the vocabulary splits over `tensor`
 SOURCE = "Hugging Face BertModel (embeddings + encoder + pooler)"
+# RoBERTa (Liu et al., 2019): BERT's model with a 50,265-token byte-level BPE vocabulary, one
+# token type, LayerNorm eps 1e-5 and a position table of 514 rows whose first two are never read
+# (position p reads row p + 2: model.position_offset=2)
+ROBERTA = dict(
+    vocab_size=50265,
+    type_vocab_size=1,
+    position_offset=2,
+    norm_eps=1e-5,
+    published_source="Hugging Face RobertaModel (roberta-base / roberta-large, with pooler)",
+)
 
 TINY = dict(
     num_layers=2,
@@ -57,6 +68,12 @@ PRESETS = {
     "classify": dict(TINY, head="classifier", num_classes=2),
     "base": dict(num_layers=12, d_model=768, num_heads=12, published_params=109_482_240),
     "large": dict(num_layers=24, d_model=1024, num_heads=16, published_params=335_141_888),
+    "roberta-base": dict(
+        ROBERTA, num_layers=12, d_model=768, num_heads=12, published_params=124_645_632
+    ),
+    "roberta-large": dict(
+        ROBERTA, num_layers=24, d_model=1024, num_heads=16, published_params=355_359_744
+    ),
 }
 
 # Training fields per preset (the rest as in transformers_jax/train_config.py).
