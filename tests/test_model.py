@@ -50,17 +50,17 @@ def test_family_jit_forward_and_gradient(experiment, file, preset):
   else:
     inputs = tuple(tokens(i, x.shape, c.vocab_size) for i, x in enumerate(inputs))
   model = build_model(c)
-  params = init(c, *inputs)  # (the forward below runs op by op, the gradient jitted)
+  params = init(c, *inputs)
 
-  @jax.jit
+  @jax.jit  # the forward and its gradient as one program
   def loss_and_grad(p):
     def loss(p):
-      return jnp.mean(jnp.square(model.apply({"params": p}, *inputs)["logits"]))
+      out = model.apply({"params": p}, *inputs)
+      return jnp.mean(jnp.square(out["logits"])), out
 
-    return jax.value_and_grad(loss)(p)
+    return jax.value_and_grad(loss, has_aux=True)(p)
 
-  value, grads = loss_and_grad(params)
-  out = model.apply({"params": params}, *inputs)
+  (value, out), grads = loss_and_grad(params)
   B = 2
   if c.family == "vit":
     assert out["logits"].shape == (B, c.num_classes)
@@ -167,7 +167,8 @@ def test_scanned_equals_looped(family, extra):
 
 def test_scan_adds_layers_logical_axis():
   c = ModelConfig(scan_layers=True, **SMALL)
-  boxed = build_model(c).init(KEY, tokens())["params"]
+  # the names are metadata of the boxed parameters: shapes alone carry them (nothing compiles)
+  boxed = jax.eval_shape(build_model(c).init, KEY, tokens())["params"]
   kernel = boxed["decoder"]["layers"]["self_attn"]["query"]["kernel"]
   assert kernel.names == ("layers", "embed", "heads", "head_dim")
   wo = boxed["decoder"]["layers"]["ffn"]["wo"]["kernel"]
@@ -289,7 +290,8 @@ def test_moe_block_sows_aux_loss_and_counts():
   x = tokens()
   model = build_model(c)
   params = jax.jit(model.init)(KEY, x)["params"]  # one program, not one per operation
-  out, state = model.apply({"params": params}, x, mutable=["losses", "intermediates"])
+  apply = lambda p: model.apply({"params": p}, x, mutable=["losses", "intermediates"])  # noqa: E731
+  out, state = jax.jit(apply)(params)
   aux = jax.tree_util.tree_leaves(state["losses"])
   assert len(aux) == 2  # one per layer
   assert all(0.99 <= float(a) <= 4.0 for a in aux)  # 1 = balanced, E = all on one expert
@@ -349,7 +351,8 @@ def test_dropout_only_when_not_deterministic():
   a = forward(c, p, x)["logits"]
   np.testing.assert_array_equal(a, forward(c, p, x)["logits"])
   train = build_model(c, deterministic=False)
-  b = train.apply({"params": p}, x, rngs={"dropout": jax.random.PRNGKey(3)})["logits"]
+  dropped = jax.jit(lambda p, r: train.apply({"params": p}, x, rngs={"dropout": r})["logits"])
+  b = dropped(p, jax.random.PRNGKey(3))
   assert np.abs(np.asarray(a - b)).max() > 1e-3
 
 

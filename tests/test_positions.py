@@ -215,7 +215,11 @@ def test_relative_positions_make_scores_shift_invariant():
   model = build_model(c)
   tokens = jax.random.randint(KEY, (2, 12), 0, 50)
   params = jax.jit(model.init)(KEY, tokens)
-  at = lambda p: model.apply(params, tokens, positions=p)["logits"]  # noqa: E731
+  # one program per model for both position offsets (op by op, each operation compiles)
+  logits = jax.jit(
+      lambda m, params, p: m.apply(params, tokens, positions=p)["logits"], static_argnums=0
+  )
+  at = lambda p: logits(model, params, p)  # noqa: E731
   base = jnp.broadcast_to(jnp.arange(12), (2, 12))
   assert_close(at(base + 5), at(base))
   learned = ModelConfig(family="decoder", positions="learned", **SMALL)

@@ -35,12 +35,17 @@ def losses_and_grads(cfg, steps=3):
   )
   loss_fn = make_loss_fn(task_for(cfg), cfg, {"label_smoothing": 0.0}, 0.0)
   batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 17), 0, 128)}
-  grad = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, batch, jax.random.PRNGKey(2))[0]))
+  value_and_grad = jax.value_and_grad(lambda p: loss_fn(p, batch, jax.random.PRNGKey(2))[0])
+
+  @jax.jit  # the SGD update too: op by op, each leaf's shape would compile its own programs
+  def step(params):
+    loss, g = value_and_grad(params)
+    return loss, g, jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+
   losses = []
   for _ in range(steps):
-    loss, g = grad(params)
+    loss, g, params = step(params)
     losses.append(float(loss))
-    params = jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
   return losses, g
 
 

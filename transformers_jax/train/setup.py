@@ -172,7 +172,7 @@ class Setup:
     if self.members:
       return members_lib.init_state(self)
     state, _ = state_lib.create_state(
-        self.model_cfg, self.tx, self.mesh, self.rule_table, self.config.seed
+        self.model_cfg, self.tx, self.mesh, self.rule_table, self.config.seed, self.shardings
     )
     return state
 

@@ -61,10 +61,12 @@ def state_shardings(model_cfg, tx, mesh, rule_table, seed: int = 0):
   return abstract, shardings
 
 
-def create_state(model_cfg, tx, mesh, rule_table, seed: int):
+def create_state(model_cfg, tx, mesh, rule_table, seed: int, shardings=None):
   """(state, shardings): the state is initialised inside jit with its output shardings, so no
-  parameter ever exists unsharded on one device."""
-  _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
+  parameter ever exists unsharded on one device. `shardings`: state_shardings' own, where the
+  caller holds them already (they are not derived a second time)."""
+  if shardings is None:
+    _, shardings = state_shardings(model_cfg, tx, mesh, rule_table, seed)
   boxed_params = initializer(model_cfg)
 
   def init(rng):
