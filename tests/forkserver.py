@@ -14,14 +14,16 @@ What a child does is what `python ARGS` would do after its imports: it takes the
 environment, working directory and standard streams, sets sys.argv and sys.path[0] as the
 interpreter would, runs the module, script or code as __main__, and exits through the normal
 interpreter shutdown (atexit handlers run; an uncaught exception prints its traceback and exits
-with status 1). XLA reads XLA_FLAGS when a backend starts, which happens in the child, so each
-command can simulate its own number of CPU devices. Environment variables read while JAX is
+with status 1). Its garbage is collected less often, with conftest's thresholds. XLA reads
+XLA_FLAGS when a backend starts, which happens in the child, so each command can simulate its
+own number of CPU devices. Environment variables read while JAX is
 imported (JAX_*, PYTHON*) must equal the server's: conftest keeps one server per such set.
 Python's `random` reseeds itself in a forked child, and the child reseeds NumPy's global
 generator; the children of one server share its hash seed (str hashes, set order), so the
 processes of one multi-process run come from different servers, as separate interpreters would.
 """
 
+import gc
 import json
 import os
 import resource
@@ -150,6 +152,10 @@ if __name__ == "__main__":
   os.dup2(null, 0)
   os.dup2(2, 1)
   _preload()
+  # conftest's garbage-collection thresholds (fewer collections while JAX traces), and the
+  # imports' objects left out of every collection: they live as long as the process
+  gc.set_threshold(50_000, 20, 20)
+  gc.freeze()
   replies.write(
       json.dumps({"ready": True, "cpu_s": _cpu_seconds(resource.getrusage(resource.RUSAGE_SELF))})
       + "\n"

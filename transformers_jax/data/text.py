@@ -73,13 +73,10 @@ def prepare_tokens(
     pass
 
   if tokenizer.eos_id is not None:
-    pieces = [
-        np.asarray([*ids, tokenizer.eos_id], dtype=np.int64)
-        for ids in tokenizer.encode_batch(texts)
-    ]
+    pieces = [np.append(ids, tokenizer.eos_id) for ids in tokenizer.encode_arrays(texts)]
     ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
   else:
-    ids = np.asarray(tokenizer.encode(TEXT_SEPARATOR.join(texts)), dtype=np.int64)
+    (ids,) = tokenizer.encode_arrays([TEXT_SEPARATOR.join(texts)])
   if ids.size == 0 or not any(t.strip() for t in texts):
     raise DataError("the text corpus is empty: pass non-empty .txt files with --config.data.path")
   bad = ids[(ids < 0) | (ids >= vocab_size)]

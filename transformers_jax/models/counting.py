@@ -232,10 +232,11 @@ def analytic_count(cfg, active: bool = False) -> int:
   return sum(v for k, v in analytic_breakdown(cfg, active).items() if k != "blocks")
 
 
-def count(cfg) -> int:
+def count(cfg, shapes=None) -> int:
   """Total parameters by `jax.eval_shape` of the model's init (nothing is allocated), less the
-  rows that only pad the vocabulary."""
-  stored = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(param_shapes(cfg)))
+  rows that only pad the vocabulary. `shapes`: param_shapes(cfg), where the caller has them."""
+  shapes = param_shapes(cfg) if shapes is None else shapes
+  stored = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
   return stored - sum(vocab_padding(cfg).values())
 
 

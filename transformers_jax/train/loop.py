@@ -97,7 +97,8 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
           f"{model_cfg.lora_targets}, the rest frozen)"
       )
     print(
-        f"{model_cfg.family} model, {counting.count(model_cfg):,} parameters{trained}; "
+        f"{model_cfg.family} model, {counting.count(model_cfg, setup.abstract.params):,} "
+        f"parameters{trained}; "
         f"{data.summary}"
     )
     print(
