@@ -531,3 +531,7 @@ def test_tensors_are_written_one_at_a_time_and_read_back_by_safetensors(tmp_path
   with pytest.raises(RuntimeError, match="stopped"):
     write_shards(tmp_path / "f", list(want), spec, failing, "model.safetensors")
   assert not any((tmp_path / "f").iterdir())
+  wrong = lambda n: want[n].astype(np.float32)  # noqa: E731  (not what the header says)
+  with pytest.raises(ValueError, match="a.weight: made"):
+    write_shards(tmp_path / "f", list(want), spec, wrong, "model.safetensors")
+  assert not any((tmp_path / "f").iterdir())

@@ -199,8 +199,9 @@ def write_safetensors(path: pathlib.Path, names, spec, tensor) -> None:
       f.write(len(encoded).to_bytes(8, "little") + encoded)
       for name in names:
         array = np.ascontiguousarray(tensor(name))
-        if (array.shape, array.dtype) != (tuple(spec(name)[0]), np.dtype(spec(name)[1])):
-          raise ValueError(f"{name}: made {array.dtype}{array.shape}, planned {spec(name)}")
+        made = {"dtype": SAFETENSORS_DTYPES.get(array.dtype.name), "shape": list(array.shape)}
+        if made != {key: header[name][key] for key in made}:
+          raise ValueError(f"{name}: made {made}, the header says {header[name]}")
         f.write(array.view(np.uint8).data)
         del array
     partial.replace(path)

@@ -29,24 +29,17 @@ class Embedder(nn.Module):
   def setup(self):
     c = self.cfg
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
+
+    def table(rows, std, axis):  # [rows, d_model], normal(std), the rows over logical `axis`
+      init = normal(std, (axis, "embed"))
+      return nn.Embed(rows, c.d_model, dtype=dt, param_dtype=pdt, embedding_init=init)
+
     token_std = PLACEMENTS[c.norm_placement].token_embedding_std(c) or c.init_std
     if self.tokens:
-      self.token_embed = nn.Embed(
-          c.padded_vocab,
-          c.d_model,
-          dtype=dt,
-          param_dtype=pdt,
-          embedding_init=normal(token_std, ("vocab", "embed")),
-      )
+      self.token_embed = table(c.padded_vocab, token_std, "vocab")
     self.pos_embed = position_scheme(c).embedding_table(c)
     if c.type_vocab_size:
-      self.type_embed = nn.Embed(
-          c.type_vocab_size,
-          c.d_model,
-          dtype=dt,
-          param_dtype=pdt,
-          embedding_init=normal(c.init_std, ("type_vocab", "embed")),
-      )
+      self.type_embed = table(c.type_vocab_size, c.init_std, "type_vocab")
     if c.embed_norm:
       self.embed_norm = Norm(c)
     self.dropout = nn.Dropout(c.dropout)
