@@ -13,6 +13,12 @@ import tempfile
 # depends on when garbage is collected. tests/forkserver.py sets the same for its children.
 GC_THRESHOLDS = (50_000, 20, 20)
 gc.set_threshold(*GC_THRESHOLDS)
+# Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (some sandboxes set it): without
+# it every process of the run (each xdist worker, fork server and command line) compiles the
+# package from source and pytest rewrites every test module again, 1.4 of a worker's 4.7 CPU-s of
+# collection. The pytest processes write it (into the gitignored __pycache__ folders); the others
+# read it whatever their environment says.
+sys.dont_write_bytecode = False
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One compilation cache for the whole run (every xdist worker and every subprocess a test

@@ -48,8 +48,12 @@ def outputs_and_grads(impl, q, k, v, cot, mask, causal, block):
   def f(q, k, v):
     return attend(q, k, v, mask, causal, impl=impl, block_q=block, block_kv=block)
 
-  out, vjp = jax.vjp(jax.jit(f), q, k, v)
-  return (out, *vjp(cot))
+  @jax.jit  # the forward and its VJP as one program
+  def run(q, k, v, cot):
+    out, vjp = jax.vjp(f, q, k, v)
+    return (out, *vjp(cot))
+
+  return run(q, k, v, cot)
 
 
 # (T, S, heads, kv heads, causal, mask): each case combines several features (compiles are what

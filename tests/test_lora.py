@@ -45,7 +45,7 @@ def tuned(tmp_path_factory):
   from transformers_jax.train.entry import train
 
   root = tmp_path_factory.mktemp("lora")
-  params = nn.unbox(initializer(BASE)(jax.random.PRNGKey(0)))
+  params = nn.unbox(jax.jit(initializer(BASE))(jax.random.PRNGKey(0)))  # one program
   save_hf(root / "hf", BASE, params)
   import_hf(root / "hf", root / "base", scan_layers=True)
   words = np.random.default_rng(1).choice(["alpha", "beta", "gamma", "delta"], 3000)

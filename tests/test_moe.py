@@ -130,10 +130,17 @@ def test_tpu_grouped_matmuls_equal_ragged_dot_with_gradients():
 
   results = []
   for ffn in (streamed, tpu_kernel, reference):
-    loss = lambda xs, w, ffn=ffn: jnp.sum(ffn(xs, w) * probe)  # noqa: E731
-    results.append(
-        (jax.jit(ffn)(xs, weights), jax.jit(jax.grad(loss, argnums=(0, 1)))(xs, weights))
-    )
+
+    @jax.jit  # the output and the gradients as one program per path
+    def out_and_grads(xs, w, ffn=ffn):
+      def loss(xs, w):
+        out = ffn(xs, w)
+        return jnp.sum(out * probe), out
+
+      (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(xs, w)
+      return out, grads
+
+    results.append(out_and_grads(xs, weights))
   ref_out, ref_grads = results.pop()
   for out, grads in results:
     np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)

@@ -90,8 +90,12 @@ def test_a_sliding_window_masks_keys_that_far_back_in_every_path():
     def f(q, k, v):
       return attend(q, k, v, mask, True, impl=impl, block_q=32, block_kv=32, bias=bias)
 
-    out, vjp = jax.vjp(jax.jit(f), q, k, v)
-    return (out, *vjp(cot))
+    @jax.jit  # the forward and its VJP as one program
+    def both(q, k, v, cot):
+      out, vjp = jax.vjp(f, q, k, v)
+      return (out, *vjp(cot))
+
+    return both(q, k, v, cot)
 
   want = run("einsum")
   for impl in ("flash", "fused"):
@@ -122,8 +126,12 @@ def test_soft_capped_scores_through_flash_equal_einsum_and_the_written_out_formu
     def f(q, k, v):
       return attend(q, k, v, mask, True, impl=impl, block_q=32, block_kv=32, softcap=2.0)
 
-    out, vjp = jax.vjp(jax.jit(f), q, k, v)
-    return (out, *vjp(cot))
+    @jax.jit  # the forward and its VJP as one program
+    def both(q, k, v, cot):
+      out, vjp = jax.vjp(f, q, k, v)
+      return (out, *vjp(cot))
+
+    return both(q, k, v, cot)
 
   want = run("einsum")
   for a, b in zip(run("flash"), want):
@@ -148,8 +156,12 @@ def test_flash_and_fused_with_a_score_bias_equal_einsum_with_gradients(case):
       bias = ScoreBias(w, kind, not causal, 64)
       return attend(q, k, v, mask, causal, impl=impl, block_q=32, block_kv=32, bias=bias)
 
-    out, vjp = jax.vjp(jax.jit(f), q, k, v, weights)
-    return (out, *vjp(cot))
+    @jax.jit  # the forward and its VJP as one program
+    def both(q, k, v, weights, cot):
+      out, vjp = jax.vjp(f, q, k, v, weights)
+      return (out, *vjp(cot))
+
+    return both(q, k, v, weights, cot)
 
   want = run("einsum")
   for impl in ("flash", "fused"):
