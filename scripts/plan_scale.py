@@ -246,7 +246,31 @@ def recipe(
       extra=[*shape, *extra, "--config.model.attention_impl=auto"],
   )
   r["source"] = source
+  r["chips"] = chips
   return r
+
+
+def long_context(name, topology, batch, seq_len, strategy, source):
+  """Llama-3.1-8B with each sequence split over every chip of `topology` (the context axis),
+  parameters and optimizer state split over that axis too, full remat."""
+  chips = {"v5p:4x4x4": 64, "v5p:8x8x8": 512}[topology]
+  r = row(
+      name,
+      "experiments/llama.py:3.1-8b",
+      topology,
+      batch,
+      seq_len,
+      1,
+      context=chips,
+      extra=[
+          f"--config.model.max_len={seq_len}",
+          f"--config.model.context_strategy={strategy}",
+          "--config.rules.embed=fsdp,context",
+          "--config.loss_chunks=16",
+          "--config.model.attention_impl=auto",
+      ],
+  )
+  return {**r, "source": source}
 
 
 # MaxText's 32B: fsdp 16 x tensor 4 on v5p:4x4x4, 6 x 2,048 tokens per chip, remat minimal;
@@ -277,6 +301,7 @@ MAXTEXT_32B = [
         ),
     )
 ]
+MAXTEXT_32B[0]["flops_policies"] = ("minimal", "full")
 MAXTEXT_ROWS = [
     *MAXTEXT_32B,
     recipe(
@@ -288,7 +313,8 @@ MAXTEXT_ROWS = [
         256,
         "save_dot_except_mlpwi",
         llama(80, 8192, 64, 28672, 4096, kv_heads=8),
-    ),
+    )
+    | {"flops_policies": ("save_dot_except_mlpwi", "full")},
     recipe(
         "Mixtral 8x7B full v5p-64",
         "MaxText v5p Mixtral 8x7B: 52.6% MFU, fsdp 64, 36 x 4,096 per chip, bf16 weights",
@@ -315,27 +341,29 @@ MAXTEXT_ROWS = [
     ),
     # MaxText's long-context recipe: Llama-3.1-8B, 2 sequences of 1,048,576 tokens over 64 chips
     # (context 64, no fsdp); parameters and optimizer state split over the context axis as its
-    # `embed` rule does; K/V gathered per layer (the ring's blocks are einsums, 137 GB of scores)
-    {
-        **row(
-            "Llama-3.1-8B 1M tokens context 64 v5p-64",
-            "experiments/llama.py:3.1-8b",
+    # `embed` rule does; K/V gathered per layer, or passed around the ring in flash blocks
+    *(
+        long_context(
+            f"Llama-3.1-8B 1M tokens context 64 {strategy} v5p-64",
             "v5p:4x4x4",
             2,
             1_048_576,
-            1,
-            context=64,
-            extra=[
-                "--config.model.max_len=1048576",
-                "--config.model.context_strategy=all_gather",
-                "--config.rules.embed=fsdp,context",
-                "--config.loss_chunks=16",
-                "--config.model.attention_impl=auto",
-            ],
-        ),
-        "source": "MaxText long context: Llama-3.1-8B, 1M tokens, 64 v5p chips, context 64, "
-        "2 sequences",
-    },
+            strategy,
+            "MaxText long context: Llama-3.1-8B, 1M tokens, 64 v5p chips, context 64, "
+            "2 sequences",
+        )
+        for strategy in ("all_gather", "ring")
+    ),
+    # ... and its longest rows' scale: one sequence of 4,194,304 tokens over 512 chips
+    long_context(
+        "Llama-3.1-8B 4M tokens context 512 ring v5p-512",
+        "v5p:8x8x8",
+        1,
+        4_194_304,
+        "ring",
+        "MaxText's long-context rows up to 10M tokens: Llama-3.1-8B, one 4M-token sequence, "
+        "context 512",
+    ),
     recipe(
         "GPT-3 6.7B two slices v5p-64 x 2",
         "data parallel across 2 slices (dcn_data 2): which collectives cross DCN",
@@ -371,14 +399,60 @@ def compile_row(r) -> dict:
   result = bench_report.compile_only(r["args"], FLAGS.timeout)
   if "exit_code" not in result:  # timed out
     return {"name": r["name"], **result}
-  return {"name": r["name"], "config": r["config"], "remat": r["remat"], **result}
+  out = {"name": r["name"], "config": r["config"], "remat": r["remat"], **result}
+  if r.get("flops_policies"):
+    out["flops_per_model_flop"] = recompute_flops(r)
+  return out
+
+
+# XLA's cost analysis counts a loop's body once, so the step's FLOPs are measured on programs
+# without loops: the row's shape with 1 and with 2 unrolled layers, the whole logits at once
+# and einsum attention, one sequence per chip. Their difference is one layer's FLOPs (forward,
+# backward and whatever the policy recomputes), the rest is the embedding, head and loss, and
+# the row's L layers come to rest + L x layer. Divided by the same for the model's own count
+# (models/counting.py, which the MFU figures use) that is the compiled FLOPs per model FLOP;
+# remat=none gives what the step costs without recomputing anything.
+FLOPS_PROGRAM = [
+    "--config.model.scan_layers=False",
+    "--config.loss_chunks=1",
+    "--config.model.attention_impl=einsum",
+]
+
+
+def recompute_flops(r) -> dict:
+  """{policy: compiled FLOPs per model FLOP of the row's whole step} for "none" and each policy
+  in r["flops_policies"], or {policy: error text} where a compile gave no count."""
+  layers = int(next(a for a in reversed(r["args"]) if "num_layers=" in a).split("=")[1])
+  out = {}
+  for policy in ("none", *r["flops_policies"]):
+    xla, model = {}, {}
+    for depth in (1, 2):
+      result = bench_report.compile_only(
+          [
+              *r["args"],
+              *FLOPS_PROGRAM,
+              f"--config.batch_size={r['chips']}",
+              f"--config.model.num_layers={depth}",
+              f"--config.model.remat={policy}",
+          ],
+          FLAGS.timeout,
+      )
+      xla[depth] = result.get("xla_flops_per_device_per_step")
+      model[depth] = result.get("model_flops_per_device_per_step")
+      if xla[depth] is None:
+        out[policy] = result.get("error") or result.get("xla_flops_omitted") or "no FLOP count"
+        break
+    else:
+      whole = lambda f: f[1] + (layers - 1) * (f[2] - f[1])  # noqa: E731
+      out[policy] = round(whole(xla) / whole(model), 4)
+  return out
 
 
 def maxtext_markdown(results: list[dict]) -> str:
   lines = [
       "| recipe | source | policy | per-chip peak GiB | XLA peak GiB | HBM GiB | fits | DCN "
-      "collectives (in the program) | compile s |",
-      "|---|---|---|---:|---:|---:|---|---|---:|",
+      "collectives (in the program) | compiled FLOPs per model FLOP | compile s |",
+      "|---|---|---|---:|---:|---:|---|---|---|---:|",
   ]
   sources = {r["name"]: r.get("source", "") for r in MAXTEXT_ROWS}
   for r in results:
@@ -388,7 +462,7 @@ def maxtext_markdown(results: list[dict]) -> str:
         f"| {r['name']} | {sources.get(r['name'], '')} | {r.get('remat', '')} | "
         f"{gib(r.get('per_device_peak_estimate_gib'))} | {gib(r.get('per_device_peak_xla_gib'))}"
         f" | {gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | {dcn_text} | "
-        f"{r.get('compile_s', '—')} |"
+        f"{flops_text(r.get('flops_per_model_flop'))} | {r.get('compile_s', '—')} |"
     )
   commands = [
       f"- {r['name']}: `python -m transformers_jax.train --compile_only "
@@ -398,6 +472,16 @@ def maxtext_markdown(results: list[dict]) -> str:
       for r in [x]
   ]
   return "\n".join(lines) + "\n\nCommands:\n\n" + "\n".join(commands) + "\n"
+
+
+def flops_text(ratios) -> str:
+  """ "minimal 1.02, full 1.33, none 1.00": each policy's compiled FLOPs per model FLOP."""
+  if not ratios:
+    return "—"
+  first = [p for p in ratios if p != "none"] + ["none"]
+  return ", ".join(
+      f"{p} {v:.3f}" if isinstance(v, float) else f"{p}: {v}" for p in first for v in [ratios[p]]
+  )
 
 
 def gib(x) -> str:

@@ -133,8 +133,8 @@ def test_two_processes_equal_one_and_checkpoints_move_between_meshes(tmp_path):
   np.testing.assert_allclose(losses(moved), reference[2:], rtol=1e-5)
 
 
-def test_mesh_that_does_not_fit_is_one_line():
-  out = run_python(train_cmd("unused", "--config.mesh.data=3"), env=env(8))
+def test_mesh_that_does_not_fit_is_one_line(tmp_path):
+  out = run_python(train_cmd(tmp_path / "unused", "--config.mesh.data=3"), env=env(8))
   assert out.returncode == 2
   line = out.stderr.strip().splitlines()[-1]
   assert line.startswith("error: mesh") and "8" in line, line

@@ -121,12 +121,12 @@ def test_a_population_member_equals_its_solo_run_across_processes(two_processes)
 
 
 # ----------------------------------------------------------------------------- cluster join
-def test_a_failed_cluster_join_is_one_line():
+def test_a_failed_cluster_join_is_one_line(tmp_path):
   out = run_cli(
       "--config",
       GPT2_TINY,
       "--workdir",
-      "unused",
+      str(tmp_path / "unused"),
       f"--coordinator_address=localhost:{free_port()}",
       "--num_processes=2",
       "--process_id=1",

@@ -5,7 +5,9 @@ every device holds T/N tokens of each of its sequences, and so do the feed-forwa
 norms and the head. Attention needs every key for every query: `attend_over_context` keeps the
 queries on their device and all-gathers the keys and values (and the per-token mask fields) over
 `context` inside a `shard_map`; their gradients come back as a reduce-scatter. Per device the
-score blocks then cover T/N queries x T keys: an Nth of the whole.
+score blocks then cover T/N queries x T keys: an Nth of the whole. With
+model.context_strategy=ring they are not gathered but passed from device to device in N steps
+(modules/ring.py), so no device holds more than its own T/N keys and values at once.
 
 Causal load balancing (zig-zag): with N devices the sequence is cut into 2N chunks and device i
 holds chunks i and 2N-1-i, so every device has as many early queries (few keys to attend) as
@@ -23,8 +25,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.ring import ring_attention
 from transformers_jax.modules.splash import target_platform
 
 CONTEXT_AXIS = "context"
@@ -115,7 +117,8 @@ def attend_over_context(
   true positions (self-attention: the keys' too), which a causal mask then compares, so that a
   zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
   like q, or with `reduce_max` a scalar maxed over `context`. With `ring` the keys and values
-  are not gathered but passed around the context axis (`ring_attention`; fn is not used).
+  are not gathered but passed around the context axis (modules/ring.py, blockwise: fn is not
+  used).
   A score `bias` (modules/positions.ScoreBias) is evaluated at the true positions, which the
   mask then carries whether or not the attention is causal; its weights split over heads as
   q does."""
@@ -150,9 +153,7 @@ def attend_over_context(
     # loop-invariant residuals), one [T/N x S] mask per head, which is more than the scores.
     q, mask = jax.lax.optimization_barrier((q, mask))
     if ring and not reduce_max:
-      if mask.q_segments is not None and mask.kv_segments is None:
-        mask = mask.replace(kv_segments=mask.q_segments)
-      return ring_attention(q, kvs, mask, causal, shards, bias, softcap)
+      return ring_attention(q, *kvs, mask, causal, CONTEXT_AXIS, shards, bias, softcap)
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
@@ -180,60 +181,6 @@ def attend_over_context(
   )(q, tuple(kvs), mask, bias)
 
 
-def ring_attention(q, kvs, mask, causal: bool, shards: int, bias=None, softcap: float = 0.0):
-  """Attention of this device's queries q [B, T, H, K] over every device's keys and values,
-  with the key-side arrays passed around the `context` ring instead of gathered: `shards`
-  steps, each scoring the queries against the block it holds ([T, T] scores per head, never
-  [T, N T]) while `ppermute` passes that block (keys, values and the mask's key fields) to the
-  next device; the blocks' softmaxes merge by their log-sum-exp (online softmax), so the result
-  equals attention over all keys. Runs inside attend_over_context's shard_map; each step is
-  rematerialised, so the backward pass holds a step's inputs, not its scores."""
-  k, v = kvs
-  B, T, H, K = q.shape
-  G = k.shape[2]
-  qh = q.reshape(B, T, G, H // G, K)
-  ring = [(j, (j + 1) % shards) for j in range(shards)]
-  scale = 1.0 / float(K) ** 0.5
-
-  def step(carry, _):
-    k, v, fields, out, lse = carry
-    block_mask = mask.replace(**fields).dense(causal=causal, length=T)  # [B, 1, T, S] or None
-    s = jnp.einsum("btgrk,bsgk->bgrts", qh, k, preferred_element_type=jnp.float32) * scale
-    if bias is not None:  # at the true positions: the queries' and the passed block's
-      s = s + bias.block(mask.q_positions, fields["kv_positions"], G)
-    s = soft_cap(s, softcap)  # Gemma 2's, before the mask
-    if block_mask is not None:  # a large finite fill: a fully masked block then weighs 0
-      s = jnp.where(block_mask[:, :, None], s, -1e30)
-    block_lse = jax.nn.logsumexp(s, axis=-1)  # [B, G, R, T]
-    p = jnp.exp(s - block_lse[..., None])
-    block_out = jnp.einsum("bgrts,bsgk->bgrtk", p, v.astype(jnp.float32))
-    new_lse = jnp.logaddexp(lse, block_lse)
-    out = (
-        out * jnp.exp(lse - new_lse)[..., None]
-        + block_out * jnp.exp(block_lse - new_lse)[..., None]
-    )
-    passed = jax.tree_util.tree_map(
-        lambda x: jax.lax.ppermute(x, CONTEXT_AXIS, ring), (k, v, fields)
-    )
-    return (*passed, out, new_lse), None
-
-  fields = {
-      name: getattr(mask, name)
-      for name in ("kv_segments", "kv_valid", "kv_positions")
-      if getattr(mask, name) is not None
-  }
-  if mask.q_segments is not None and "kv_segments" not in fields:
-    fields["kv_segments"] = mask.q_segments  # self-attention: the keys' segments travel
-  R = H // G
-  out = jnp.zeros((B, G, R, T, K), jnp.float32)
-  lse = jnp.full((B, G, R, T), -jnp.inf, jnp.float32)
-  carry, _ = jax.lax.scan(
-      jax.checkpoint(step, prevent_cse=False), (k, v, fields, out, lse), None, length=shards
-  )
-  out = carry[3]  # [B, G, R, T, K]
-  return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K).astype(q.dtype)
-
-
 def _spec(names, shape) -> P:
   """The PartitionSpec the active rules give logical `names`, with `context` on the tokens and
   dimensions the mapped axes do not divide (e.g. fewer kv heads than `tensor`) left whole."""
@@ -255,7 +202,7 @@ def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gat
   `context` (`attend_over_context`); same signatures as the two functions. Splash attention
   (whose kernel runs under a shard_map of its own) is replaced by flash attention here, which
   also masks by true position, as the zig-zag order needs. `strategy` (model.context_strategy):
-  "all_gather" gathers the keys and values, "ring" passes them around (`ring_attention`)."""
+  "all_gather" gathers the keys and values, "ring" passes them around (modules/ring.py)."""
 
   def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None, softcap=0.0):
     if dropout_fn is not None:

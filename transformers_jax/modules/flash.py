@@ -42,7 +42,7 @@ from transformers_jax.modules.positions import index_positions
 MASKED = float(jnp.finfo(jnp.float32).min)
 
 
-class _Static(NamedTuple):
+class BlockShape(NamedTuple):
   """What the kernel's shape depends on (hashable: a static argument of the custom VJP)."""
 
   block_q: int
@@ -65,7 +65,7 @@ def _pad(x, axis: int, length: int, value=0):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def _fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
+def mask_fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
   """The mask's per-token fields padded to the block multiples Tp, Sp: (query segments, key
   segments, key validity, query positions, key positions, sliding window), None where absent.
   Padded keys are invalid, so key validity exists whenever S is padded."""
@@ -87,7 +87,7 @@ def _fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
   return (q_seg, kv_seg, valid, q_pos, kv_pos, window)
 
 
-def _block_mask(st: _Static, fields, i0, j0):
+def _block_mask(st: BlockShape, fields, i0, j0):
   """Boolean [B or 1, 1, 1, block_q, block_kv] for the block pair starting at query i0 and key
   j0 (True = may attend), or None when nothing masks it."""
   q_seg, kv_seg, valid, q_pos, kv_pos, window = fields
@@ -117,7 +117,7 @@ def _block_mask(st: _Static, fields, i0, j0):
   return None if out is None else out[:, None, None]
 
 
-def _empty_by_position(st: _Static, fields, i0, j0):
+def _empty_by_position(st: BlockShape, fields, i0, j0):
   """Whether every pair of the block is causally masked by position (a traced bool)."""
   _, _, _, q_pos, kv_pos, _ = fields
   qp = lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1)
@@ -125,21 +125,21 @@ def _empty_by_position(st: _Static, fields, i0, j0):
   return jnp.min(kp) > jnp.max(qp)
 
 
-def _kv_range(st: _Static, i0, nk: int):
+def _kv_range(st: BlockShape, i0, nk: int):
   """Key blocks [0, hi) that query block i0 visits (all but those above the diagonal)."""
   if st.causal and not st.by_position:
     return jnp.minimum(nk, (i0 + st.block_q - 1) // st.block_kv + 1)
   return nk
 
 
-def _q_start(st: _Static, j0):
+def _q_start(st: BlockShape, j0):
   """First query block that key block j0 reaches (causal, by index)."""
   if st.causal and not st.by_position:
     return j0 // st.block_q
   return 0
 
 
-def _bias_positions(st: _Static, fields, i0, j0):
+def _bias_positions(st: BlockShape, fields, i0, j0):
   """The positions the score bias reads for block pair (i0, j0): ([B or 1, block_q],
   [B or 1, block_kv]), the mask's positions where it has them, else the indices."""
   _, _, _, q_pos, kv_pos, _ = fields
@@ -151,7 +151,7 @@ def _bias_positions(st: _Static, fields, i0, j0):
   )
 
 
-def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None, cap_slope: bool = False):
+def _scores(st: BlockShape, fields, qb, kb, i0, j0, bias=None, cap_slope: bool = False):
   """The block's scores q.k scale (+ bias, soft-capped), masked; with `cap_slope` also the
   soft-cap's derivative 1 - tanh^2 (1 without a cap), what the backward pass multiplies by."""
   s = jnp.einsum("bgrqk,bgsk->bgrqs", qb, kb, preferred_element_type=jnp.float32) * st.scale
@@ -164,13 +164,13 @@ def _scores(st: _Static, fields, qb, kb, i0, j0, bias=None, cap_slope: bool = Fa
   return (s, slope) if cap_slope else s
 
 
-def _outside_window(st: _Static, fields, i0, j0):
+def _outside_window(st: BlockShape, fields, i0, j0):
   """Whether every key of the block is `window` or more positions behind every query."""
   qp, kp = _bias_positions(st, fields, i0, j0)
   return jnp.min(qp) - jnp.max(kp) >= fields[5]
 
 
-def _skippable(st: _Static, fields, i0, j0, compute, carry):
+def _skippable(st: BlockShape, fields, i0, j0, compute, carry):
   """`compute(carry)`, or `carry` unchanged where a block is empty by position or lies wholly
   outside a sliding window."""
   empty = None
@@ -184,8 +184,9 @@ def _skippable(st: _Static, fields, i0, j0, compute, carry):
   return compute(carry)
 
 
-def _forward(st: _Static, qh, kh, vh, fields, bias):
-  """(out [B, G, R, Tp, K] in q's dtype, lse [B, G, R, Tp] float32)."""
+def blockwise_forward(st: BlockShape, qh, kh, vh, fields, bias, out_dtype=None):
+  """(out [B, G, R, Tp, K] in `out_dtype` (default q's), lse [B, G, R, Tp] float32) of the
+  queries qh [B, G, R, Tp, K] over the keys and values kh, vh [B, G, Sp, K]."""
   B, G, R, Tp, K = qh.shape
   Sp = kh.shape[2]
   bq, bk = st.block_q, st.block_kv
@@ -227,13 +228,13 @@ def _forward(st: _Static, qh, kh, vh, fields, bias):
     lse = lax.dynamic_update_slice_in_dim(lse, m + jnp.log(total), i0, axis=3)
     return out, lse
 
-  init = (jnp.zeros(qh.shape, qh.dtype), jnp.zeros((B, G, R, Tp), jnp.float32))
+  init = (jnp.zeros(qh.shape, out_dtype or qh.dtype), jnp.zeros((B, G, R, Tp), jnp.float32))
   return lax.fori_loop(0, nq, query_block, init)
 
 
-def _backward(st: _Static, qh, kh, vh, fields, bias, out, lse, dout):
-  """(dq, dk, dv, d bias weights or None), recomputing each block's probabilities
-  exp(s - lse)."""
+def blockwise_backward(st: BlockShape, qh, kh, vh, fields, bias, out, lse, dout, grad_dtype=None):
+  """(dq, dk, dv, d bias or None) in `grad_dtype` (default: the inputs' dtypes), recomputing each
+  block's probabilities exp(s - lse) from the output and log-sum-exp the forward pass gave."""
   learned = bias is not None  # its weights' gradient (zero use for ALiBi's constant slopes)
   G = qh.shape[1]
   Tp = qh.shape[3]
@@ -288,40 +289,49 @@ def _backward(st: _Static, qh, kh, vh, fields, bias, out, lse, dout):
   dw = jnp.zeros(bias.weights.shape, jnp.float32) if learned else jnp.zeros(())
   init = (
       jnp.zeros(qh.shape, jnp.float32),
-      jnp.zeros(kh.shape, kh.dtype),
-      jnp.zeros(vh.shape, vh.dtype),
+      jnp.zeros(kh.shape, grad_dtype or kh.dtype),
+      jnp.zeros(vh.shape, grad_dtype or vh.dtype),
       dw,
   )
   dq, dk, dv, dw = lax.fori_loop(0, nk, key_block, init)
   dbias = bias.replace(weights=dw.astype(bias.weights.dtype)) if learned else None
-  return dq.astype(qh.dtype), dk, dv, dbias
+  return dq.astype(grad_dtype or qh.dtype), dk, dv, dbias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(st: _Static, qh, kh, vh, fields, bias):
-  return _forward(st, qh, kh, vh, fields, bias)[0]
+def _flash(st: BlockShape, qh, kh, vh, fields, bias):
+  return blockwise_forward(st, qh, kh, vh, fields, bias)[0]
 
 
 def _flash_fwd(st, qh, kh, vh, fields, bias):
-  out, lse = _forward(st, qh, kh, vh, fields, bias)
+  out, lse = blockwise_forward(st, qh, kh, vh, fields, bias)
   return out, (qh, kh, vh, fields, bias, out, lse)
 
 
 def _flash_bwd(st, residuals, dout):
   qh, kh, vh, fields, bias, out, lse = residuals
-  dq, dk, dv, dbias = _backward(st, qh, kh, vh, fields, bias, out, lse, dout)
+  dq, dk, dv, dbias = blockwise_backward(st, qh, kh, vh, fields, bias, out, lse, dout)
   return dq, dk, dv, jax.tree_util.tree_map(lambda _: None, fields), dbias
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _layout(q, k, block_q: int, block_kv: int):
-  """Block sizes clipped to the lengths (rounded to 8) and the padded lengths."""
-  T, S = q.shape[1], k.shape[1]
+def prepare(q, k, v, mask, causal: bool, block_q: int, block_kv: int, softcap: float = 0.0):
+  """(BlockShape, mask fields, qh [B, G, R, Tp, K], kh [B, G, Sp, K], vh or None) for q
+  [B, T, H, K], k, v [B, S, G, K]: the block sizes clipped to the lengths (rounded to 8), the
+  lengths padded to multiples of them, the heads grouped as the blockwise loops read them."""
+  B, T, H, K = q.shape
+  S, G = k.shape[1], k.shape[2]
   bq = min(block_q, _round_up(T, 8))
   bk = min(block_kv, _round_up(S, 8))
-  return bq, bk, _round_up(T, bq), _round_up(S, bk)
+  Tp, Sp = _round_up(T, bq), _round_up(S, bk)
+  by_position = isinstance(mask, AttentionMask) and mask.has_positions
+  st = BlockShape(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
+  qh = _pad(q.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4), 3, Tp)
+  kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)
+  vh = None if v is None else _pad(v.transpose(0, 2, 1, 3), 2, Sp)
+  return st, mask_fields(mask, B, T, S, Tp, Sp), qh, kh, vh
 
 
 def flash_attention(
@@ -334,15 +344,7 @@ def flash_attention(
   positions, key position > query position); `bias`: a ScoreBias (modules/positions.py) or
   None; `softcap`: Gemma 2's soft-capping of the scores (0: none)."""
   B, T, H, K = q.shape
-  S, G = k.shape[1], k.shape[2]
-  R = H // G
-  bq, bk, Tp, Sp = _layout(q, k, block_q, block_kv)
-  by_position = isinstance(mask, AttentionMask) and mask.has_positions
-  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
-  fields = _fields(mask, B, T, S, Tp, Sp)
-  qh = _pad(q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B, G, R, Tp, K]
-  kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)  # [B, G, Sp, K]
-  vh = _pad(v.transpose(0, 2, 1, 3), 2, Sp)
+  st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, block_q, block_kv, softcap)
   out = _flash(st, qh, kh, vh, fields, bias)[:, :, :, :T]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
@@ -352,20 +354,15 @@ def blockwise_max_logit(
 ):
   """The largest score q.k / sqrt(K) + bias over the pairs the mask allows (float32), computed
   block by block as `flash_attention` visits them: no T x S array."""
-  B, T, H, K = q.shape
-  S, G = k.shape[1], k.shape[2]
-  bq, bk, Tp, Sp = _layout(q, k, block_q, block_kv)
-  by_position = isinstance(mask, AttentionMask) and mask.has_positions
-  st = _Static(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
-  fields = _fields(mask, B, T, S, Tp, Sp)
+  T = q.shape[1]
+  st, fields, qh, kh, _ = prepare(q, k, None, mask, causal, block_q, block_kv, softcap)
+  bq, bk, Tp, Sp = st.block_q, st.block_kv, qh.shape[3], kh.shape[2]
   if Tp > T:  # padded queries must not count: mark them with a segment no key has
     q_seg = fields[0] if fields[0] is not None else jnp.zeros((1, Tp), jnp.int32)
     kv_seg = fields[1] if fields[1] is not None else jnp.zeros((1, Sp), jnp.int32)
     q_seg = jnp.where(jnp.arange(Tp) < T, q_seg, jnp.iinfo(jnp.int32).min)
     kv_seg = jnp.where(kv_seg == jnp.iinfo(jnp.int32).min, 0, kv_seg)
     fields = (q_seg, kv_seg) + tuple(fields[2:])
-  qh = _pad(q.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4), 3, Tp)
-  kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)
 
   def query_block(i, best):
     i0 = i * bq

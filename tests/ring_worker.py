@@ -1,0 +1,83 @@
+"""Ring attention (modules/ring.py) against flash attention over the whole sequence, on as many
+simulated CPU devices as the `context` axis has: the loss's value and its gradients with respect
+to queries, keys, values and a learned score bias. The tokens are split over the devices in a
+shuffled order, so only their positions say what is causal. Prints one JSON object: for each
+case, the largest error of the value and of each gradient relative to that gradient's largest
+entry."""
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from transformers_jax.modules.flash import flash_attention
+from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.positions import ScoreBias
+from transformers_jax.modules.ring import ring_attention
+
+SHARDS = 4
+B, T, H, G, K = 2, 64, 4, 2, 8
+
+
+def mask_of(case, positions, segments, valid):
+  if case == "causal":  # two packed documents, a T5 bias read at the true positions
+    return AttentionMask(q_segments=segments, q_positions=positions, kv_positions=positions)
+  return AttentionMask(kv_valid=valid)  # bidirectional, the last keys padding
+
+
+def errors_of(case, mesh):
+  """{"value": ..., "q": ..., "k": ..., "v": ..., "bias": ...}: ring against whole-sequence flash."""
+  keys = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(keys[0], (B, T, H, K))
+  k = jax.random.normal(keys[1], (B, T, G, K))
+  v = jax.random.normal(keys[2], (B, T, G, K))
+  weights = jax.random.normal(keys[3], (32, H))
+  positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+  segments = (jnp.arange(T) >= 40).astype(jnp.int32)[None].repeat(B, 0)
+  valid = jnp.arange(T)[None].repeat(B, 0) < 56
+  order = np.random.RandomState(0).permutation(T)
+  causal = case == "causal"
+
+  def bias_of(w):
+    return ScoreBias(weights=w, kind="t5", bidirectional=False) if causal else None
+
+  def whole(q, k, v, w):
+    mask = mask_of(case, positions, segments, valid)
+    out = flash_attention(q, k, v, mask, causal, block_q=8, block_kv=8, bias=bias_of(w))
+    return jnp.sum(jnp.sin(out))
+
+  def ringed(q, k, v, w):
+    taken = [x[:, order] for x in (q, k, v, positions, segments, valid)]
+    mask = mask_of(case, *taken[3:])
+    spec = P(None, "context")
+
+    def local(q, k, v, mask, w):
+      return ring_attention(q, k, v, mask, causal, "context", SHARDS, bias_of(w), block=8)
+
+    mask_specs = jax.tree_util.tree_map(lambda _: spec, mask)
+    out = jax.shard_map(
+        local, in_specs=(spec, spec, spec, mask_specs, P()), out_specs=spec, check_vma=False
+    )(*taken[:3], mask, w)
+    return jnp.sum(jnp.sin(out[:, np.argsort(order)]))
+
+  grads = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))  # noqa: E731
+  reference = grads(whole)(q, k, v, weights)
+  with jax.set_mesh(mesh):
+    got = grads(ringed)(q, k, v, weights)
+  errors = {"value": float(abs(got[0] - reference[0]) / abs(reference[0]))}
+  for name, a, b in zip(("q", "k", "v", "bias"), got[1], reference[1]):
+    scale = float(jnp.max(jnp.abs(b)))
+    errors[name] = float(jnp.max(jnp.abs(a - b))) / scale if scale else float(jnp.max(a))
+  return errors
+
+
+def main():
+  mesh = jax.make_mesh((SHARDS,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))
+  print(json.dumps({case: errors_of(case, mesh) for case in ("causal", "bidirectional")}))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
