@@ -73,3 +73,36 @@ def test_loss_chunks_is_refused_where_it_cannot_apply():
   bert = ModelConfig(family="encoder", head="mlm", max_len=T, vocab_size=256)
   with pytest.raises(ValueError, match="computes its logits whole"):
     task_for(bert).check(config, bert)
+
+
+def test_chunks_split_over_context_keep_every_device_on_its_own_tokens():
+  """With the tokens split over a context axis of 8 TPU chips (compiled deviceless for
+  v5p:2x2x2), each chunk is every 4th token, so every chip makes the logits of its own 1/8 of a
+  chunk: its temporaries stay below one chunk's whole logits, which a chunk of consecutive
+  tokens (living on 2 of the 8 chips) would have handed to all of them."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from transformers_jax.machine import hardware
+  from transformers_jax.tasks.base import chunked_cross_entropy
+
+  devices = hardware.topology_devices("v5p:2x2x2")
+  mesh = jax.sharding.Mesh(np.array(devices), ("context",))
+  length, width, vocab, chunks = 8192, 128, 4096, 4
+  cfg = ModelConfig(family="decoder", vocab_size=vocab, max_len=length, d_model=width)
+
+  def loss(hidden, unembedding, targets, weights):
+    sums = chunked_cross_entropy(hidden, unembedding, cfg, targets, weights, chunks, 0.0, None, 0.0)
+    return sums["loss"]
+
+  tokens = NamedSharding(mesh, P(None, "context"))
+  args = (
+      jax.ShapeDtypeStruct((1, length, width), jnp.float32, sharding=tokens),
+      jax.ShapeDtypeStruct((width, vocab), jnp.float32, sharding=NamedSharding(mesh, P())),
+      jax.ShapeDtypeStruct((1, length), jnp.int32, sharding=tokens),
+      jax.ShapeDtypeStruct((1, length), jnp.float32, sharding=tokens),
+  )
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
+  chunk_logits = length // chunks * vocab * 4
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < chunk_logits / 2, (temp, chunk_logits)

@@ -349,9 +349,14 @@ def chunked_cross_entropy(
   pieces of the sequence at a time inside a rematerialised scan: the forward pass holds one
   chunk's [B, T / chunks, V] logits, and the backward pass makes each chunk's again from its
   hidden states, so the [B, T, V] logits never exist. Equal to the whole computation up to the
-  order of the sums."""
+  order of the sums.
+
+  Chunk c takes every `chunks`-th token from token c on, not a contiguous stretch: where the
+  tokens are split over devices (mesh.context) every device then holds T / chunks / N tokens
+  of every chunk, and each step of the scan keeps all of them busy on their own tokens (a
+  contiguous chunk would lie on a few devices, and the others would be handed its logits)."""
   B, T = targets.shape
-  split = lambda a: jnp.moveaxis(a.reshape(B, chunks, T // chunks, *a.shape[2:]), 1, 0)  # noqa: E731
+  split = lambda a: jnp.moveaxis(a.reshape(B, T // chunks, chunks, *a.shape[2:]), 2, 0)  # noqa: E731
 
   def chunk_sums(h, t, w):
     logits = output_logits(model_cfg, jnp.einsum("btd,dv->btv", h, unembedding))
