@@ -354,15 +354,19 @@ MAXTEXT_ROWS = [
         )
         for strategy in ("all_gather", "ring")
     ),
-    # ... and its longest rows' scale: one sequence of 4,194,304 tokens over 512 chips
-    long_context(
-        "Llama-3.1-8B 4M tokens context 512 ring v5p-512",
-        "v5p:8x8x8",
-        1,
-        4_194_304,
-        "ring",
-        "MaxText's long-context rows up to 10M tokens: Llama-3.1-8B, one 4M-token sequence, "
-        "context 512",
+    # ... and its longest rows' scale: one sequence of 4,194,304 and of 10,485,760 tokens over
+    # 512 chips
+    *(
+        long_context(
+            f"Llama-3.1-8B {label} tokens context 512 ring v5p-512",
+            "v5p:8x8x8",
+            1,
+            length,
+            "ring",
+            f"MaxText's long-context rows up to 10M tokens: Llama-3.1-8B, one {label}-token "
+            "sequence, context 512",
+        )
+        for label, length in (("4M", 4_194_304), ("10M", 10_485_760))
     ),
     recipe(
         "GPT-3 6.7B two slices v5p-64 x 2",
