@@ -246,7 +246,6 @@ def recipe(
       extra=[*shape, *extra, "--config.model.attention_impl=auto"],
   )
   r["source"] = source
-  r["chips"] = chips
   return r
 
 
@@ -410,16 +409,23 @@ def compile_row(r) -> dict:
 
 
 # XLA's cost analysis counts a loop's body once, so the step's FLOPs are measured on programs
-# without loops: the row's shape with 1 and with 2 unrolled layers, the whole logits at once
-# and einsum attention, one sequence per chip. Their difference is one layer's FLOPs (forward,
-# backward and whatever the policy recomputes), the rest is the embedding, head and loss, and
-# the row's L layers come to rest + L x layer. Divided by the same for the model's own count
-# (models/counting.py, which the MFU figures use) that is the compiled FLOPs per model FLOP;
-# remat=none gives what the step costs without recomputing anything.
+# without loops: the row's shape with 1 and with 2 unrolled layers, the whole logits at once,
+# einsum attention, and plain data parallelism over 4 chips, one sequence each (under fsdp or
+# tensor parallelism the TPU compiler makes its collective matmuls loops of their own). Their
+# difference is one layer's FLOPs (forward, backward and whatever the policy recomputes), the
+# rest is the embedding, head and loss, and the row's L layers come to rest + L x layer. Divided
+# by the same for the model's own count (models/counting.py, which the MFU figures use) that is
+# the compiled FLOPs per model FLOP, the same per chip whatever the mesh; remat=none gives what
+# the step costs when nothing is recomputed.
 FLOPS_PROGRAM = [
     "--config.model.scan_layers=False",
     "--config.loss_chunks=1",
     "--config.model.attention_impl=einsum",
+    "--config.mesh.topology=v5p:2x2x1",
+    "--config.batch_size=4",
+    "--config.mesh.data=4",
+    "--config.mesh.fsdp=1",
+    "--config.mesh.tensor=1",
 ]
 
 
@@ -435,7 +441,6 @@ def recompute_flops(r) -> dict:
           [
               *r["args"],
               *FLOPS_PROGRAM,
-              f"--config.batch_size={r['chips']}",
               f"--config.model.num_layers={depth}",
               f"--config.model.remat={policy}",
           ],

@@ -56,6 +56,9 @@ def training_fields() -> ml_collections.ConfigDict:
   c.moe_router_z_weight = 0.0  # weight of the MoE router z-loss (ST-MoE uses 1e-3); 0 = off
   c.z_loss = 0.0  # weight of log(Z)^2, the squared log-partition of the output logits; 0 = off
   c.loss_chunks = 1  # LM loss over this many chunks of each row: no [tokens, V] logits at once
+  # parts of the train state kept in the host's pinned memory between steps and brought to the
+  # devices inside each: optimizer (Adam's moments), params, or optimizer,params; "" = none
+  c.host_offload = ""
   c.seed = 0  # parameters, dropout and the batch stream all derive from it
   c.log_every = 50  # steps between metrics lines
   c.eval_every = 500  # steps between held-out evaluations (and at the end); 0 = only at the end

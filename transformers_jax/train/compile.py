@@ -225,6 +225,9 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
             "per_device_alias_gib": mem.alias_size_in_bytes / GIB,
         }
     )
+    host = getattr(mem, "host_argument_size_in_bytes", 0)
+    if host:  # config.host_offload: the parts of the state kept in the host's pinned memory
+      out["per_device_host_argument_gib"] = host / GIB
     out["per_device_peak_estimate_gib"] = (
         mem.argument_size_in_bytes
         + mem.output_size_in_bytes

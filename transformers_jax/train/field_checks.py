@@ -56,6 +56,31 @@ def check_training(config, model_cfg, task, devices) -> None:
       )
   check_attention_platform(model_cfg, devices)
   check_tracking(config, model_cfg)
+  check_host_offload(config, devices)
+
+
+def check_host_offload(config, devices) -> None:
+  """host_offload names parts of the train state, and the devices have pinned host memory."""
+  from transformers_jax.train.state import HOST_OFFLOAD, host_offload_parts
+
+  parts = host_offload_parts(config)
+  unknown = [p for p in parts if p not in HOST_OFFLOAD]
+  if unknown:
+    raise ValueError(
+        f"host_offload={config.host_offload!r}: {unknown[0]!r} is no part of the train state "
+        "that can live in host memory: name optimizer, params or both (optimizer,params)"
+    )
+  if not parts or not len(devices):
+    return
+  try:
+    kinds = {m.kind for m in devices[0].addressable_memories()}
+  except Exception:  # noqa: BLE001 - a compile-only topology's devices: their compiler decides
+    return
+  if "pinned_host" not in kinds:
+    raise ValueError(
+        f"host_offload={config.host_offload!r}: {devices[0].platform} devices have no pinned "
+        f"host memory (only {', '.join(sorted(kinds))}): leave host_offload empty"
+    )
 
 
 def check_attention_platform(model_cfg, devices) -> None:

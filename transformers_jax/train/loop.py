@@ -156,7 +156,7 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       pace.leave_out(began)  # evaluation time is not training throughput
     if harness is not None and harness_lib.due(config, done):
       began = time.perf_counter()
-      scores = harness(done, state.params)
+      scores = harness(done, setup.device_params(state.params))
       writer.write(done, scores)
       progress.say(f"step {done}/{config.steps}: harness {harness_lib.describe(scores)}")
       result.update(scores)

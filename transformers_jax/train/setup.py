@@ -61,7 +61,13 @@ class Setup:
       abstract, shardings = members_lib.population_shardings(
           abstract, shardings, self.members, self.member_axis
       )
-    self.abstract, self.shardings = abstract, shardings
+    self.offload = state_lib.host_offload_parts(config)
+    if self.offload and self.members:
+      raise ValueError(
+          f"host_offload={config.host_offload!r}: a population's members stay in device memory; "
+          "leave host_offload empty or train one member"
+      )
+    self.abstract, self.shardings = abstract, state_lib.offloaded(shardings, self.offload)
 
   @property
   def frozen(self):
@@ -124,7 +130,11 @@ class Setup:
       abstract, shardings = members_lib.population_shardings(
           abstract, shardings, self.members, self.member_axis
       )
-    return state_lib.abstract_state(abstract, shardings)
+    return state_lib.abstract_state(abstract, state_lib.offloaded(shardings, self.offload))
+
+  def device_params(self, params):
+    """`params` in device memory: a copy when config.host_offload keeps them in the host's."""
+    return state_lib.on_device(params, self.shardings.params)
 
   def in_model_layout(self, state):
     """A restored state with its blocks in this model's layout (scanned or looped), moved

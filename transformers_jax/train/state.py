@@ -88,3 +88,35 @@ def abstract_state(state, shardings):
   return jax.tree_util.tree_map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
   )
+
+
+# The parts of the train state that config.host_offload can keep in the host's pinned memory.
+HOST_OFFLOAD = ("optimizer", "params")
+
+
+def host_offload_parts(config) -> tuple[str, ...]:
+  """The parts config.host_offload names ("optimizer,params" -> ("optimizer", "params"))."""
+  return tuple(p.strip() for p in str(config.get("host_offload", "")).split(",") if p.strip())
+
+
+def offloaded(shardings: TrainState, parts) -> TrainState:
+  """The state's shardings with the named `parts` (HOST_OFFLOAD) in the host's pinned memory: a
+  step takes and returns them there, and moves them onto the devices where it uses them
+  (`on_device`), so between steps they take no device memory."""
+  host = lambda tree: jax.tree_util.tree_map(lambda s: s.with_memory_kind("pinned_host"), tree)  # noqa: E731
+  return shardings.replace(
+      params=host(shardings.params) if "params" in parts else shardings.params,
+      opt_state=host(shardings.opt_state) if "optimizer" in parts else shardings.opt_state,
+  )
+
+
+def on_device(tree, shardings):
+  """`tree` with each leaf whose sharding is in host memory moved to device memory, sharded
+  alike (inside jit: a transfer XLA schedules; outside: a copy)."""
+
+  def move(x, s):
+    if s.memory_kind != "pinned_host":
+      return x
+    return jax.device_put(x, s.with_memory_kind("device"))
+
+  return jax.tree_util.tree_map(move, tree, shardings)

@@ -13,6 +13,7 @@ from flax import linen as nn
 from transformers_jax.machine import parallel
 from transformers_jax.models import build_model, lora
 from transformers_jax.train import optim
+from transformers_jax.train.state import on_device
 
 
 def sown_mean(tree, name: str, shape: tuple[int, ...] = ()):
@@ -188,7 +189,12 @@ def make_train_step(
   def step(state, batch, *frozen_arg):
     rng = jax.random.fold_in(state.rng, state.step)
     params, opt_state, metrics = update(
-        state.params, state.opt_state, batch, rng, hparams, *frozen_arg
+        on_device(state.params, shardings.params),  # config.host_offload: from the host
+        on_device(state.opt_state, shardings.opt_state),
+        batch,
+        rng,
+        hparams,
+        *frozen_arg,
     )
     metrics["lr"] = schedule(state.step)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -224,8 +230,9 @@ def make_eval_step(task, model_cfg, mesh, rule_table, shardings, frozen=None):
   in_shardings = (shardings.params, parallel.batch_sharding(mesh))
   if frozen is not None:
     in_shardings += (frozen_shardings(frozen),)
+  evaluate = make_evaluate(task, model_cfg)
   jitted = jax.jit(
-      in_mesh(make_evaluate(task, model_cfg), mesh, rule_table),
+      in_mesh(lambda p, *rest: evaluate(on_device(p, shardings.params), *rest), mesh, rule_table),
       in_shardings=in_shardings,
       out_shardings=parallel.replicated(mesh),
   )
