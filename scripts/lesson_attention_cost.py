@@ -5,10 +5,10 @@
 
 One causal self-attention layer of this project (`modules.attention.Attention`: q, k, v and output
 projections around the attention core `--impl`, by default `einsum`, which writes the scores
-out), batch 1, jit-compiled, forward pass. Time
-is the best of repeated calls (at least 3, for about --min_time seconds); memory is XLA's scratch allocation for
-the compiled call (`memory_analysis().temp_size_in_bytes`), next to the size of the H x T x T
-float32 score matrix. Writes attention_cost.png and attention_cost.json to --out.
+out), batch 1, jit-compiled, forward pass. Time is the best of repeated calls (at least 3, for
+about --min_time seconds); memory is XLA's scratch allocation for the compiled call
+(`memory_analysis().temp_size_in_bytes`), next to the size of the H x T x T float32 score
+matrix. Writes attention_cost.png and attention_cost.json to --out.
 
 On a CPU, XLA materialises the score matrix (about twice over: scores and softmax weights), so
 memory grows 4x per doubling; fused kernels (FlashAttention, cuDNN on a GPU) never store it and
