@@ -1,14 +1,14 @@
 """The lesson's "weakness is cost": time and memory of one attention layer as the sequence doubles.
 
     python scripts/lesson_attention_cost.py [--max_len 4096] [--d_model 256] [--heads 4]
-        [--impl einsum] [--out experiments/results/lesson]
+        [--impl einsum] [--min_time 0.5] [--out experiments/results/lesson]
 
 One causal self-attention layer of this project (`modules.attention.Attention`: q, k, v and output
 projections around the attention core `--impl`, by default `einsum`, which writes the scores
-out), batch 1, jit-compiled, forward pass. Time
-is the best of repeated calls (at least 3, about 0.5 s); memory is XLA's scratch allocation for
-the compiled call (`memory_analysis().temp_size_in_bytes`), next to the size of the H x T x T
-float32 score matrix. Writes attention_cost.png and attention_cost.json to --out.
+out), batch 1, jit-compiled, forward pass. Time is the best of repeated calls (at least 3, for
+about --min_time seconds); memory is XLA's scratch allocation for the compiled call
+(`memory_analysis().temp_size_in_bytes`), next to the size of the H x T x T float32 score
+matrix. Writes attention_cost.png and attention_cost.json to --out.
 
 On a CPU, XLA materialises the score matrix (about twice over: scores and softmax weights), so
 memory grows 4x per doubling; fused kernels (FlashAttention, cuDNN on a GPU) never store it and
@@ -45,6 +45,12 @@ flags.DEFINE_string(
     "Attention core (model.attention_impl), e.g. einsum or flash.",
     flag_values=FLAGS,
 )
+flags.DEFINE_float(
+    "min_time",
+    0.5,
+    "Seconds of repeated calls per length (at least 3 calls; 0: just 3).",
+    flag_values=FLAGS,
+)
 flags.DEFINE_string(
     "out",
     str(ROOT / "experiments" / "results" / "lesson"),
@@ -72,7 +78,7 @@ def measure(
   )
   layer = Attention(cfg, causal=True)
   x = jax.random.normal(jax.random.PRNGKey(0), (1, length, d_model), jnp.float32)
-  params = layer.init(jax.random.PRNGKey(1), x)
+  params = jax.jit(layer.init)(jax.random.PRNGKey(1), x)  # one program, not one per op
   fn = jax.jit(lambda p, x: layer.apply(p, x))
   compiled = fn.lower(params, x).compile()
   temp = compiled.memory_analysis().temp_size_in_bytes
@@ -143,7 +149,7 @@ def main(argv=None) -> None:
   print(f"{'T':>6} {'time':>10} {'x':>5} {'memory':>10} {'x':>5} {'H*T*T scores':>13}")
   rows, length = [], FLAGS.min_len
   while length <= FLAGS.max_len:
-    r = measure(length, FLAGS.d_model, FLAGS.heads, impl=FLAGS.impl)
+    r = measure(length, FLAGS.d_model, FLAGS.heads, FLAGS.min_time, FLAGS.impl)
     prev = rows[-1] if rows else None
     tx = f"{r['time_s'] / prev['time_s']:5.1f}" if prev else "    -"
     mx = f"{r['temp_bytes'] / max(prev['temp_bytes'], 1):5.1f}" if prev else "    -"

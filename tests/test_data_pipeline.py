@@ -3,7 +3,6 @@ per byte (transformers_jax/data/sources.py, token_cache.py, pipeline.py)."""
 
 import json
 import os
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ from transformers_jax.tasks.mlm import MaskedRows
 
 from conftest import start_python_cluster
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hex jolly numbers".split()
 
 
@@ -240,7 +238,9 @@ def test_two_jax_processes_read_disjoint_rows_of_the_global_batch(corpus, tmp_pa
       lambda tok: NextTokenRows(),
       False,
   )
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  # the environment of the run's other command lines: their fork servers start these processes
+  # too (a PYTHONPATH of its own would start two more servers; cwd puts the checkout on the path)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   procs = start_python_cluster(
       lambda i, address: [
           "-c",
