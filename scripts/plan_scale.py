@@ -18,6 +18,7 @@ from __future__ import annotations
 from absl import flags
 
 from transformers_jax import cli
+from transformers_jax.config import load_config_module
 from transformers_jax.errors import UserError
 from transformers_jax.scripting import bench_report, output_paths
 
@@ -337,7 +338,8 @@ MAXTEXT_ROWS = [
                 "--config.model.param_dtype=bfloat16",
             ],
         ),
-    ),
+    )
+    | {"flops_policies": ("full",)},
     # MaxText's long-context recipe: Llama-3.1-8B, 2 sequences of 1,048,576 tokens over 64 chips
     # (context 64, no fsdp); parameters and optimizer state split over the context axis as its
     # `embed` rule does; K/V gathered per layer, or passed around the ring in flash blocks
@@ -377,7 +379,8 @@ MAXTEXT_ROWS = [
         "full",
         ["--config.mesh.num_slices=2", "--config.mesh.dcn_data=2"],
         slices=2,
-    ),
+    )
+    | {"flops_policies": ("full",)},
     {
         **row(
             "GPT-3 175B two slices v5p-512 x 2",
@@ -426,13 +429,18 @@ FLOPS_PROGRAM = [
     "--config.mesh.data=4",
     "--config.mesh.fsdp=1",
     "--config.mesh.tensor=1",
+    "--config.mesh.context=1",
+    "--config.mesh.num_slices=1",
+    "--config.mesh.dcn_data=1",
 ]
 
 
 def recompute_flops(r) -> dict:
   """{policy: compiled FLOPs per model FLOP of the row's whole step} for "none" and each policy
   in r["flops_policies"], or {policy: error text} where a compile gave no count."""
-  layers = int(next(a for a in reversed(r["args"]) if "num_layers=" in a).split("=")[1])
+  given = [a.split("=")[1] for a in r["args"] if a.startswith("--config.model.num_layers=")]
+  path, preset = r["config"].split(":")
+  layers = int(given[-1]) if given else load_config_module(path).get_config(preset).model.num_layers
   out = {}
   for policy in ("none", *r["flops_policies"]):
     xla, model = {}, {}

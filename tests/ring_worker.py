@@ -55,7 +55,7 @@ def errors_of(case, mesh):
     spec = P(None, "context")
 
     def local(q, k, v, mask, w):
-      return ring_attention(q, k, v, mask, causal, "context", SHARDS, bias_of(w), block=8)
+      return ring_attention(q, k, v, mask, causal, "context", SHARDS, bias_of(w), blocks=(8, 8))
 
     mask_specs = jax.tree_util.tree_map(lambda _: spec, mask)
     out = jax.shard_map(

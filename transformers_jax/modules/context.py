@@ -105,7 +105,7 @@ def attend_over_context(
     positions,
     causal: bool,
     reduce_max: bool = False,
-    ring: bool = False,
+    ring: tuple[int, int] | None = None,
     bias=None,
     softcap: float = 0.0,
 ):
@@ -116,9 +116,9 @@ def attend_over_context(
   `mask` is an AttentionMask (modules/masks.py) or None; `positions` [B, T] are the queries'
   true positions (self-attention: the keys' too), which a causal mask then compares, so that a
   zig-zag-permuted sequence is masked by where its tokens really are. fn's result is split
-  like q, or with `reduce_max` a scalar maxed over `context`. With `ring` the keys and values
-  are not gathered but passed around the context axis (modules/ring.py, blockwise: fn is not
-  used).
+  like q, or with `reduce_max` a scalar maxed over `context`. With `ring` (block sizes: queries,
+  keys) the keys and values are not gathered but passed around the context axis
+  (modules/ring.py, blockwise: fn is not used).
   A score `bias` (modules/positions.ScoreBias) is evaluated at the true positions, which the
   mask then carries whether or not the attention is causal; its weights split over heads as
   q does."""
@@ -153,7 +153,7 @@ def attend_over_context(
     # loop-invariant residuals), one [T/N x S] mask per head, which is more than the scores.
     q, mask = jax.lax.optimization_barrier((q, mask))
     if ring and not reduce_max:
-      return ring_attention(q, *kvs, mask, causal, CONTEXT_AXIS, shards, bias, softcap)
+      return ring_attention(q, *kvs, mask, causal, CONTEXT_AXIS, shards, bias, softcap, ring)
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
@@ -215,7 +215,9 @@ def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gat
     def core(q, k, v, m, cz, b):
       return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b, softcap=softcap)
 
-    ring = strategy == "ring"
+    # attend's positional extras are (query_blocks, block_q, block_kv): the ring's block sizes
+    blocks = tuple(args[1:3]) if len(args) >= 3 else (512, 512)
+    ring = blocks if strategy == "ring" else None
     return attend_over_context(
         core, q, (k, v), mask, positions, causal, ring=ring, bias=bias, softcap=softcap
     )

@@ -40,15 +40,15 @@ KEY_FIELDS = (1, 2, 4)  # of flash's mask fields: key segments, key validity, ke
 
 
 def ring_attention(
-    q, k, v, mask, causal: bool, axis: str, shards: int, bias=None, softcap=0.0, block=512
+    q, k, v, mask, causal: bool, axis: str, shards: int, bias=None, softcap=0.0, blocks=(512, 512)
 ):
   """softmax(q k^T / sqrt(K) + bias + mask) v over the keys of the `shards` devices on the mesh
-  axis `axis` (manual here), in query and key blocks of `block`: q [B, T, H, K] this device's
+  axis `axis` (manual here), in `blocks` of (queries, keys): q [B, T, H, K] this device's
   queries, k, v [B, T, G, K] its block of keys and values, `mask` an AttentionMask of this
   device's tokens (its key fields travel with the block), `bias` a ScoreBias
   (modules/positions.py) or None. Returns [B, T, H, K] in q's dtype."""
   B, T, H, K = q.shape
-  st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, block, block, softcap)
+  st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, *blocks, softcap)
   ring = (axis, shards)
   out = _ring(st, ring, qh, kh, vh, fields, bias)[:, :, :, :T]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
