@@ -492,7 +492,7 @@ def maxtext_markdown(results: list[dict]) -> str:
 
 
 def flops_text(ratios) -> str:
-  """"minimal 0.998, full 1.241, none 0.991": each policy's compiled FLOPs per model FLOP; "—"
+  """ "minimal 0.998, full 1.241, none 0.991": each policy's compiled FLOPs per model FLOP; "—"
   with the reason where a program kept loops (e.g. MoE's ragged matmuls) or did not compile."""
   if not ratios:
     return "—"
