@@ -3,11 +3,14 @@ between steps (train/state.py `offloaded`, `on_device`). Training with them ther
 same steps as without; a compiled TPU step takes them as host arguments, not device ones; and
 settings that cannot apply are refused in one line."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
 
 from transformers_jax.train import compile as compile_step
+from transformers_jax.train.entry import train
 from transformers_jax.train.setup import Setup
 
 PARTS = "optimizer,params"
@@ -47,6 +50,21 @@ def test_offloaded_steps_equal_device_steps_and_stay_in_host_memory(experiment):
     sums, _ = setup.eval_step()(state.params, batch_for(setup, 9))
     losses[parts].append(float(sums["loss"]))
   assert losses[PARTS] == losses[""]
+
+
+def test_an_offloaded_run_samples_at_its_end_and_resumes_into_host_memory(
+    experiment, tmp_path, capsys
+):
+  """The run's end (the sample reads whole parameters) and a resume that restores its
+  checkpoint into host memory."""
+  config = tiny(experiment, host_offload=PARTS, steps=2, eval_every=0, checkpoint_every=1)
+  config.sample.max_new_tokens = 4
+  train(config, tmp_path)
+  assert (tmp_path / "sample.txt").read_text().strip()
+  config.steps = 3
+  train(config, tmp_path)
+  assert "resumed from step 2" in capsys.readouterr().out
+  assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
 
 
 def test_a_tpu_step_takes_the_offloaded_state_as_host_arguments(experiment):

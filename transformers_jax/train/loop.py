@@ -33,7 +33,7 @@ def _eval_metrics(setup, data, eval_step, params) -> dict:
   totals, inter = evaluation.evaluate_batches(eval_step, params, batches)
   decodes = evaluation.task_overrides(setup.task, "eval_metrics")
   # decoding reads whole parameters on every process
-  whole = parallel.gather_to_host(params) if decodes else None
+  whole = parallel.gather_to_host(setup.device_params(params)) if decodes else None
   return evaluation.summarize(setup.task, data, totals, inter, whole, setup.model_cfg)
 
 
@@ -181,7 +181,8 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   result["step"] = max(start, end)
   sample = None
   if config.sample.max_new_tokens and evaluation.task_overrides(task, "sample"):
-    params = parallel.gather_to_host(state.params)  # every process takes part in the gather
+    # every process takes part in the gather (of device copies where host_offload keeps them)
+    params = parallel.gather_to_host(setup.device_params(state.params))
     if is_main:
       sample = task.sample(data, model_cfg, params, config)
   if is_main:
