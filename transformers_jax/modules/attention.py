@@ -276,7 +276,7 @@ class Attention(nn.Module):
         core, logit_max = attend, max_attention_logit
         if context_size() > 1:  # the tokens split over mesh.context: modules/context.py
           core, logit_max = split_attention(
-              attend, max_attention_logit, positions, c.context_strategy
+              attend, max_attention_logit, positions, c.context_strategy, blocks
           )
         if self.is_mutable_collection("intermediates"):  # evaluation: logit growth
           chosen = choose_impl(c.attention_impl, q, k, dropout_fn is not None)

@@ -197,12 +197,16 @@ def _spec(names, shape) -> P:
   return P(*dims)
 
 
-def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gather"):
+def split_attention(
+    attend_fn, logit_max_fn, positions, strategy: str = "all_gather", blocks=(512, 512)
+):
   """(attend, max_attention_logit) of modules/attention.py, run with the tokens split over
   `context` (`attend_over_context`); same signatures as the two functions. Splash attention
   (whose kernel runs under a shard_map of its own) is replaced by flash attention here, which
   also masks by true position, as the zig-zag order needs. `strategy` (model.context_strategy):
-  "all_gather" gathers the keys and values, "ring" passes them around (modules/ring.py)."""
+  "all_gather" gathers the keys and values, "ring" passes them around (modules/ring.py) in
+  flash `blocks` of (queries, keys). The largest attention logit that evaluation sows is taken
+  over gathered keys with either strategy: a held-out batch's pass holds every key per layer."""
 
   def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None, softcap=0.0):
     if dropout_fn is not None:
@@ -215,9 +219,7 @@ def split_attention(attend_fn, logit_max_fn, positions, strategy: str = "all_gat
     def core(q, k, v, m, cz, b):
       return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b, softcap=softcap)
 
-    # attend's positional extras are (query_blocks, block_q, block_kv): the ring's block sizes
-    blocks = tuple(args[1:3]) if len(args) >= 3 else (512, 512)
-    ring = blocks if strategy == "ring" else None
+    ring = tuple(blocks) if strategy == "ring" else None
     return attend_over_context(
         core, q, (k, v), mask, positions, causal, ring=ring, bias=bias, softcap=softcap
     )

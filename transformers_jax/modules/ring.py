@@ -31,12 +31,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from transformers_jax.modules.flash import MASKED
 from transformers_jax.modules.flash import BlockShape
 from transformers_jax.modules.flash import blockwise_backward
 from transformers_jax.modules.flash import blockwise_forward
 from transformers_jax.modules.flash import prepare
 
 KEY_FIELDS = (1, 2, 4)  # of flash's mask fields: key segments, key validity, key positions
+# A log-sum-exp this low means the block had no key the query may attend (flash's MASKED scores)
+EMPTY = MASKED / 2
 
 
 def ring_attention(
@@ -47,6 +50,11 @@ def ring_attention(
   queries, k, v [B, T, G, K] its block of keys and values, `mask` an AttentionMask of this
   device's tokens (its key fields travel with the block), `bias` a ScoreBias
   (modules/positions.py) or None. Returns [B, T, H, K] in q's dtype."""
+  if (causal or getattr(mask, "window", None) is not None) and not mask.has_positions:
+    raise ValueError(
+        "ring attention masks causally (or by window) by the tokens' true positions: give the "
+        "mask q_positions and kv_positions"
+    )
   B, T, H, K = q.shape
   st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, *blocks, softcap)
   ring = (axis, shards)
@@ -73,22 +81,29 @@ def _forward(st: BlockShape, ring, qh, kh, vh, fields, bias):
   """(out [B, G, R, Tp, K] float32, lse [B, G, R, Tp]) over every block of the ring (its axis
   name, its size)."""
 
-  def step(carry, _):
+  def step(carry, index):
     kh, vh, key_fields, out, lse = carry
     block_fields = _with_keys(fields, key_fields)
     block_out, block_lse = blockwise_forward(st, qh, kh, vh, block_fields, bias, jnp.float32)
     new_lse = jnp.logaddexp(lse, block_lse)
-    out = (
+    merged = (
         out * jnp.exp(lse - new_lse)[..., None]
         + block_out * jnp.exp(block_lse - new_lse)[..., None]
     )
+    # A query with no key to attend in any block so far: flash gives each block the masked keys'
+    # average with the same (MASKED) log-sum-exp, so the merge would add them up; keep their
+    # running mean instead, which is flash's answer over all keys (the blocks are equal-sized).
+    empty = (lse <= EMPTY) & (block_lse <= EMPTY)
+    mean = (out * index + block_out) / (index + 1)
+    out = jnp.where(empty[..., None], mean, merged)
     kh, vh, key_fields = _pass_on((kh, vh, key_fields), ring)
     return (kh, vh, key_fields, out, new_lse), None
 
   key_fields = tuple(fields[i] for i in KEY_FIELDS)
   out = jnp.zeros(qh.shape, jnp.float32)
   lse = jnp.full(qh.shape[:-1], -jnp.inf, jnp.float32)
-  carry, _ = jax.lax.scan(step, (kh, vh, key_fields, out, lse), None, length=ring[1])
+  steps = jnp.arange(ring[1], dtype=jnp.float32)
+  carry, _ = jax.lax.scan(step, (kh, vh, key_fields, out, lse), steps)
   return carry[3], carry[4]
 
 

@@ -148,8 +148,13 @@ def non_finite(tree) -> str | None:
   floats = [(k, v) for k, v in flat if jnp.issubdtype(getattr(v, "dtype", np.int32), jnp.inexact)]
   if not floats:
     return None
+
+  def on_device(x):  # config.host_offload: read in device memory, not computed on the host
+    kind = getattr(getattr(x, "sharding", None), "memory_kind", None)
+    return jax.device_put(x, x.sharding.with_memory_kind("device")) if kind == "pinned_host" else x
+
   finite = jax.device_get(
-      jax.jit(lambda xs: [jnp.all(jnp.isfinite(x)) for x in xs])([v for _, v in floats])
+      jax.jit(lambda xs: [jnp.all(jnp.isfinite(on_device(x))) for x in xs])([v for _, v in floats])
   )
   bad = [
       jax.tree_util.keystr(k, simple=True, separator="/")

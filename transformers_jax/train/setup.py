@@ -142,7 +142,11 @@ class Setup:
     if block.stacked_blocks(state.params) in (None, self.model_cfg.scan_layers):
       return state
     axis = 1 if self.members else 0  # the layer axis comes after a population's member axis
-    move = lambda tree: block.relayout(tree, self.abstract, axis)  # noqa: E731
+    if self.offload:  # a restored state in host memory: relaid out in device memory
+      held = jax.tree_util.tree_map(lambda x: x.sharding, state)
+      move = lambda tree: block.relayout(state_lib.on_device(tree, held), self.abstract, axis)  # noqa: E731
+    else:
+      move = lambda tree: block.relayout(tree, self.abstract, axis)  # noqa: E731
     return jax.jit(move, out_shardings=self.shardings)(state)
 
   # ------------------------------------------------------------------ steps
