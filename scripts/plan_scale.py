@@ -14,6 +14,8 @@ chips' data-sheet bf16 peak: a yardstick, not a measurement. Needs the `tpu` ext
 
 from __future__ import annotations
 
+import math
+
 
 from absl import flags
 
@@ -229,12 +231,17 @@ def llama(layers, d_model, heads, d_ff, seq_len, kv_heads=None, extra=()):
   ]
 
 
+def chips_in(topology: str) -> int:
+  """The chips of one slice of a v5p topology ("v5p:4x4x4" -> 64)."""
+  return math.prod(int(n) for n in topology.split(":")[1].split("x"))
+
+
 def recipe(
     name, source, topology, per_chip, seq_len, fsdp, remat, shape, tensor=1, extra=(), slices=1
 ):
   """A MaxText recipe's row: `per_chip` sequences per chip of `seq_len` tokens, on `slices`
   slices of `topology`."""
-  chips = {"v5p:4x4x4": 64, "v5p:4x8x8": 256, "v5p:8x8x8": 512}[topology] * slices
+  chips = chips_in(topology) * slices
   r = row(
       name,
       "experiments/gpt3.py:6.7b",
@@ -253,7 +260,7 @@ def recipe(
 def long_context(name, topology, batch, seq_len, strategy, source):
   """Llama-3.1-8B with each sequence split over every chip of `topology` (the context axis),
   parameters and optimizer state split over that axis too, full remat."""
-  chips = {"v5p:4x4x4": 64, "v5p:8x8x8": 512}[topology]
+  chips = chips_in(topology)
   r = row(
       name,
       "experiments/llama.py:3.1-8b",

@@ -91,8 +91,6 @@ def test_a_tpu_step_takes_the_offloaded_state_as_host_arguments(experiment):
 )
 def test_host_offload_that_cannot_apply_is_one_line(experiment, fields, message):
   config = tiny(experiment)
-  for field, value in fields.items():
-    target, name = (config, field) if "." not in field else (config.population, "learning_rates")
-    target[name] = value
+  config.update_from_flattened_dict(fields)
   with pytest.raises(ValueError, match=message):
     Setup(config)

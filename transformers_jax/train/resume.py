@@ -16,6 +16,7 @@ from transformers_jax.run_folder import runs
 from transformers_jax.errors import RunError, UserError
 from transformers_jax.run_folder.checkpoints import CheckpointDamaged
 from transformers_jax.run_folder.runs import Run, config_differences
+from transformers_jax.train.state import on_device
 
 
 def asks_for_population(population) -> bool:
@@ -149,12 +150,10 @@ def non_finite(tree) -> str | None:
   if not floats:
     return None
 
-  def on_device(x):  # config.host_offload: read in device memory, not computed on the host
-    kind = getattr(getattr(x, "sharding", None), "memory_kind", None)
-    return jax.device_put(x, x.sharding.with_memory_kind("device")) if kind == "pinned_host" else x
-
+  values = [v for _, v in floats]
+  held = [v.sharding for v in values]  # config.host_offload: read in device memory, not on host
   finite = jax.device_get(
-      jax.jit(lambda xs: [jnp.all(jnp.isfinite(on_device(x))) for x in xs])([v for _, v in floats])
+      jax.jit(lambda xs: [jnp.all(jnp.isfinite(x)) for x in on_device(xs, held)])(values)
   )
   bad = [
       jax.tree_util.keystr(k, simple=True, separator="/")
