@@ -11,6 +11,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from transformers_jax.machine import hardware
 from transformers_jax.errors import (
     EXIT_SAVED_AND_STOPPED,
     AbortedBeforeStart,
@@ -20,6 +21,8 @@ from transformers_jax.errors import (
 )
 
 FLAGS = flags.FLAGS
+# (the library's own entries call it too, e.g. run_folder.runs.load_run: machine/hardware.py)
+quiet_cpu_host = hardware.quiet_cpu_host
 
 
 def define_config_flag(default: str | None = None, flag_values: flags.FlagValues = FLAGS) -> None:
@@ -64,37 +67,6 @@ def apply_cpu_devices(flag_values: flags.FlagValues = FLAGS) -> None:
       jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError as e:  # the backends already started
       raise UserError(f"--cpu_devices={n}: JAX has already started ({e})") from None
-
-
-def quiet_cpu_host() -> None:
-  """On a host with neither a TPU nor a GPU, run JAX on the CPU only (JAX_PLATFORMS=cpu, unless
-  the user set it), decided before JAX starts its backends. Where libtpu is installed (the
-  `tpu` and `test` extras, to compile for TPU topologies) JAX would otherwise load it to look
-  for a TPU, and it complains on such a host: warnings about the TPU type and workers, "Failed
-  to create TPU profiler ... UNIMPLEMENTED" when profiling, "sudo rm /tmp/libtpu_lockfile" when
-  a second process looks too. Compiling for a TPU topology loads libtpu on its own and still
-  works. Child processes inherit the setting."""
-  import platform
-
-  if os.environ.get("JAX_PLATFORMS") is not None or platform.system() != "Linux":
-    return
-  try:  # JAX's own probe: reads PCI ids from /sys, starts no backend
-    from jax._src import hardware_utils
-
-    accelerator = (
-        hardware_utils.num_available_tpu_chips_and_device_id()[0]
-        or hardware_utils.has_visible_nvidia_gpu()
-        or hardware_utils.num_available_amd_gpus(stop_at=1)
-    )
-  except (ImportError, AttributeError, TypeError, OSError):  # another JAX: leave JAX's choice
-    return
-  if accelerator:
-    return
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  if "jax" in sys.modules:  # imported already: JAX read the variable then, so tell its config
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")
 
 
 def quiet_children() -> None:
@@ -166,8 +138,6 @@ def user_errors(main, start_backends: bool = True):
     def call():
       apply_cpu_devices()
       if start_backends:  # (train starts them itself, after joining a multi-process cluster)
-        from transformers_jax.machine import hardware
-
         hardware.start_backends()
       return main(argv)
 
@@ -283,7 +253,32 @@ def parse_flags(argv):
     sys.exit(2)
   if "config_help" in FLAGS and FLAGS.config_help:
     print_config_help(FLAGS)
+  message = unread_setting_given(FLAGS)
+  if message is not None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
   return rest
+
+
+def unread_setting_given(flag_values: flags.FlagValues) -> str | None:
+  """The line refusing a model setting given on the command line that the model never reads
+  (a norm field under a placement without norms, modules/norms.py), or None. The same setting
+  from a config file, where a preset sets it for every placement, is only noted
+  (train/field_checks.py)."""
+  if "config" not in flag_values or flag_values["config"].value is None:
+    return None
+  given = config_flags.get_override_values(flag_values["config"])
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.modules.norms import unread_norm_fields
+
+  try:
+    cfg = ModelConfig.from_dict(flag_values.config.model)
+  except (ValueError, TypeError, AttributeError):  # refused with its own line where it is built
+    return None
+  for field, why, fix in unread_norm_fields(cfg):
+    if f"model.{field}" in given:
+      return f"model.{field}={getattr(cfg, field)!r}: {why}: {fix}"
+  return None
 
 
 def print_config_help(flag_values: flags.FlagValues = FLAGS) -> None:
@@ -371,6 +366,9 @@ def parse_script_flags(
     raise UserError(message)
   if "config_help" in flag_values and flag_values.config_help:
     print_config_help(flag_values)
+  message = unread_setting_given(flag_values)
+  if message is not None:
+    raise UserError(message)
   apply_cpu_devices(flag_values)
   from transformers_jax.scripting import output_paths
 

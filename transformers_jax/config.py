@@ -22,8 +22,6 @@ from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
 POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
-# The norm placements, one entry each in modules/placements.py (the registry is that table).
-NORM_PLACEMENTS = tuple(PLACEMENTS)
 NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
 FEED_FORWARDS = ("dense", "moe")
 MOE_IMPLS = ("dense", "ragged")
@@ -213,6 +211,10 @@ class ModelConfig:
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
+  def unrolled(self) -> "ModelConfig":
+    """The blocks unrolled, no remat (counting shapes, naming tensors): remat_save reset too."""
+    return self.replace(scan_layers=False, remat="none", remat_save="")
+
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
@@ -237,8 +239,7 @@ MAX_VOCAB_MULTIPLE = 4096
 
 
 def _check_types(c: ModelConfig) -> None:
-  """Every field holds a value of its declared type (an int, not 1.5 or "32"; a finite float;
-  True or False), so that the checks below and the model never meet a string or a NaN."""
+  """Every field holds its declared type (an int, not 1.5 or "32"; a finite float; a bool)."""
   for f in dataclasses.fields(c):
     value, declared = getattr(c, f.name), str(f.type)
     if value is None and "None" in declared:

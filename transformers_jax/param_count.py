@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 
 from absl import flags
+from ml_collections import config_flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
 from transformers_jax.models import counting
+from transformers_jax.run_folder.runs import IMPLEMENTATION_FIELDS
 from transformers_jax.train import field_checks
 
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
@@ -40,7 +42,14 @@ def render(s: dict, name: str) -> str:
       f"  parameters (eval_shape): {total:>17,}",
       f"  analytic formula:        {s['analytic']:>17,}",
   ]
-  if s["published"]:
+  overridden = s.get("published_overridden")
+  if s["published"] and overridden:
+    more = f" and {len(overridden) - 1} more" if len(overridden) > 1 else ""
+    lines.append(
+        f"  published:               {s['published']:>17,}  (of the preset as written, not "
+        f"this model: {overridden[0]}{more} overridden; {s['published_source']})"
+    )
+  elif s["published"]:
     diff = (total - s["published"]) / s["published"] * 100
     lines.append(
         f"  published:               {s['published']:>17,}  ({diff:+.2f}%; "
@@ -68,10 +77,21 @@ def main(argv):
     raise UserError("--config is required, e.g. --config experiments/gpt2.py:small")
   field_checks.check_model(counting.as_model_config(FLAGS.config.model))
   s = counting.summary(FLAGS.config)
+  if s["published"]:  # the preset's figure, which architecture overrides make another model's
+    given = config_flags.get_override_values(FLAGS["config"])
+    s["published_overridden"] = architecture_overrides(given)
   if FLAGS.json:
     print(json.dumps(s))
   else:
     print(render(s, flags.FLAGS["config"].config_filename))
+
+
+def architecture_overrides(given) -> list[str]:
+  """Of the command line's overrides (`given`: {dotted field: value}), the --config.model.*
+  ones that change what the model is (all but the fields that say how it is computed, and the
+  parameters' storage dtype)."""
+  how = set(IMPLEMENTATION_FIELDS) | {"model.param_dtype"}
+  return [f"--config.{f}" for f in given if f.startswith("model.") and f not in how]
 
 
 if __name__ == "__main__":

@@ -160,9 +160,10 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
   """Every training field has a meaning or is refused: a ValueError naming the field and the
   fix, before any data is read or anything compiles. The objective's own settings are its
   Task's to check (Task.check; `task`: the run's, else the config's)."""
-  from transformers_jax.tasks import task_for
+  from transformers_jax.tasks import check_other_tasks_fields, task_for
 
   task = task or task_for(model_cfg, config)
+  check_other_tasks_fields(config, task)
 
   def fail(field, problem):
     raise ValueError(f"{field}={config_value(config, field)!r}: {problem}")

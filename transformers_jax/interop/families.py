@@ -58,4 +58,4 @@ def flat_shapes(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
 def expected_shapes(c: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
   from transformers_jax.models import param_shapes
 
-  return flat_shapes(param_shapes(c.replace(scan_layers=False, remat="none")))
+  return flat_shapes(param_shapes(c.unrolled()))

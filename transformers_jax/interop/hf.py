@@ -296,7 +296,7 @@ def _placer(c: ModelConfig, mesh, rules):
 
   from transformers_jax.models import param_shardings
 
-  shardings = flatten(param_shardings(c.replace(scan_layers=False, remat="none"), mesh, rules))
+  shardings = flatten(param_shardings(c.unrolled(), mesh, rules))
   return lambda path, array: jax.device_put(array, shardings[path])
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
+import sys
 
 GIB = 1024**3
 
@@ -164,3 +166,34 @@ def chips_of(devices) -> int:
     return len(devices)
   coords = {(getattr(d, "slice_index", 0), *d.coords) for d in devices}
   return len(coords) if len(coords) > 1 else len(devices)
+
+
+def quiet_cpu_host() -> None:
+  """On a host with neither a TPU nor a GPU, run JAX on the CPU only (JAX_PLATFORMS=cpu, unless
+  the user set it), decided before JAX starts its backends. Where libtpu is installed (the
+  `tpu` and `test` extras, to compile for TPU topologies) JAX would otherwise load it to look
+  for a TPU, and it complains on such a host: warnings about the TPU type and workers, "Failed
+  to create TPU profiler ... UNIMPLEMENTED" when profiling, "sudo rm /tmp/libtpu_lockfile" when
+  a second process looks too. Compiling for a TPU topology loads libtpu on its own and still
+  works. Child processes inherit the setting."""
+  import platform
+
+  if os.environ.get("JAX_PLATFORMS") is not None or platform.system() != "Linux":
+    return
+  try:  # JAX's own probe: reads PCI ids from /sys, starts no backend
+    from jax._src import hardware_utils
+
+    accelerator = (
+        hardware_utils.num_available_tpu_chips_and_device_id()[0]
+        or hardware_utils.has_visible_nvidia_gpu()
+        or hardware_utils.num_available_amd_gpus(stop_at=1)
+    )
+  except (ImportError, AttributeError, TypeError, OSError):  # another JAX: leave JAX's choice
+    return
+  if accelerator:
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  if "jax" in sys.modules:  # imported already: JAX read the variable then, so tell its config
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")

@@ -138,13 +138,20 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   axes' collectives cross slices. TPU devices know their slice (`slice_index`: jax's hybrid
   mesh places them); others (simulated CPU devices) are taken as consecutive equal groups."""
   devices = jax.devices() if devices is None else list(devices)
-  slices = int(axes.get("num_slices", 1) or 1)
+  slices = int(axes.get("num_slices", 1))
   if slices < 1 or len(devices) % slices:
     raise ValueError(
         f"mesh.num_slices={slices}: must be >= 1 and divide the {len(devices)} devices"
     )
   if slices > 1:
     return _multislice_mesh(axes, devices, slices)
+  if int(axes.get("dcn_fsdp", 1)) != 1 or int(axes.get("dcn_data", -1)) not in (-1, 1):
+    field = "dcn_fsdp" if int(axes.get("dcn_fsdp", 1)) != 1 else "dcn_data"
+    raise ValueError(
+        f"mesh.{field}={axes[field]}: says how many slices an axis spans, and mesh.num_slices=1"
+        f" (one slice): set --config.mesh.num_slices to the slices, or leave {field} at its "
+        "default"
+    )
   sizes = mesh_shape(axes, len(devices))
   shape = tuple(sizes.get(a, 1) for a in MESH_AXES)
   from jax.experimental import mesh_utils

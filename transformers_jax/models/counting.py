@@ -151,7 +151,7 @@ def block_placement_params(c: ModelConfig, cross: bool) -> dict[str, int]:
   """The `norms` and `gains` of one Block, as the norm placement builds them: read off the
   Block's own parameter shapes (jax.eval_shape, nothing allocated), so a new placement needs no
   entry here."""
-  block = Block(c.replace(scan_layers=False, remat="none"), cross=cross)
+  block = Block(c.unrolled(), cross=cross)
   x = jnp.zeros((1, 2, c.d_model), dtype_of(c.dtype))
   kwargs = dict(positions=jnp.arange(2)[None], layer=0, **(dict(context=x) if cross else {}))
   shapes = jax.eval_shape(lambda: block.init(jax.random.PRNGKey(0), x, **kwargs))["params"]

@@ -9,6 +9,7 @@ from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
 from transformers_jax.modules.common import constant, dtype_of, ones, zeros
+from transformers_jax.modules.placements import PLACEMENTS
 
 DYT_ALPHA_INIT = 0.5  # DyT's alpha_0 (Zhu et al. 2025, "Transformers without Normalization")
 
@@ -60,3 +61,42 @@ def norm_over_heads(cfg, x, name: str):
   *lead, heads, width = x.shape
   y = Norm(cfg, axis=None, name=name)(x.reshape(*lead, heads * width))
   return y.reshape(x.shape)
+
+
+# The model fields only a norm reads, with their defaults (config.py's).
+NORM_FIELDS = {
+    "norm": "layernorm",
+    "norm_eps": 1e-5,
+    "norm_scale": True,
+    "norm_unit_offset": False,
+    "norm_bias": None,
+}
+
+
+def builds_norms(cfg) -> bool:
+  """Whether the model has any norm: its placement's, a final one, the embeddings', q/k norms,
+  or the MLM head's transform."""
+  mlm = cfg.family == "encoder" and cfg.head_kind == "mlm"
+  return bool(
+      PLACEMENTS[cfg.norm_placement].uses_norms
+      or cfg.has_final_norm
+      or cfg.embed_norm
+      or cfg.qk_norm
+      or mlm
+  )
+
+
+def unread_norm_fields(cfg) -> list[tuple[str, str, str]]:
+  """(field, why, fix) of the norm settings moved from their defaults that the model never
+  reads."""
+  if not builds_norms(cfg):
+    why = (
+        f"norm_placement={cfg.norm_placement} has no norms and neither a final, embedding, q/k "
+        "nor MLM-head norm is on, so no norm reads it"
+    )
+    fix = "leave it out, or pick a placement with norms (--config_help lists them)"
+    return [(f, why, fix) for f, default in NORM_FIELDS.items() if getattr(cfg, f) != default]
+  if cfg.norm == "scalenorm" and cfg.norm_unit_offset:
+    why = "scalenorm's gain is one scalar initialised to sqrt(d_model), stored as it is used"
+    return [("norm_unit_offset", why, "leave it False, or use norm=rmsnorm (Gemma's)")]
+  return []

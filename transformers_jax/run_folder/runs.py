@@ -228,8 +228,10 @@ def load_run(workdir, step: int | None = None, member: int | None = None):
   of population member `member` for a population's run. The blocks are in the layout
   (scanned or looped) config.json says, whichever the checkpoint holds (a resume may change
   model.scan_layers)."""
+  from transformers_jax.machine.hardware import quiet_cpu_host
   from transformers_jax.modules.block import in_layout
 
+  quiet_cpu_host()  # before JAX starts: no libtpu complaints from a Python session on a CPU host
   run = Run(workdir)
   params, step = run.load_params(step, member=member)
   model_cfg = run.model_config()
@@ -324,6 +326,8 @@ IMPLEMENTATION_FIELDS = tuple(
         "attention_block_q",
         "attention_block_kv",
         "remat",
+        "remat_save",
+        "context_strategy",
         "scan_layers",
         "dtype",
     )

@@ -85,6 +85,22 @@ def task_config_groups() -> ml_collections.ConfigDict:
   return groups
 
 
+def check_other_tasks_fields(config, task: Task) -> None:
+  """Refuse a setting of another objective's own fields (`--config.distill.teacher=RUN` on a
+  run that trains `lm`, say): that objective alone reads them, so this run would ignore it."""
+  for name, other in TASKS.items():
+    defaults = other.config_defaults()
+    if name == task.name or defaults is None or name not in config:
+      continue
+    for field, default in defaults.items():
+      value = config[name].get(field, default)
+      if value != default:
+        raise ValueError(
+            f"{name}.{field}={value!r}: read only by --config.task={name}, and this run trains "
+            f"{task.name}: add --config.task={name}, or leave {name}.{field} at {default!r}"
+        )
+
+
 def registry_lines() -> list[str]:
   """One line per registered objective: its name and what it trains (for --config_help)."""
   return [f"{name}: {task.summary}" for name, task in TASKS.items()]
@@ -110,6 +126,7 @@ __all__ = [
     "model_task",
     "task_for",
     "task_config_groups",
+    "check_other_tasks_fields",
     "registry_lines",
     "task_data",
     "LanguageModeling",

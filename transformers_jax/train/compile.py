@@ -208,8 +208,9 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
     if refusal is None:
       raise
     out.update(refusal, fits=False, compile_s=round(time.perf_counter() - start, 2))
-    if chip and "per_device_peak_estimate_gib" in out:
+    if chip and "per_device_peak_estimate_gib" in out:  # the compiler's figure: the estimate
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
+      out["headroom_fits_by_gib"] = out["headroom_gib"]
     if verbose:
       print(json.dumps(out, indent=1))
     raise OutOfMemory(out) from None
@@ -240,8 +241,9 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
     # below it, since the sum takes every argument, output and temporary as live at once, which
     # buffer assignment knows they are not (MaxText's 32B recipe on v5p: 85.5 GiB XLA peak,
     # 94.3 estimated). `fits` is the compiler's figure within the chip's memory (the estimate
-    # where the backend gives none: `fits_by` says which); `headroom_gib` is HBM minus the
-    # estimate.
+    # where the backend gives none: `fits_by` says which), `headroom_fits_by_gib` the margin
+    # `fits` reads; `headroom_gib` is HBM minus the estimate, the margin should every buffer be
+    # live at once. A step can fit with a negative `headroom_gib`: docs/scaling.md.
     xla_peak = getattr(mem, "peak_memory_in_bytes", 0)
     if xla_peak:
       out["per_device_peak_xla_gib"] = xla_peak / GIB
@@ -249,6 +251,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       out["fits_by"] = "xla_peak" if xla_peak else "estimate"
       figure = out.get("per_device_peak_xla_gib", out["per_device_peak_estimate_gib"])
       out["fits"] = figure <= chip.hbm_gib
+      out["headroom_fits_by_gib"] = chip.hbm_gib - figure
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   out.update(xla_flops(compiled))
   if int(config.mesh.get("num_slices", 1) or 1) > 1:

@@ -6,6 +6,7 @@ these run where a model is trained or counted, so that a run saved before them s
 from __future__ import annotations
 
 from transformers_jax.evaluate.harness import Settings
+from transformers_jax.modules.norms import unread_norm_fields
 
 # Training fields that only the seq2seq task (an encoder_decoder model) reads, with the value
 # that means "not set".
@@ -20,8 +21,12 @@ def model_depth(model_cfg) -> int:
 
 
 def check_model(model_cfg) -> None:
-  """MoE settings that would leave a model without experts, or that a dense model ignores."""
+  """MoE settings that would leave a model without experts, or that a dense model ignores; a
+  note for each norm setting no norm reads (a config file's: the command line's are refused
+  while the flags are parsed, cli.refuse_unread_settings)."""
   c = model_cfg
+  for field, why, _ in unread_norm_fields(c):
+    print(f"note: model.{field}={getattr(c, field)!r} is not used: {why}", flush=True)
   if c.feed_forward != "moe":
     if c.moe_impl != "dense":
       raise ValueError(
@@ -54,6 +59,13 @@ def check_training(config, model_cfg, task, devices) -> None:
           f"this {model_cfg.family} model trains the {task_name} task: leave it out (or "
           f"{unset})"
       )
+  context = int(config.get("mesh", {}).get("context", 1))
+  if model_cfg.context_strategy != "all_gather" and context == 1:
+    raise ValueError(
+        f"model.context_strategy={model_cfg.context_strategy!r}: says how the devices of "
+        "mesh.context share keys and values, and mesh.context=1 (no sequence is split): set "
+        "--config.mesh.context to 2 or more, or leave context_strategy at all_gather"
+    )
   check_attention_platform(model_cfg, devices)
   check_tracking(config, model_cfg)
   check_host_offload(config, devices)

@@ -12,9 +12,8 @@ from transformers_jax.machine import parallel
 from transformers_jax.models import counting
 from transformers_jax.errors import UserError
 from transformers_jax.evaluate import harness as harness_lib
-from transformers_jax.evaluate.runs import TrainingHarness
 from transformers_jax.run_folder.runs import Run
-from transformers_jax.train import evaluation, resume, trackers
+from transformers_jax.train import evaluation
 from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import (
     Pace,
@@ -24,7 +23,7 @@ from transformers_jax.train.events import (
 )
 from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.profiling import StepProfiler
-from transformers_jax.train.setup import Setup
+from transformers_jax.train.setup import Setup, open_run
 
 
 def _eval_metrics(setup, data, eval_step, params) -> dict:
@@ -73,17 +72,10 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   config, model_cfg, mesh, task = setup.config, setup.model_cfg, setup.mesh, setup.task
   workdir = run.path
   is_main = jax.process_index() == 0
-  changes = resume.prepare_folder(run, config, allow_data_change)
-  data = setup.data(workdir)
-  if changes is not None:  # a resume: the files at data.path changed since the run read them
-    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
-  resume.write_folder(run, config, changes, data.source)
-  checkpoints = run.checkpoints(config.keep_checkpoints)
-  state, start, note = setup.start(checkpoints)
-  resume.note_changes(run, start, changes)
-  train_step, eval_step = setup.train_step(), setup.eval_step()
-  harness = TrainingHarness(setup, data.tokenizer, workdir) if config.eval_harness.every else None
-  writer = trackers.open_writer(config, workdir, is_main)
+  opened = open_run(setup, run, allow_data_change)
+  data, checkpoints, state, start = opened.data, opened.checkpoints, opened.state, opened.start
+  note, harness, writer = opened.note, opened.harness, opened.writer
+  train_step, eval_step = opened.train_step, opened.eval_step
   peak, peak_source = metrics_lib.device_peak(per_device_override=config.device_peak_flops)
   tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens_per_step = config.batch_size * tokens_per_example

@@ -19,20 +19,14 @@ import jax
 import numpy as np
 
 from transformers_jax.evaluate import harness as harness_lib
-from transformers_jax.evaluate.runs import TrainingHarness
 from transformers_jax.machine import parallel
 from transformers_jax.run_folder.runs import Run
-from transformers_jax.train import evaluation, resume, trackers
+from transformers_jax.train import evaluation
 from transformers_jax.train.events import Pace, run_steps
-from transformers_jax.train.members import (
-    LISTS,
-    describe,
-    list_values,
-    member,
-    put_stacked,
-)
+from transformers_jax.train.members import LISTS, describe, list_values, member, put_stacked
 from transformers_jax.train.preemption import StopRequests
 from transformers_jax.train.profiling import StepProfiler
+from transformers_jax.train.setup import open_run
 
 
 class MemberBatches:
@@ -83,28 +77,18 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
   "member_devices": how many devices the members are split over}."""
   config, table, workdir = setup.config, setup.members, run.path
   count, is_main = len(table), jax.process_index() == 0
-  changes = resume.prepare_folder(run, config, allow_data_change)
-  seeds = sorted({m["seed"] for m in table})
-  datas = {seed: setup.data(workdir, seed) for seed in seeds}  # each seed's, as its solo run's
-  data = datas[seeds[0]]
-  if changes is not None:  # a resume: the files at data.path changed since the run read them
-    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
-  resume.write_folder(run, config, changes, data.source)
-  checkpoints = run.checkpoints(config.keep_checkpoints)
-  state, start, note = setup.start(checkpoints)
-  resume.note_changes(run, start, changes)
-  train_step, eval_step = setup.train_step(), setup.eval_step()
-  harness = TrainingHarness(setup, data.tokenizer, workdir) if config.eval_harness.every else None
+  opened = open_run(setup, run, allow_data_change)  # each seed's data, as its solo run's
+  datas, data, checkpoints, state = opened.datas, opened.data, opened.checkpoints, opened.state
+  start, harness, writer = opened.start, opened.harness, opened.writer
   split = setup.mesh.shape["data"] if setup.member_axis else 1
   layout = {a: n for a, n in setup.mesh.shape.items() if n > 1 and a != setup.member_axis}
-  writer = trackers.open_writer(config, workdir, is_main, members=table)
   if is_main:
     print(
-        f"population of {count} {setup.model_cfg.family} models ({len(seeds)} seeds x "
+        f"population of {count} {setup.model_cfg.family} models ({len(datas)} seeds x "
         + " x ".join(f"{len(list_values(config, n))} {LISTS[n]}" for n in LISTS)
         + f"), split over {split} device(s)"
         + (f", each member over mesh axes {layout}" if layout else "")
-        + f"; {data.summary}; {note}",
+        + f"; {data.summary}; {opened.note}",
         flush=True,
     )
   results = [dict(m) for m in table]
@@ -155,7 +139,7 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
         )
     if eval_now:
       began = time.perf_counter()
-      evals = _evaluate(setup, data, eval_step, state.params, eval_batches)
+      evals = _evaluate(setup, data, opened.eval_step, state.params, eval_batches)
       for i, ev in enumerate(evals):
         writer.write(done, {**table[i], **ev}, tb_prefix=f"member_{i:03d}/")
         results[i].update(ev)
@@ -178,7 +162,7 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
       state,
       start,
       end,
-      train_step=train_step,
+      train_step=opened.train_step,
       next_batch=feed,
       checkpoints=checkpoints,
       stop_requests=StopRequests(abort_before_start=True),

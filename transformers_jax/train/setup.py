@@ -11,8 +11,10 @@ its state is the members' stacked states, its step the same update body vmapped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
+from typing import Any
 
 import jax
 import optax
@@ -20,7 +22,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformers_jax.machine import parallel
-from transformers_jax.train import field_checks
+from transformers_jax.evaluate.runs import TrainingHarness
+from transformers_jax.train import field_checks, trackers
 from transformers_jax.config import ModelConfig
 from transformers_jax.errors import UserError
 from transformers_jax.models import lora
@@ -277,3 +280,51 @@ class Setup:
           "or hyperparameters differ): resume with the population it was saved with, or "
           "use a new --workdir"
       )
+
+
+@dataclasses.dataclass
+class OpenedRun:
+  """What both drivers (loop.py, population.py) start from, made by `open_run`."""
+
+  datas: dict  # seed -> the task's data for that seed (a solo run: its one seed)
+  data: Any  # the first seed's TaskData: held-out batches, tokenizer, summary, data source
+  checkpoints: Any  # the run's CheckpointManager
+  state: Any  # the train state to start from (fresh, resumed or initialised from a run)
+  start: int  # the step it starts after
+  note: str  # how it started, for the run's opening line
+  train_step: Any
+  eval_step: Any
+  harness: TrainingHarness | None  # lm-eval tasks during training (config.eval_harness.every)
+  writer: trackers.MetricsWriter  # metrics.jsonl, TensorBoard and W&B
+
+
+def open_run(setup: Setup, run: Run, allow_data_change: bool) -> OpenedRun:
+  """A run's opening, shared by the solo and population drivers: the run folder checked and
+  written (a resume's changes recorded), each seed's data, the checkpoints, the starting
+  state, the compiled-on-first-call steps, the harness and the metrics writer."""
+  config, workdir = setup.config, run.path
+  changes = resume.prepare_folder(run, config, allow_data_change)
+  seeds = sorted({m["seed"] for m in setup.members}) if setup.members else [config.seed]
+  datas = {seed: setup.data(workdir, seed) for seed in seeds}  # each as its solo run's
+  data = datas[seeds[0]]
+  if changes is not None:  # a resume: the files at data.path changed since the run read them
+    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
+  resume.write_folder(run, config, changes, data.source)
+  checkpoints = run.checkpoints(config.keep_checkpoints)
+  state, start, note = setup.start(checkpoints)
+  resume.note_changes(run, start, changes)
+  harness = TrainingHarness(setup, data.tokenizer, workdir) if config.eval_harness.every else None
+  is_main = jax.process_index() == 0
+  writer = trackers.open_writer(config, workdir, is_main, members=setup.members)
+  return OpenedRun(
+      datas,
+      data,
+      checkpoints,
+      state,
+      start,
+      note,
+      setup.train_step(),
+      setup.eval_step(),
+      harness,
+      writer,
+  )
