@@ -16,6 +16,7 @@ from transformers_jax.config import FAMILIES
 from transformers_jax.interop.common import UnsupportedConfig
 from transformers_jax.interop.hf_export import save_hf
 from transformers_jax.models import build_model, initializer
+from transformers_jax.modules import inits as inits_lib
 from transformers_jax.modules import placements as placements_lib
 from transformers_jax.modules.attention import Attention
 from transformers_jax.modules.block import Block
@@ -115,9 +116,17 @@ FORMULAS = {
         lambda y: y + layernorm(f(layernorm(y, p["ffn_norm_in"])), p["ffn_norm_out"])
     )(x + layernorm(a(layernorm(x, p["self_attn_norm_in"])), p["self_attn_norm_out"])),
     "none": lambda x, p, a, f, depth: (lambda y: y + f(y))(x + a(x)),
-    "rezero": lambda x, p, a, f, depth: (lambda y: y + p["ffn_branch_gain"] * f(y))(
+    # ReZero: one alpha per block, shared by its sublayers (the authors' `resweight`)
+    "rezero": lambda x, p, a, f, depth: (lambda y: y + p["branch_gain"] * f(y))(
+        x + p["branch_gain"] * a(x)
+    ),
+    "rezero_sublayer": lambda x, p, a, f, depth: (lambda y: y + p["ffn_branch_gain"] * f(y))(
         x + p["self_attn_branch_gain"] * a(x)
     ),
+    # Peri-LN's block is the sandwich (its embedding norm: test_peri_ln_normalises_embeddings)
+    "peri": lambda x, p, a, f, depth: (
+        lambda y: y + layernorm(f(layernorm(y, p["ffn_norm_in"])), p["ffn_norm_out"])
+    )(x + layernorm(a(layernorm(x, p["self_attn_norm_in"])), p["self_attn_norm_out"])),
     "layerscale": lambda x, p, a, f, depth: (
         lambda y: y + p["ffn_branch_gain"] * f(layernorm(y, p["ffn_norm"]))
     )(x + p["self_attn_branch_gain"] * a(layernorm(x, p["self_attn_norm"]))),
@@ -245,11 +254,13 @@ def test_normformer_hybrid_and_subln_inner_norms_equal_their_formulas():
   want = y + reference_ffn(layernorm(y, p["ffn_norm"]), p["ffn"], mid_norm=True)
   np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
+  # HybridNorm (Zhuo et al. 2025): Y = X + MHA(QKV-Norm(X)); X' = N(Y) + FFN(N(Y)), the
+  # authors' released configuration (ffn_residual_after_norm); it was N(Y + FFN(Y)) before
   out, p, _, _ = one_block("hybrid")
   y = X + reference_attention(X, renamed(p["self_attn"]), c, qkv_norm=True)
-  np.testing.assert_allclose(
-      out, layernorm(y + reference_ffn(y, p["ffn"]), p["ffn_norm"]), atol=1e-6
-  )
+  h = layernorm(y, p["ffn_norm"])
+  np.testing.assert_allclose(out, h + reference_ffn(h, p["ffn"]), atol=1e-6)
+  assert placements_lib.PLACEMENTS["hybrid"].final_norm  # the base model's final norm kept
 
   out, p, _, _ = one_block("subln")
   a = lambda h: reference_attention(h, renamed(p["self_attn"]), c, out_norm=True)
@@ -267,8 +278,10 @@ def test_tfixup_and_rezero_and_layerscale_initial_values():
   assert placements_lib.tfixup_scale(
       tiny("encoder_decoder", "tfixup"), Depth(0, 6, "encoder", 6)
   ) == pytest.approx(0.67 * 6**-0.25)
-  params = nn.unbox(initializer(tiny("decoder", "rezero"))(KEY))
+  params = nn.unbox(initializer(tiny("decoder", "rezero_sublayer"))(KEY))
   assert float(params["decoder"]["layer_0"]["ffn_branch_gain"]) == 0.0
+  params = nn.unbox(initializer(tiny("decoder", "rezero"))(KEY))
+  assert float(params["decoder"]["layer_0"]["branch_gain"]) == 0.0
   deep = Block(tiny("decoder", "layerscale", num_layers=20), layer=0, num_layers=20)
   params = nn.unbox(deep.init(KEY, X)["params"])  # the first of 20 blocks, not all 20
   np.testing.assert_array_equal(params["ffn_branch_gain"], np.float32(1e-5))
@@ -332,3 +345,43 @@ def test_hugging_face_export_refuses_a_placement_gpt2_cannot_express(placement, 
   with pytest.raises(UnsupportedConfig, match=f"model.norm_placement='{placement}'"):
     save_hf(tmp_path, c, params)
   assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- initialisations
+@pytest.mark.parametrize("init", sorted(inits_lib.INITS))
+@pytest.mark.parametrize("placement", ["pre", "post", "hybrid"])
+def test_every_initialisation_draws_what_its_entry_says(init, placement):
+  """Each `model.init` entry's standard deviations, measured on the drawn weights of a
+  64-wide, 4-block decoder: gpt2 init_std everywhere; xavier sqrt(2 / (fan_in + fan_out))
+  and embeddings d^-1/2; megatron init_std / sqrt(2L) on the output projections; paper the
+  placement's own entry's."""
+  c = tiny("decoder", placement, num_layers=4, d_model=64, d_ff=128, vocab_size=512, init=init)
+  params = nn.unbox(jax.jit(initializer(c))(KEY))
+  block, embed = params["decoder"]["layer_1"], params["embed"]["token_embed"]["embedding"]
+  name = placements_lib.PLACEMENTS[placement].paper_init if init == "paper" else init
+  std_of = lambda w: float(np.std(np.asarray(w)))
+  wi, out = block["ffn"]["wi"]["kernel"], block["self_attn"]["out"]["kernel"]
+  want = {
+      "gpt2": (0.02, 0.02, 0.02),
+      "xavier": (math.sqrt(2 / (64 + 128)), math.sqrt(2 / (64 + 64)), 64**-0.5),
+      "megatron": (0.02, 0.02 / math.sqrt(2 * 4), 0.02),
+  }[name]
+  got = (std_of(wi), std_of(out.reshape(-1, 64)), std_of(embed))
+  np.testing.assert_allclose(got, want, rtol=0.06)
+
+
+def test_peri_ln_normalises_the_embeddings_and_dyt_takes_its_alpha_per_site():
+  c = tiny("decoder", "peri")
+  params = nn.unbox(initializer(c)(KEY))
+  assert c.has_embed_norm and "embed_norm" in params["embed"]
+  assert "embed_norm" not in nn.unbox(initializer(tiny("decoder", "sandwich"))(KEY))["embed"]
+  c = tiny("decoder", "pre", norm="dyt", dyt_alpha=0.2, dyt_alpha_attention=0.8)
+  c = c.replace(embed_scale_learned=True)
+  layer = nn.unbox(initializer(c)(KEY))
+  block = layer["decoder"]["layer_0"]
+  assert float(block["self_attn_norm"]["alpha"]) == pytest.approx(0.8)
+  assert float(block["ffn_norm"]["alpha"]) == pytest.approx(0.2)
+  assert float(layer["final_norm"]["alpha"]) == pytest.approx(0.2)
+  assert float(layer["embed"]["embed_gain"]) == pytest.approx(math.sqrt(c.d_model))
+  with pytest.raises(ValueError, match=r"^model.init='he': choose one of gpt2, xavier"):
+    tiny("decoder", "pre", init="he")

@@ -1,5 +1,5 @@
 """Top-level training fields of an experiment config (every one has a default and a meaning),
-and the assembly of a whole experiment config: those fields plus the model's (config.py)."""
+and the assembly of a whole experiment config: those fields plus the model's (config/model.py)."""
 
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       residual=True,
       feed_forward="dense",
       embed_scale=False,
+      embed_scale_learned=False,
       qk_norm=False,  # no Hugging Face architecture here normalises queries and keys
       kv_heads=c.num_heads,
       activation=tuple(ACTIVATIONS_OUT),

@@ -196,7 +196,9 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   if c.positions == "learned":
     out["position_embedding"] = stack_embedders * (c.seq_len_max + c.position_offset) * D
   out["type_embedding"] = stack_embedders * c.type_vocab_size * D
-  out["norms"] = stack_embedders * _norm(c) * int(c.embed_norm)
+  out["norms"] = stack_embedders * _norm(c) * int(c.has_embed_norm)
+  if c.embed_scale_learned and c.family != "vit":  # one learned scalar per token embedder
+    out["gains"] = stack_embedders
   if c.family == "encoder_decoder":
     stacks = [_stack(c, c.encoder_layers, False, active), _stack(c, c.decoder_layers, True, active)]
     out["norms"] += 2 * _norm(c) * int(c.has_final_norm)

@@ -11,7 +11,7 @@ from transformers_jax.modules.common import constant, dtype_of
 from transformers_jax.modules.feed_forward import FeedForward, MoE
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
-from transformers_jax.modules import remat
+from transformers_jax.modules import inits, remat
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import position_scheme
 
@@ -72,7 +72,7 @@ class Block(nn.Module):
     )
 
     def parts(sublayer):  # what the placement sets inside each sublayer
-      rules = placement.projection_init(c, depth, sublayer)
+      rules = inits.projection_rules(c, depth, sublayer)  # model.init's, then the placement's
       return dict(init_rules=tuple(sorted(rules.items())), features=placement.features)
 
     kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules import lora
+from transformers_jax.modules import inits, lora
 
 # The FFN's non-linearity: name -> (the jax.nn function, its keyword arguments, gated). A gated
 # FFN (GLU variants) multiplies the function of one projection by a second projection.
@@ -55,10 +55,10 @@ def constant(value: float, names: tuple[str | None, ...]):
 
 
 def kernel_init(cfg, rule, names: tuple[str | None, ...], **axes):
-  """A projection kernel's initialiser: normal(model.init_std), or a norm placement's `rule`
-  (placement_base.Init; `axes` gives its fan axes) when the placement sets one."""
-  if rule is None:
-    return normal(cfg.init_std, names)
+  """A projection kernel's initialiser: `rule` (placement_base.Init; `axes` gives its fan
+  axes) where the initialisation or the norm placement sets one for it, else the
+  initialisation's default (modules/inits.py; model.init=gpt2: normal(model.init_std))."""
+  rule = inits.default_rule(cfg) if rule is None else rule
   return nn.with_logical_partitioning(rule.initializer(**axes), names)
 
 

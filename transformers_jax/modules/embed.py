@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules.common import dtype_of, normal
+from transformers_jax.modules import inits
+from transformers_jax.modules.common import constant, dtype_of, normal
 from transformers_jax.modules.norms import Norm
-from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import position_scheme
 
 
@@ -34,13 +34,14 @@ class Embedder(nn.Module):
       init = normal(std, (axis, "embed"))
       return nn.Embed(rows, c.d_model, dtype=dt, param_dtype=pdt, embedding_init=init)
 
-    token_std = PLACEMENTS[c.norm_placement].token_embedding_std(c) or c.init_std
     if self.tokens:
-      self.token_embed = table(c.padded_vocab, token_std, "vocab")
+      self.token_embed = table(c.padded_vocab, inits.token_embedding_std(c), "vocab")
+      if c.embed_scale_learned and c.family != "vit":  # (a ViT embeds patches: refused)
+        self.embed_gain = self.param("embed_gain", constant(np.sqrt(c.d_model), ()), (), pdt)
     self.pos_embed = position_scheme(c).embedding_table(c)
     if c.type_vocab_size:
-      self.type_embed = table(c.type_vocab_size, c.init_std, "type_vocab")
-    if c.embed_norm:
+      self.type_embed = table(c.type_vocab_size, inits.embedding_std(c), "type_vocab")
+    if c.has_embed_norm:
       self.embed_norm = Norm(c)
     self.dropout = nn.Dropout(c.dropout)
 
@@ -49,10 +50,12 @@ class Embedder(nn.Module):
     x = self.token_embed(tokens) if embedded is None else embedded
     if c.embed_scale:
       x = x * jnp.asarray(np.sqrt(c.d_model), x.dtype)
+    if c.embed_scale_learned and embedded is None:  # a learned gain (DyT's LLM recipe)
+      x = x * self.embed_gain.astype(x.dtype)
     x = position_scheme(c).add_to_embeddings(c, x, positions, self.pos_embed)
     if c.type_vocab_size:
       x = x + self.type_embed(jnp.zeros_like(positions) if token_types is None else token_types)
-    if c.embed_norm:
+    if c.has_embed_norm:
       x = self.embed_norm(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
     return self.dropout(x, deterministic=self.deterministic)

@@ -11,7 +11,8 @@ from jax.ad_checkpoint import checkpoint_name
 from transformers_jax.modules.common import constant, dtype_of, ones, zeros
 from transformers_jax.modules.placements import PLACEMENTS
 
-DYT_ALPHA_INIT = 0.5  # DyT's alpha_0 (Zhu et al. 2025, "Transformers without Normalization")
+# the names of the norms that feed attention (DyT's per-site alpha_0: model.dyt_alpha_attention)
+ATTENTION_INPUTS = ("self_attn_norm", "cross_attn_norm", "input_norm")
 
 
 class Norm(nn.Module):
@@ -20,8 +21,9 @@ class Norm(nn.Module):
     rmsnorm:   x / sqrt(mean(x^2) + eps) * gamma (+ beta with model.norm_bias)
     scalenorm: g * x / sqrt(sum(x^2) + eps), one learned scalar g initialised to sqrt(D)
                (Nguyen & Salazar 2019; `model.norm_scale=False` keeps g at sqrt(D))
-    dyt:       gamma * tanh(alpha * x) + beta, alpha a learned scalar initialised to 0.5 (DyT,
-               Zhu et al. 2025): no statistics at all
+    dyt:       gamma * tanh(alpha * x) + beta, alpha a learned scalar initialised to
+               model.dyt_alpha (0.5; model.dyt_alpha_attention in the norms before attention),
+               DyT (Zhu et al. 2025): no statistics at all
   gamma (`scale`) with `model.norm_scale`, beta (`bias`) with `model.norm_bias` (default: on
   for layernorm and dyt). flax's own RMSNorm has no bias option, which the ablations need.
   """
@@ -35,7 +37,10 @@ class Norm(nn.Module):
     xf = x.astype(jnp.float32)
     features, pdt = x.shape[-1], dtype_of(c.param_dtype)
     if c.norm == "dyt":
-      alpha = self.param("alpha", constant(DYT_ALPHA_INIT, ()), (), pdt)
+      alpha0 = c.dyt_alpha
+      if c.dyt_alpha_attention is not None and (self.name or "").startswith(ATTENTION_INPUTS):
+        alpha0 = c.dyt_alpha_attention
+      alpha = self.param("alpha", constant(alpha0, ()), (), pdt)
       y = jnp.tanh(alpha.astype(jnp.float32) * xf)
     elif c.norm == "scalenorm":
       g = float(np.sqrt(features))
@@ -63,7 +68,7 @@ def norm_over_heads(cfg, x, name: str):
   return y.reshape(x.shape)
 
 
-# The model fields only a norm reads, with their defaults (config.py's).
+# The model fields only a norm reads, with their defaults (config/model.py).
 NORM_FIELDS = {
     "norm": "layernorm",
     "norm_eps": 1e-5,
@@ -80,7 +85,7 @@ def builds_norms(cfg) -> bool:
   return bool(
       PLACEMENTS[cfg.norm_placement].uses_norms
       or cfg.has_final_norm
-      or cfg.embed_norm
+      or cfg.has_embed_norm
       or cfg.qk_norm
       or mlm
   )

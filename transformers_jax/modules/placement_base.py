@@ -78,12 +78,15 @@ class Site:
 @dataclasses.dataclass(frozen=True)
 class Init:
   """An initialiser for a projection's kernel: Xavier (Glorot) `normal` or `uniform` over the
-  kernel's fan-in and fan-out, times `gain` (PyTorch's xavier_normal_/xavier_uniform_ gain)."""
+  kernel's fan-in and fan-out, times `gain` (PyTorch's xavier_normal_/xavier_uniform_ gain);
+  or `std`: a normal distribution whose standard deviation is `gain`, whatever the fans."""
 
-  distribution: str  # normal | uniform
+  distribution: str  # normal | uniform | std
   gain: float = 1.0
 
   def initializer(self, in_axis=-2, out_axis=-1, batch_axis=()):
+    if self.distribution == "std":
+      return jax.nn.initializers.normal(self.gain)
     return jax.nn.initializers.variance_scaling(
         self.gain**2, "fan_avg", self.distribution, in_axis, out_axis, batch_axis
     )
@@ -106,6 +109,11 @@ class Placement:
   uses_norms: bool = True  # False: the scheme has no norm in its blocks (model.norm unused)
   profiled: bool = False  # True: `profile` sets parameters from one forward pass at init
   unavailable: str = ""  # why the scheme cannot be built (validation refuses it with this)
+  # `model.init=paper`: the initialisation its paper trained with (a name of modules/inits.py's
+  # registry, under the placement's own projection_init), and where that is written
+  paper_init: str = "gpt2"
+  paper_init_source: str = ""
+  embed_norm: bool = False  # a norm right after the embeddings, whatever model.embed_norm says
 
   def block(self, site: Site, x, sublayers: list[Sublayer]):
     for name, fn in sublayers:

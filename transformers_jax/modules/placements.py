@@ -35,6 +35,8 @@ class Pre(Placement):
   """x + f(N(x)) — pre-LN (Xiong et al. 2020; GPT-2, ViT)."""
 
   final_norm = True
+  paper_init = "megatron"
+  paper_init_source = "GPT-2 (Radford et al. 2019): residual projections scaled by 1/sqrt(N)"
 
   def sublayer(self, site, x, name, fn):
     return site.add(x, site.dropout(fn(site.norm(f"{name}_norm")(x))))
@@ -42,6 +44,9 @@ class Pre(Placement):
 
 class Post(Placement):
   """N(x + f(x)) — post-LN, the 2017 Transformer and BERT."""
+
+  paper_init = "xavier"
+  paper_init_source = "the 2017 Transformer's tensor2tensor and fairseq: Xavier, embeddings d^-1/2"
 
   def sublayer(self, site, x, name, fn):
     return site.norm(f"{name}_norm")(site.add(x, site.dropout(fn(x))))
@@ -56,6 +61,15 @@ class Sandwich(Placement):
   def sublayer(self, site, x, name, fn):
     y = site.norm(f"{name}_norm_out")(fn(site.norm(f"{name}_norm_in")(x)))
     return site.add(x, site.dropout(y))
+
+
+class Peri(Sandwich):
+  """Peri-LN (Kim et al. 2025): the sandwich x + N_out(f(N_in(x))), a norm on the embeddings'
+  output and a final norm. Init: Megatron-LM's, the framework the paper trained with."""
+
+  embed_norm = True
+  paper_init = "megatron"
+  paper_init_source = "Kim et al. 2025 trained with Megatron-LM (its scaled output init)"
 
 
 class NoNorm(Placement):
@@ -87,6 +101,9 @@ class DeepNorm(Placement):
   Init: Xavier normal with gain beta on the feed-forward, value and out projections, gain 1 on
   query and key (the paper's pseudo-code)."""
 
+  paper_init = "xavier"
+  paper_init_source = "Wang et al. 2022, Figure 2's pseudo-code (fairseq): Xavier normal"
+
   def sublayer(self, site, x, name, fn):
     alpha, _ = deepnet_constants(site.depth)
     return site.norm(f"{name}_norm")(site.add(alpha * x, site.dropout(fn(x))))
@@ -104,6 +121,8 @@ class Admin(Placement):
   self-attention, cross-attention, feed-forward)."""
 
   profiled = True
+  paper_init = "xavier"
+  paper_init_source = "Liu et al. 2020 trained in fairseq: Xavier uniform, embeddings d^-1/2"
 
   def sublayer(self, site, x, name, fn):
     omega = site.gain(f"{name}_skip_gain", (site.cfg.d_model,), 1.0)
@@ -147,14 +166,30 @@ def replace_value(leaf, value):
 
 
 class ReZero(Placement):
-  """x + alpha f(x), alpha a learned scalar per sublayer initialised to 0, no norms — ReZero
-  (Bachlechner et al. 2020)."""
+  """x + alpha f(x) for every sublayer of a block, alpha one learned scalar per block (shared
+  by its sublayers) initialised to 0, no norms — ReZero (Bachlechner et al. 2020): x_{i+1} =
+  x_i + alpha_i F(x_i) with F the whole layer, as the authors' transformer layer has one
+  `resweight` for its attention and its feed-forward."""
 
   uses_norms = False
+  paper_init = "xavier"
+  paper_init_source = "Bachlechner et al. 2020's transformer: PyTorch's Xavier uniform"
 
-  def sublayer(self, site, x, name, fn):
-    alpha = site.gain(f"{name}_branch_gain", (), 0.0)
-    return site.add(x, alpha.astype(x.dtype) * site.dropout(fn(x)))
+  def block(self, site, x, sublayers):
+    alpha = site.gain("branch_gain", (), 0.0)
+    for _, fn in sublayers:
+      x = site.add(x, alpha.astype(x.dtype) * site.dropout(fn(x)))
+    return x
+
+
+class ReZeroSublayer(ReZero):
+  """ReZero with one alpha per sublayer (each initialised to 0) instead of one per block."""
+
+  def block(self, site, x, sublayers):
+    for name, fn in sublayers:
+      alpha = site.gain(f"{name}_branch_gain", (), 0.0)
+      x = site.add(x, alpha.astype(x.dtype) * site.dropout(fn(x)))
+    return x
 
 
 def cait_epsilon(layers: int) -> float:
@@ -169,6 +204,7 @@ class LayerScale(Placement):
 
   final_norm = True
   arg_meaning = "lambda's initial value (default: CaiT's rule by depth)"
+  paper_init_source = "CaiT (DeiT's recipe): truncated normal, std 0.02"
 
   def sublayer(self, site, x, name, fn):
     eps = self.arg(site.cfg) or cait_epsilon(site.depth.num_layers)
@@ -190,6 +226,8 @@ class TFixup(Placement):
   embeddings N(0, d^-1/2) times the decoder's factor (the encoder's in an encoder-only model)."""
 
   uses_norms = False
+  paper_init = "xavier"
+  paper_init_source = "Huang et al. 2020: Xavier uniform under its scales (its own rules)"
 
   def sublayer(self, site, x, name, fn):
     return site.add(x, site.dropout(fn(x)))
@@ -206,9 +244,11 @@ class TFixup(Placement):
 
 
 class Reordered(Placement):
-  """x + N(f(x)) — OLMo 2's reordered norm, Swin Transformer v2's res-post-norm."""
+  """x + N(f(x)) — OLMo 2's reordered norm (with model.qk_norm), Swin Transformer v2's
+  res-post-norm."""
 
   final_norm = True
+  paper_init_source = "OLMo 2 (2024): every weight N(0, 0.02)"
 
   def sublayer(self, site, x, name, fn):
     return site.add(x, site.dropout(site.norm(f"{name}_norm")(fn(x))))
@@ -221,6 +261,7 @@ class NormFormer(Placement):
 
   final_norm = True
   features = (HEAD_GAIN, FFN_MID_NORM)
+  paper_init_source = "Shleifer et al. 2021 (fairseq's GPT-3 replication): N(0, 0.02)"
 
   def sublayer(self, site, x, name, fn):
     y = fn(site.norm(f"{name}_norm")(x))
@@ -230,14 +271,20 @@ class NormFormer(Placement):
 
 
 class HybridNorm(Placement):
-  """Attention x + f_qkv(x), with N on the query, key and value projections inside f and no
-  norm outside; feed-forward post-norm N(x + f(x)) — HybridNorm (Zhuo et al. 2025)."""
+  """HybridNorm (Zhuo et al. 2025): attention y = x + f_qkv(x), with N on the query, key and
+  value projections inside f and no norm outside; feed-forward N(y) + f(N(y)), the norm on the
+  residual stream itself (the authors' released OLMo configuration: ffn_residual_after_norm);
+  the base model's final norm kept. Init: Megatron's (their configs' init_fn)."""
 
+  final_norm = True
   features = (QKV_NORM,)
+  paper_init = "megatron"
+  paper_init_source = "Zhuo et al. 2025's released configs: init_fn full_megatron"
 
   def sublayer(self, site, x, name, fn):
     if name == "ffn":
-      return site.norm(f"{name}_norm")(site.add(x, site.dropout(fn(x))))
+      h = site.norm(f"{name}_norm")(x)
+      return site.add(h, site.dropout(fn(h)))
     return site.add(x, site.dropout(fn(x)))
 
 
@@ -259,6 +306,8 @@ class SubLN(Placement):
 
   final_norm = True
   features = (ATTENTION_OUT_NORM, FFN_MID_NORM)
+  paper_init = "xavier"
+  paper_init_source = "Magneto (Wang et al. 2022): Xavier normal under its gain (its own rules)"
 
   def sublayer(self, site, x, name, fn):
     return site.add(x, site.dropout(fn(site.norm(f"{name}_norm")(x))))
@@ -271,6 +320,9 @@ class B2T(Placement):
   """Post-LN with a bottom-to-top connection (Takase et al. 2023): within a block
   h <- N(h + f(h)) for every sublayer but the last, whose norm also takes the block's input:
   N(h + f(h) + x)."""
+
+  paper_init = "xavier"
+  paper_init_source = "Takase et al. 2023 trained in fairseq: Xavier uniform"
 
   def block(self, site, x, sublayers):
     h = x
@@ -288,6 +340,7 @@ class Scaled(Placement):
   depth."""
 
   final_norm = True
+  paper_init_source = "Sun et al. 2025 (LLaMA-style models): N(0, 0.02), no scaled init"
 
   def sublayer(self, site, x, name, fn):
     scale = 1 / jnp.sqrt(jnp.asarray(site.depth.layer, jnp.float32) + 1)
@@ -314,6 +367,7 @@ class MixLN(Placement):
   final_norm = True
   arg_meaning = "alpha, the fraction of blocks that are post-LN"
   arg_default = 0.25
+  paper_init_source = "Li et al. 2024 (LLaMA-style models): N(0, 0.02)"
 
   def sublayer(self, site, x, name, fn):
     post_blocks = math.floor(self.arg(site.cfg) * site.depth.num_layers)
@@ -346,10 +400,12 @@ PLACEMENTS: dict[str, Placement] = {
     "pre": Pre(),
     "post": Post(),
     "sandwich": Sandwich(),
+    "peri": Peri(),
     "none": NoNorm(),
     "deepnorm": DeepNorm(),
     "admin": Admin(),
     "rezero": ReZero(),
+    "rezero_sublayer": ReZeroSublayer(),
     "layerscale": LayerScale(),
     "tfixup": TFixup(),
     "reordered": Reordered(),

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformers_jax.modules import inits
 from transformers_jax.modules.common import dtype_of, normal
 
 
@@ -213,7 +214,7 @@ class Learned(PositionScheme):
         c.d_model,
         dtype=dtype_of(c.dtype),
         param_dtype=dtype_of(c.param_dtype),
-        embedding_init=normal(c.init_std, ("position", "embed")),
+        embedding_init=normal(inits.embedding_std(c), ("position", "embed")),
     )
 
   def add_to_embeddings(self, c, x, positions, table):

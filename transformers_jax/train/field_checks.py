@@ -1,6 +1,6 @@
 """Settings that are valid on their own but mean nothing for the model or task they are given
 to: refused with one line (a ValueError naming the field and the fix) before anything is built,
-rather than ignored. ModelConfig's own checks (config.py) run on every load of a saved run;
+rather than ignored. ModelConfig's own checks (config/checks.py) run on every load of a saved run;
 these run where a model is trained or counted, so that a run saved before them still loads."""
 
 from __future__ import annotations

@@ -7,34 +7,14 @@ field has a default and a line saying what it does; `None` means "derived" (see 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from typing import Any
 from collections.abc import Mapping
 
 import ml_collections
 
-from transformers_jax.modules import feed_forward, lora, remat, scores
+from transformers_jax.config.checks import HEADS, validate
 from transformers_jax.modules.common import ACTIVATIONS
-from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
-from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
-
-FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
-POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
-NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
-FEED_FORWARDS = ("dense", "moe")
-MOE_IMPLS = ("dense", "ragged")
-ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
-REMAT_POLICIES = remat.POLICIES  # modules/remat.py says what each keeps
-DTYPES = ("float32", "bfloat16", "float16")
-HEADS = {
-    "decoder": ("lm",),
-    "encoder_decoder": ("lm",),
-    "encoder": ("pooler", "mlm", "classifier"),
-    "vit": ("classifier", "pooler", "none"),
-}
-POOLS = ("cls", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +53,10 @@ class ModelConfig:
   # value); None = the paper's value. Placements without one refuse a value.
   norm_placement_arg: float | None = None
   norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt (see modules/norms.py)
+  dyt_alpha: float = 0.5  # dyt: alpha's initial value (Zhu et al. 2025: 0.5)
+  # dyt: alpha's initial value in the norms before attention; None = dyt_alpha (the DyT paper's
+  # LLM recipe sets the two apart by width, e.g. 0.8 and 0.2 for LLaMA 7B)
+  dyt_alpha_attention: float | None = None
   norm_eps: float = 1e-5  # epsilon inside the norm's square root
   qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
   norm_scale: bool = True  # learned scale (gamma) in every norm
@@ -81,6 +65,8 @@ class ModelConfig:
   final_norm: bool | None = None  # norm after the last block; None = the placement's default
   embed_norm: bool = False  # norm right after the embeddings (BERT)
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
+  # a learned scalar times the token embeddings, initialised to sqrt(d_model) (DyT's LLM recipe)
+  embed_scale_learned: bool = False
   # relu | gelu (exact) | gelu_tanh | silu | swiglu | geglu | geglu_tanh (modules/common.py)
   activation: str = "gelu"
   use_bias: bool = True  # biases in attention and feed-forward projections
@@ -126,6 +112,7 @@ class ModelConfig:
   num_channels: int = 3  # vit: image channels
   pool: str = "cls"  # vit: cls token or mean of patch tokens
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
+  init: str = "gpt2"  # gpt2 | xavier | megatron | paper: the initialisation (modules/inits.py)
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
   # none | full | minimal | save_dot_except_mlpwi | save_qkv_proj | ... | custom (modules/remat.py)
   remat: str = "none"
@@ -175,6 +162,11 @@ class ModelConfig:
     return placement if self.final_norm is None else self.final_norm
 
   @property
+  def has_embed_norm(self) -> bool:
+    """A norm after the embeddings: model.embed_norm, or the placement's own (Peri-LN)."""
+    return self.embed_norm or PLACEMENTS[self.norm_placement].embed_norm
+
+  @property
   def head_kind(self) -> str:
     return self.head or HEADS[self.family][0]
 
@@ -220,180 +212,3 @@ class ModelConfig:
 
   def __post_init__(self):
     validate(self)
-
-
-def _fail(field: str, problem: str, fix: str):
-  raise ValueError(f"model.{field}={problem}: {fix}")
-
-
-def _choice(cfg, field, options):
-  value = getattr(cfg, field)
-  if value not in options:
-    _fail(field, repr(value), f"choose one of {', '.join(options)}")
-
-
-# Largest vocabulary: token ids are int32 everywhere.
-MAX_VOCAB = 2**31 - 1
-# Largest vocab_multiple: 128 per tensor-parallel device covers any mesh of up to 32 devices.
-MAX_VOCAB_MULTIPLE = 4096
-
-
-def _check_types(c: ModelConfig) -> None:
-  """Every field holds its declared type (an int, not 1.5 or "32"; a finite float; a bool)."""
-  for f in dataclasses.fields(c):
-    value, declared = getattr(c, f.name), str(f.type)
-    if value is None and "None" in declared:
-      continue
-    kind = declared.split(" |")[0]
-    if kind == "int":
-      ok = isinstance(value, numbers.Integral) and type(value).__name__ not in ("bool", "bool_")
-      want = "an integer"
-    elif kind == "float":
-      ok = isinstance(value, numbers.Real) and type(value).__name__ not in ("bool", "bool_")
-      ok = ok and math.isfinite(value)
-      want = "a finite number"
-    elif kind == "bool":
-      ok, want = type(value).__name__ in ("bool", "bool_"), "True or False"
-    else:
-      ok, want = isinstance(value, str), "a string"
-    if not ok:
-      _fail(f.name, repr(value), f"must be {want}")
-
-
-def validate(c: ModelConfig) -> None:
-  """Raise ValueError naming the field and the fix; called on construction, before tracing."""
-  _check_types(c)
-  _choice(c, "family", FAMILIES)
-  _choice(c, "positions", POSITIONS)
-  _choice(c, "norm_placement", tuple(PLACEMENTS))
-  _choice(c, "norm", NORMS)
-  _choice(c, "activation", tuple(ACTIVATIONS))
-  _choice(c, "feed_forward", FEED_FORWARDS)
-  _choice(c, "moe_impl", MOE_IMPLS)
-  _choice(c, "attention_impl", ATTENTION_IMPLS)
-  _choice(c, "context_strategy", ("all_gather", "ring"))
-  _choice(c, "dtype", DTYPES)
-  _choice(c, "param_dtype", DTYPES)
-  _choice(c, "pool", POOLS)
-  if c.head and c.head not in HEADS[c.family]:
-    _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
-  positive = "num_layers d_model num_heads max_len attention_query_blocks vocab_multiple"
-  for field in positive.split() + ["sliding_every"]:
-    if getattr(c, field) < 1:
-      _fail(field, str(getattr(c, field)), "must be a positive integer")
-  for field in ("attention_block_q", "attention_block_kv"):
-    value = getattr(c, field)
-    if not isinstance(value, int) or value < 8 or value % 8:
-      _fail(field, str(value), "must be a positive multiple of 8 (e.g. 512)")
-    if c.attention_impl == "splash" and value % 128:
-      _fail(field, str(value), "splash attention needs a multiple of 128 (the TPU lane width)")
-  if c.attention_impl in ("flash", "splash") and c.attention_dropout > 0:
-    _fail(
-        "attention_dropout",
-        str(c.attention_dropout),
-        f"{c.attention_impl} attention has no attention dropout: set it to 0 or use "
-        "model.attention_impl=einsum",
-    )
-  for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):
-    value = getattr(c, field)
-    if value is not None and value < 1:
-      _fail(field, str(value), "must be a positive integer or None (derived)")
-  if c.head_dim is None and c.d_model % c.num_heads:
-    _fail(
-        "num_heads",
-        str(c.num_heads),
-        f"must divide d_model={c.d_model} (or set model.head_dim explicitly)",
-    )
-  if c.num_heads % c.kv_heads:
-    _fail("num_kv_heads", str(c.kv_heads), f"must divide num_heads={c.num_heads}")
-  if c.family != "vit" and c.vocab_size < 1:
-    _fail("vocab_size", str(c.vocab_size), "must be a positive integer")
-  if c.vocab_size > MAX_VOCAB:
-    _fail("vocab_size", f"{c.vocab_size:,}", f"token ids are int32: at most {MAX_VOCAB:,}")
-  if c.vocab_multiple > MAX_VOCAB_MULTIPLE:
-    _fail(
-        "vocab_multiple",
-        str(c.vocab_multiple),
-        f"at most {MAX_VOCAB_MULTIPLE} (128 per tensor-parallel device, as Megatron pads, "
-        "covers any mesh)",
-    )
-  if c.score_scale_width and not c.scale_scores:
-    _fail("score_scale_width", str(c.score_scale_width), "unscaled scores take no width: set 0")
-  if c.position_offset and c.positions != "learned":
-    _fail("position_offset", str(c.position_offset), "only learned positions have rows to offset")
-  nonnegative = "type_vocab_size sliding_window attention_softcap logit_softcap position_offset"
-  for field in nonnegative.split() + ["score_scale_width"]:
-    if getattr(c, field) < 0:
-      _fail(field, str(getattr(c, field)), "must be >= 0 (0: none)")
-  for field in ("dropout", "attention_dropout"):
-    if not 0.0 <= getattr(c, field) < 1.0:
-      _fail(field, str(getattr(c, field)), "must be in [0, 1)")
-  if not c.norm_eps > 0:
-    _fail("norm_eps", str(c.norm_eps), "must be positive")
-  if c.head_kind == "classifier" and c.num_classes < 1:
-    _fail("num_classes", str(c.num_classes), "a classifier head needs num_classes >= 1")
-  if c.family == "vit":
-    if c.patch_size < 1 or c.image_size < 1:
-      _fail("patch_size", str(c.patch_size), "image_size and patch_size must be positive")
-    if c.image_size % c.patch_size:
-      _fail("image_size", str(c.image_size), f"must be divisible by patch_size={c.patch_size}")
-    if c.num_channels < 1:
-      _fail("num_channels", str(c.num_channels), "must be a positive integer")
-  checks = (
-      lambda c: config_problem(c, PLACEMENTS[c.norm_placement]),  # placement_base.py
-      lora.config_problem,
-      remat.config_problem,
-      position_scheme(c).config_problem,
-      feed_forward.config_problem,
-      scores.config_problem,
-  )
-  for problem in (check(c) for check in checks):
-    if problem:
-      _fail(*problem)
-  if c.stack_embeddings and not (c.family == "encoder_decoder" and c.share_embeddings):
-    _fail("stack_embeddings", "True", "only an encoder_decoder with share_embeddings=True")
-  if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
-    _fail(
-        "moe_every",
-        str(c.moe_every),
-        "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
-    )
-
-
-def model_config_dict(**overrides) -> ml_collections.ConfigDict:
-  """A ConfigDict holding every ModelConfig field at its default, then `overrides`.
-
-  Fields whose default is None are given a placeholder type so that command-line overrides such
-  as `--config.model.num_kv_heads=2` type-check.
-  """
-  base = ModelConfig().to_dict()
-  # "int | None" -> int: the type a derived (None) field takes when set
-  kinds = {
-      f.name: {"int": int, "bool": bool, "float": float, "str": str}[str(f.type).split(" |")[0]]
-      for f in dataclasses.fields(ModelConfig)
-  }
-  d = ml_collections.ConfigDict()
-  for name, value in base.items():
-    if value is None:
-      setattr(d, name, ml_collections.config_dict.placeholder(kinds[name]))
-    else:
-      setattr(d, name, value)
-  for name, value in overrides.items():
-    if name not in base:
-      raise ValueError(f"model.{name}: unknown field")
-    setattr(d, name, value)
-  return d
-
-
-def load_config_module(path: str):
-  """Import an experiments/*.py config file by path (as absl's config_flags does)."""
-  import importlib.util
-  import pathlib
-
-  p = pathlib.Path(path)
-  if not p.is_file():
-    raise FileNotFoundError(f"config file {path} does not exist")
-  spec = importlib.util.spec_from_file_location(p.stem, p)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
