@@ -4,6 +4,7 @@ the closing note of a converted encoder-decoder, and integer weights in a Huggin
 Each case ends in the right behaviour or one `error:` line naming the problem and the fix. Most
 checks call the code in this process; the one subprocess ends before JAX starts."""
 
+import errno
 import pathlib
 import subprocess
 
@@ -135,3 +136,90 @@ def test_a_run_saved_with_lora_targets_and_no_rank_resumes_with_them_at_their_de
     check_same_model(
         run, ml_collections.ConfigDict({"model": {"lora_rank": 2, "lora_targets": "q,k,v"}})
     )
+
+
+# ----------------------------------------------------------------------------- 3. convert
+def test_a_convert_that_fails_removes_what_it_wrote_so_the_same_command_runs_again(
+    tmp_path, monkeypatch
+):
+  """A full disk during `convert --from_hf` said "run the same command again", which then
+  found the checkpoints/ folder the failed save had made and refused ("already holds
+  checkpoints")."""
+  from orbax.checkpoint._src.serialization import serialization
+
+  from transformers_jax.convert import import_hf
+  from transformers_jax.errors import UserError
+  from transformers_jax.run_folder.runs import Run
+
+  async def disk_full(*args, **kwargs):  # every tensor's write, as tensorstore meets the disk
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  run = tmp_path / "run"
+  with monkeypatch.context() as patch:
+    patch.setattr(serialization, "async_serialize_from_host", disk_full)
+    with pytest.raises(UserError, match=r"is full: .* then run the same command again"):
+      import_hf(FIXTURES / "gpt2", run)
+  assert not run.exists()  # it made the folder: all of it goes
+  # the last write (config.json, after the checkpoint and the other files) fails in a folder
+  # that held a file of the user's: the file stays, the rest goes
+  run.mkdir()
+  (run / "notes.txt").write_text("mine")
+  with monkeypatch.context() as patch:
+
+    def write_config(self, config):
+      raise OSError(errno.ENOSPC, "No space left on device", str(self.config_path))
+
+    patch.setattr(Run, "write_config", write_config)
+    with pytest.raises(OSError, match="No space left"):
+      import_hf(FIXTURES / "gpt2", run)
+  assert [p.name for p in run.iterdir()] == ["notes.txt"]
+  import_hf(FIXTURES / "gpt2", run)  # the same command
+  assert Run(run).latest_step() == 0 and (run / "config.json").is_file()
+
+
+def _interrupted_convert(run: pathlib.Path) -> None:
+  """What a convert killed (kill -9) during its checkpoint save leaves: the checksum record and
+  orbax's temporary folder of step 0, no config.json."""
+  partial = run / "checkpoints" / "0.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
+  partial.mkdir(parents=True)
+  (partial / "d").mkdir()
+  (partial.parent / "_CHECKPOINT_METADATA").write_text("{}")
+  (run / "checkpoints" / "checksums.json").write_text("{}")
+
+
+def test_a_rerun_replaces_what_an_interrupted_convert_left_and_nothing_else(tmp_path, capsys):
+  """A convert killed mid-write left checkpoints/0.orbax-checkpoint-tmp and no config.json;
+  the rerun was refused ("already holds checkpoints") without naming the leftover."""
+  from transformers_jax.convert import _check_workdir, import_hf
+  from transformers_jax.errors import UserError
+  from transformers_jax.run_folder.runs import Run
+
+  run = tmp_path / "run"
+  _interrupted_convert(run)
+  (run / "config.py").write_text("# half of convert's files")
+  import_hf(FIXTURES / "gpt2", run)
+  note = capsys.readouterr().out.strip().splitlines()
+  assert note == [
+      f"note: {run} held what an interrupted convert left (checkpoints, config.py) and no "
+      "config.json: replaced"
+  ]
+  assert Run(run).latest_step() == 0
+  assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0", "checksums.json"]
+  # a finished convert (config.json) or a run is never replaced
+  with pytest.raises(UserError, match=r"already holds checkpoints: convert into a new --workdir"):
+    _check_workdir(Run(run))
+  (run / "config.json").unlink()  # a training run's step beside convert's step 0
+  (run / "checkpoints" / "100").mkdir()
+  with pytest.raises(UserError, match=r"already holds checkpoints"):
+    _check_workdir(Run(run))
+  # leftovers beside a file convert does not write: named, and nothing is touched
+  other = tmp_path / "other"
+  _interrupted_convert(other)
+  (other / "notes.txt").write_text("mine")
+  with pytest.raises(UserError) as error:
+    _check_workdir(Run(other))
+  assert str(error.value) == (
+      f"{other} holds what an interrupted convert left (checkpoints) beside other files "
+      "(notes.txt): remove checkpoints from it, or convert into a new --workdir"
+  )
+  assert (other / "checkpoints" / "0.orbax-checkpoint-tmp").is_dir()

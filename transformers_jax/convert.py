@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 
 import jax
@@ -145,10 +146,16 @@ def import_hf(
   """Write Hugging Face folder `source` as a run in `workdir` (its parameters as checkpoint step
   0); returns the model's fields. Each tensor is placed onto the devices as it is read (no host
   copy of the whole model): onto the mesh `mesh` names (a mesh preset such as fsdp, or axis sizes
-  such as fsdp=4,tensor=2), sharded as training shards it, or onto the default device."""
+  such as fsdp=4,tensor=2), sharded as training shards it, or onto the default device.
+
+  config.json is written last, so a folder without it holds no finished conversion: what an
+  interrupted convert left there (`_check_workdir`) is replaced, with a note; a convert that fails
+  removes what it wrote, so the same command can run again."""
   tokenizer = pathlib.Path(source) / "tokenizer.json"
   if tokenizer.is_file():
     _check_tokenizer(tokenizer)
+  run = Run(workdir)
+  leftovers = _check_workdir(run)  # before the model is read, which can take minutes
   fields, params = load_hf(source, dtype, mesh=_import_mesh(mesh))
   fields["scan_layers"] = scan_layers
   if scan_layers:
@@ -156,20 +163,83 @@ def import_hf(
   config = experiment_config(**fields)
   model_cfg = ModelConfig.from_dict(config.model)
   config.seq_len = min(config.seq_len, model_cfg.max_len)
-  run = Run(workdir)
-  if run.checkpoint_dir.exists() and any(run.checkpoint_dir.iterdir()):
-    raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
-  run.save_params(params, step=0)
-  run.write_config(config)
-  (run.path / "config.py").write_text(CONFIG_PY)
-  if tokenizer.is_file():
-    shutil.copy(tokenizer, run.tokenizer_path)
-  shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
-  for name in HF_FILES_KEPT:  # carried back out by --to_hf
-    if (pathlib.Path(source) / name).is_file():
-      run.hf_files_dir.mkdir(exist_ok=True)
-      shutil.copy(pathlib.Path(source) / name, run.hf_files_dir / name)
+  if leftovers:
+    for name in leftovers:
+      _remove(run.path / name)
+    print(
+        f"note: {run.path} held what an interrupted convert left ({', '.join(leftovers)}) and "
+        "no config.json: replaced"
+    )
+  before = _entries(run)
+  try:
+    run.save_params(params, step=0)
+    (run.path / "config.py").write_text(CONFIG_PY)
+    if tokenizer.is_file():
+      shutil.copy(tokenizer, run.tokenizer_path)
+    shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
+    for name in HF_FILES_KEPT:  # carried back out by --to_hf
+      if (pathlib.Path(source) / name).is_file():
+        run.hf_files_dir.mkdir(exist_ok=True)
+        shutil.copy(pathlib.Path(source) / name, run.hf_files_dir / name)
+    run.write_config(config)  # last: it marks the conversion finished
+  except BaseException:  # a full disk, Ctrl-C ...: what this call wrote goes, nothing else
+    for path in sorted(_entries(run) - before, key=lambda p: len(p.parts)):
+      _remove(path)
+    raise
   return fields
+
+
+# What `convert --from_hf` writes into its --workdir (beside config.json, written last), and in
+# its checkpoints/ folder: the checksum record, checkpoint step 0 and orbax's temporary folders
+# of a save that did not finish (STEP.orbax-checkpoint-tmp, with a timestamp in older orbax).
+CONVERT_WRITES = ("checkpoints", "config.py", "tokenizer.json", "hf_config.json", "hf_files")
+CONVERT_CHECKPOINT_FILES = re.compile(r"checksums\.json|0|0\.orbax-checkpoint-tmp.*")
+# the temporary name config.json is written under (records.write_text_atomically)
+CONFIG_JSON_PARTIAL = re.compile(r"\.config\.json\..*\.tmp")
+
+
+def _check_workdir(run: Run) -> list[str]:
+  """What an interrupted convert left in `run`'s folder, to replace ([] when its checkpoints/
+  is missing or empty); refuses a folder that holds checkpoints of a run or a finished convert
+  (it has config.json, or checkpoints convert does not write), and leftovers beside files that
+  convert does not write, which are left alone."""
+  checkpoints = run.checkpoint_dir
+  if not checkpoints.is_dir() or not any(checkpoints.iterdir()):
+    return []
+
+  def ours(path: pathlib.Path) -> bool:
+    return path.name in CONVERT_WRITES or bool(CONFIG_JSON_PARTIAL.fullmatch(path.name))
+
+  if run.config_path.exists() or any(
+      not CONVERT_CHECKPOINT_FILES.fullmatch(p.name) for p in checkpoints.iterdir()
+  ):
+    raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
+  leftovers = sorted(p.name for p in run.path.iterdir() if ours(p))
+  others = sorted(p.name for p in run.path.iterdir() if not ours(p))
+  if others:
+    raise UserError(
+        f"{run.path} holds what an interrupted convert left ({', '.join(leftovers)}) beside "
+        f"other files ({', '.join(others)}): remove {', '.join(leftovers)} from it, or convert "
+        "into a new --workdir"
+    )
+  return leftovers
+
+
+def _entries(run: Run) -> set[pathlib.Path]:
+  """The run folder, what it holds and what its checkpoints/ and hf_files/ hold (the folders
+  convert writes into), as they are now."""
+  found = {run.path} if run.path.exists() else set()
+  for folder in (run.path, run.checkpoint_dir, run.hf_files_dir):
+    if folder.is_dir():
+      found.update(folder.iterdir())
+  return found
+
+
+def _remove(path: pathlib.Path) -> None:
+  if path.is_dir() and not path.is_symlink():
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    path.unlink(missing_ok=True)
 
 
 def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> None:
