@@ -223,3 +223,34 @@ def test_a_rerun_replaces_what_an_interrupted_convert_left_and_nothing_else(tmp_
       "(notes.txt): remove checkpoints from it, or convert into a new --workdir"
   )
   assert (other / "checkpoints" / "0.orbax-checkpoint-tmp").is_dir()
+
+
+# ----------------------------------------------------------------------------- 4. convert's note
+@pytest.mark.parametrize(
+    "fixture, flags",
+    [
+        ("t5", ("--source", "--source_ids")),
+        ("bart", ("--source", "--source_ids")),
+        ("gpt2", ("--prompt", "--prompt_ids")),
+        ("bert", None),
+    ],
+)
+def test_the_no_tokenizer_note_names_the_flags_of_the_models_family(fixture, flags, tmp_path):
+  """For T5 and BART the note said --prompt_ids works: generate refuses it for an
+  encoder-decoder, which reads --source_ids."""
+  from transformers_jax.convert import tokenizer_note
+  from transformers_jax.interop import load_hf
+
+  fields, _ = load_hf(FIXTURES / fixture)
+  note = tokenizer_note(fields["family"], FIXTURES / fixture, tmp_path)
+  if flags is None:  # generate does not run an encoder
+    assert note is None
+    return
+  text, ids = flags
+  assert note == (
+      f"note: {FIXTURES / fixture} has no tokenizer.json, so {tmp_path} has no tokenizer: "
+      f"generate {text} needs one (copy the model's tokenizer.json into {tmp_path}); {ids} "
+      "works without"
+  )
+  (tmp_path / "tokenizer.json").write_text("{}")
+  assert tokenizer_note(fields["family"], FIXTURES / fixture, tmp_path) is None

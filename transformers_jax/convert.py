@@ -341,6 +341,26 @@ def export_hf(
   return architecture
 
 
+# generate's flags for the text a family's model reads and for the token ids in its place
+GENERATE_INPUTS = {
+    "decoder": ("--prompt", "--prompt_ids"),
+    "encoder_decoder": ("--source", "--source_ids"),
+}
+
+
+def tokenizer_note(family: str, source, workdir) -> str | None:
+  """The note for a model `generate` runs (a decoder or an encoder-decoder) converted from a
+  folder without tokenizer.json into `workdir`, which has no tokenizer then: its text flag
+  needs one, its token-id flag works without; None for other families, or with a tokenizer."""
+  if family not in GENERATE_INPUTS or Run(workdir).tokenizer_path.is_file():
+    return None
+  text, ids = GENERATE_INPUTS[family]
+  return (
+      f"note: {source} has no tokenizer.json, so {workdir} has no tokenizer: generate {text} "
+      f"needs one (copy the model's tokenizer.json into {workdir}); {ids} works without"
+  )
+
+
 def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
@@ -362,13 +382,9 @@ def main(argv):
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
         f"(checkpoint step 0, config.py, config.json)"
     )
-    generates = fields["family"] in ("decoder", "encoder_decoder")  # (generate's families)
-    if generates and not Run(FLAGS.workdir).tokenizer_path.is_file():
-      print(
-          f"note: {FLAGS.from_hf} has no tokenizer.json, so {FLAGS.workdir} has no tokenizer: "
-          f"generate --prompt needs one (copy the model's tokenizer.json into {FLAGS.workdir}); "
-          "--prompt_ids works without"
-      )
+    note = tokenizer_note(fields["family"], FLAGS.from_hf, FLAGS.workdir)
+    if note:
+      print(note)
   else:
     if FLAGS.mesh:
       raise UserError(
