@@ -6,6 +6,7 @@ checks call the code in this process; the one subprocess ends before JAX starts.
 
 import errno
 import pathlib
+import shutil
 import subprocess
 
 import jax
@@ -254,3 +255,51 @@ def test_the_no_tokenizer_note_names_the_flags_of_the_models_family(fixture, fla
   )
   (tmp_path / "tokenizer.json").write_text("{}")
   assert tokenizer_note(fields["family"], FIXTURES / fixture, tmp_path) is None
+
+
+# ----------------------------------------------------------------------------- 5. integer weights
+def _with_tensor(tmp_path, name: str, convert) -> pathlib.Path:
+  """A copy of the GPT-2 fixture whose tensor `name` is `convert(tensor)`."""
+  from safetensors.numpy import load_file, save_file
+
+  folder = tmp_path / "gpt2"
+  shutil.copytree(FIXTURES / "gpt2", folder, dirs_exist_ok=True)
+  tensors = load_file(str(folder / "model.safetensors"))
+  tensors[name] = convert(tensors[name])
+  save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+  return folder
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "bool"])
+def test_integer_weights_in_a_hugging_face_folder_are_refused(tmp_path, dtype):
+  """An int32 c_attn weight was imported (cast to float32) as if it were one."""
+  from transformers_jax.interop import load_hf
+  from transformers_jax.interop.common import CorruptCheckpoint
+
+  name = "transformer.h.0.attn.c_attn.weight"
+  folder = _with_tensor(tmp_path, name, lambda w: (w * 100).astype(dtype))
+  with pytest.raises(CorruptCheckpoint) as error:
+    load_hf(folder)
+  assert str(error.value) == (
+      f"{folder}: tensor {name} holds {dtype} values: a weight is read from floating-point "
+      "values only (float32, float16, bfloat16; quantized integer weights are not read): use "
+      "the model's floating-point checkpoint"
+  )
+
+
+def test_bfloat16_weights_load_and_their_nan_is_refused(tmp_path):
+  """bfloat16 is floating-point (numpy does not count it as np.floating): it loads, and a NaN
+  in it, which the finiteness check skipped, is refused like float32's."""
+  import ml_dtypes
+
+  from transformers_jax.interop import load_hf
+  from transformers_jax.interop.common import CorruptCheckpoint
+
+  name = "transformer.h.0.mlp.c_fc.weight"
+  folder = _with_tensor(tmp_path, name, lambda w: w.astype(ml_dtypes.bfloat16))
+  _, params = load_hf(folder)
+  kernel = params["decoder"]["layer_0"]["ffn"]["wi"]["kernel"]
+  assert kernel.dtype == np.float32 and kernel.any()
+  folder = _with_tensor(tmp_path, name, lambda w: np.full_like(w, np.nan))
+  with pytest.raises(CorruptCheckpoint, match=rf"tensor {name} holds NaN or infinite values"):
+    load_hf(folder)
