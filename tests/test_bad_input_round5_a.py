@@ -300,6 +300,6 @@ def test_bfloat16_weights_load_and_their_nan_is_refused(tmp_path):
   _, params = load_hf(folder)
   kernel = params["decoder"]["layer_0"]["ffn"]["wi"]["kernel"]
   assert kernel.dtype == np.float32 and kernel.any()
-  folder = _with_tensor(tmp_path, name, lambda w: np.full_like(w, np.nan))
+  folder = _with_tensor(tmp_path, name, lambda w: np.full_like(w, np.nan, ml_dtypes.bfloat16))
   with pytest.raises(CorruptCheckpoint, match=rf"tensor {name} holds NaN or infinite values"):
     load_hf(folder)
