@@ -2,7 +2,7 @@
 ranks and targets that mean nothing, a failed `convert --from_hf` that blocked its own rerun,
 the closing note of a converted encoder-decoder, and integer weights in a Hugging Face folder.
 Each case ends in the right behaviour or one `error:` line naming the problem and the fix. Most
-checks call the code in this process; the one subprocess ends before JAX starts."""
+checks call the code in this process; one runs `convert` as a user does."""
 
 import errno
 import pathlib
@@ -12,6 +12,8 @@ import subprocess
 import jax
 import numpy as np
 import pytest
+
+from conftest import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
@@ -285,6 +287,17 @@ def test_integer_weights_in_a_hugging_face_folder_are_refused(tmp_path, dtype):
       "values only (float32, float16, bfloat16; quantized integer weights are not read): use "
       "the model's floating-point checkpoint"
   )
+
+
+def test_convert_of_integer_weights_is_one_line_and_writes_nothing(tmp_path):
+  name = "transformer.h.0.attn.c_attn.weight"
+  folder = _with_tensor(tmp_path, name, lambda w: w.astype("int32"))
+  out = run_python(
+      ["-m", "transformers_jax.convert", "--from_hf", str(folder)]
+      + ["--workdir", str(tmp_path / "run")]
+  )
+  assert f"tensor {name} holds int32 values" in _one_error_line(out)
+  assert not (tmp_path / "run").exists()
 
 
 def test_bfloat16_weights_load_and_their_nan_is_refused(tmp_path):
