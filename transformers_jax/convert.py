@@ -206,16 +206,13 @@ def _check_workdir(run: Run) -> list[str]:
   checkpoints = run.checkpoint_dir
   if not checkpoints.is_dir() or not any(checkpoints.iterdir()):
     return []
-
-  def ours(path: pathlib.Path) -> bool:
-    return path.name in CONVERT_WRITES or bool(CONFIG_JSON_PARTIAL.fullmatch(path.name))
-
   if run.config_path.exists() or any(
       not CONVERT_CHECKPOINT_FILES.fullmatch(p.name) for p in checkpoints.iterdir()
   ):
     raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
-  leftovers = sorted(p.name for p in run.path.iterdir() if ours(p))
-  others = sorted(p.name for p in run.path.iterdir() if not ours(p))
+  names = [p.name for p in run.path.iterdir()]
+  leftovers = sorted(n for n in names if n in CONVERT_WRITES or CONFIG_JSON_PARTIAL.fullmatch(n))
+  others = sorted(set(names) - set(leftovers))
   if others:
     raise UserError(
         f"{run.path} holds what an interrupted convert left ({', '.join(leftovers)}) beside "
