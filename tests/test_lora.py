@@ -212,6 +212,7 @@ def test_init_from_a_lora_run_into_a_full_model_takes_the_merged_weights(tuned):
   params, _ = tuned_run.load_params()
   config = tuned_run.config()
   config.model.lora_rank = 0
+  config.model.lora_targets = "q,v"  # the default: targets without a rank are refused
   config.init_from = str(tuned_run.path)
   setup = Setup(config)
   state, start, note = setup.start(Run(root / "full").checkpoints(async_save=False))

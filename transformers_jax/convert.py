@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 
 import jax
@@ -145,10 +146,16 @@ def import_hf(
   """Write Hugging Face folder `source` as a run in `workdir` (its parameters as checkpoint step
   0); returns the model's fields. Each tensor is placed onto the devices as it is read (no host
   copy of the whole model): onto the mesh `mesh` names (a mesh preset such as fsdp, or axis sizes
-  such as fsdp=4,tensor=2), sharded as training shards it, or onto the default device."""
+  such as fsdp=4,tensor=2), sharded as training shards it, or onto the default device.
+
+  config.json is written last, so a folder without it holds no finished conversion: what an
+  interrupted convert left there (`_check_workdir`) is replaced, with a note; a convert that fails
+  removes what it wrote, so the same command can run again."""
   tokenizer = pathlib.Path(source) / "tokenizer.json"
   if tokenizer.is_file():
     _check_tokenizer(tokenizer)
+  run = Run(workdir)
+  leftovers = _check_workdir(run)  # before the model is read, which can take minutes
   fields, params = load_hf(source, dtype, mesh=_import_mesh(mesh))
   fields["scan_layers"] = scan_layers
   if scan_layers:
@@ -156,20 +163,80 @@ def import_hf(
   config = experiment_config(**fields)
   model_cfg = ModelConfig.from_dict(config.model)
   config.seq_len = min(config.seq_len, model_cfg.max_len)
-  run = Run(workdir)
-  if run.checkpoint_dir.exists() and any(run.checkpoint_dir.iterdir()):
-    raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
-  run.save_params(params, step=0)
-  run.write_config(config)
-  (run.path / "config.py").write_text(CONFIG_PY)
-  if tokenizer.is_file():
-    shutil.copy(tokenizer, run.tokenizer_path)
-  shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
-  for name in HF_FILES_KEPT:  # carried back out by --to_hf
-    if (pathlib.Path(source) / name).is_file():
-      run.hf_files_dir.mkdir(exist_ok=True)
-      shutil.copy(pathlib.Path(source) / name, run.hf_files_dir / name)
+  if leftovers:
+    for name in leftovers:
+      _remove(run.path / name)
+    print(
+        f"note: {run.path} held what an interrupted convert left ({', '.join(leftovers)}) and "
+        "no config.json: replaced"
+    )
+  before = _entries(run)
+  try:
+    run.save_params(params, step=0)
+    (run.path / "config.py").write_text(CONFIG_PY)
+    if tokenizer.is_file():
+      shutil.copy(tokenizer, run.tokenizer_path)
+    shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
+    for name in HF_FILES_KEPT:  # carried back out by --to_hf
+      if (pathlib.Path(source) / name).is_file():
+        run.hf_files_dir.mkdir(exist_ok=True)
+        shutil.copy(pathlib.Path(source) / name, run.hf_files_dir / name)
+    run.write_config(config)  # last: it marks the conversion finished
+  except BaseException:  # a full disk, Ctrl-C ...: what this call wrote goes, nothing else
+    for path in sorted(_entries(run) - before, key=lambda p: len(p.parts)):
+      _remove(path)
+    raise
   return fields
+
+
+# What `convert --from_hf` writes into its --workdir (beside config.json, written last), and in
+# its checkpoints/ folder: the checksum record, checkpoint step 0 and orbax's temporary folders
+# of a save that did not finish (STEP.orbax-checkpoint-tmp, with a timestamp in older orbax).
+CONVERT_WRITES = ("checkpoints", "config.py", "tokenizer.json", "hf_config.json", "hf_files")
+CONVERT_CHECKPOINT_FILES = re.compile(r"checksums\.json|0|0\.orbax-checkpoint-tmp.*")
+# the temporary name config.json is written under (records.write_text_atomically)
+CONFIG_JSON_PARTIAL = re.compile(r"\.config\.json\..*\.tmp")
+
+
+def _check_workdir(run: Run) -> list[str]:
+  """What an interrupted convert left in `run`'s folder, to replace ([] when its checkpoints/
+  is missing or empty); refuses a folder that holds checkpoints of a run or a finished convert
+  (it has config.json, or checkpoints convert does not write), and leftovers beside files that
+  convert does not write, which are left alone."""
+  checkpoints = run.checkpoint_dir
+  if not checkpoints.is_dir() or not any(checkpoints.iterdir()):
+    return []
+  if run.config_path.exists() or any(
+      not CONVERT_CHECKPOINT_FILES.fullmatch(p.name) for p in checkpoints.iterdir()
+  ):
+    raise UserError(f"{run.path} already holds checkpoints: convert into a new --workdir")
+  names = [p.name for p in run.path.iterdir()]
+  leftovers = sorted(n for n in names if n in CONVERT_WRITES or CONFIG_JSON_PARTIAL.fullmatch(n))
+  others = sorted(set(names) - set(leftovers))
+  if others:
+    raise UserError(
+        f"{run.path} holds what an interrupted convert left ({', '.join(leftovers)}) beside "
+        f"other files ({', '.join(others)}): remove {', '.join(leftovers)} from it, or convert "
+        "into a new --workdir"
+    )
+  return leftovers
+
+
+def _entries(run: Run) -> set[pathlib.Path]:
+  """The run folder, what it holds and what its checkpoints/ and hf_files/ hold (the folders
+  convert writes into), as they are now."""
+  found = {run.path} if run.path.exists() else set()
+  for folder in (run.path, run.checkpoint_dir, run.hf_files_dir):
+    if folder.is_dir():
+      found.update(folder.iterdir())
+  return found
+
+
+def _remove(path: pathlib.Path) -> None:
+  if path.is_dir() and not path.is_symlink():
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    path.unlink(missing_ok=True)
 
 
 def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> None:
@@ -271,6 +338,26 @@ def export_hf(
   return architecture
 
 
+# generate's flags for the text a family's model reads and for the token ids in its place
+GENERATE_INPUTS = {
+    "decoder": ("--prompt", "--prompt_ids"),
+    "encoder_decoder": ("--source", "--source_ids"),
+}
+
+
+def tokenizer_note(family: str, source, workdir) -> str | None:
+  """The note for a model `generate` runs (a decoder or an encoder-decoder) converted from a
+  folder without tokenizer.json into `workdir`, which has no tokenizer then: its text flag
+  needs one, its token-id flag works without; None for other families, or with a tokenizer."""
+  if family not in GENERATE_INPUTS or Run(workdir).tokenizer_path.is_file():
+    return None
+  text, ids = GENERATE_INPUTS[family]
+  return (
+      f"note: {source} has no tokenizer.json, so {workdir} has no tokenizer: generate {text} "
+      f"needs one (copy the model's tokenizer.json into {workdir}); {ids} works without"
+  )
+
+
 def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: pass options as --flag=value")
@@ -292,13 +379,9 @@ def main(argv):
         f"imported {fields['family']} model from {FLAGS.from_hf} into {FLAGS.workdir} "
         f"(checkpoint step 0, config.py, config.json)"
     )
-    generates = fields["family"] in ("decoder", "encoder_decoder")  # (generate's families)
-    if generates and not Run(FLAGS.workdir).tokenizer_path.is_file():
-      print(
-          f"note: {FLAGS.from_hf} has no tokenizer.json, so {FLAGS.workdir} has no tokenizer: "
-          f"generate --prompt needs one (copy the model's tokenizer.json into {FLAGS.workdir}); "
-          "--prompt_ids works without"
-      )
+    note = tokenizer_note(fields["family"], FLAGS.from_hf, FLAGS.workdir)
+    if note:
+      print(note)
   else:
     if FLAGS.mesh:
       raise UserError(

@@ -301,12 +301,22 @@ def _placer(c: ModelConfig, mesh, rules):
 
 
 def _take(tensors: TensorFiles, name: str, directory, architecture: str) -> np.ndarray:
-  """Read tensor `name` (and forget it), refusing NaN or infinite values."""
+  """Read tensor `name` (and forget it), refusing values that are not floating-point numbers
+  (every tensor a model maps is a weight) and NaN or infinite ones."""
+  import jax.numpy as jnp
+
   try:
     array = tensors.pop(name)
   except UnreadableFile as e:
     raise _unreadable(e.path, e) from None
-  if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+  # jnp.floating counts bfloat16 and the float8 types too (numpy's np.floating does not)
+  if not jnp.issubdtype(array.dtype, jnp.floating):
+    raise CorruptCheckpoint(
+        f"{directory}: tensor {_full_name(name, architecture)} holds {array.dtype} values: a "
+        "weight is read from floating-point values only (float32, float16, bfloat16; "
+        "quantized integer weights are not read): use the model's floating-point checkpoint"
+    )
+  if not np.all(np.isfinite(array)):
     raise CorruptCheckpoint(
         f"{directory}: tensor {_full_name(name, architecture)} holds NaN or infinite values: "
         "the checkpoint is damaged or diverged; use another one"

@@ -15,6 +15,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from transformers_jax.modules.lora import projections
+
 ADAPTER_NAMES = ("lora_a", "lora_b")
 
 
@@ -85,6 +87,18 @@ def merged(params, model_cfg):
     return out
 
   return fold(params), model_cfg.replace(lora_rank=0)
+
+
+def takes_adapters(source_cfg, model_cfg) -> bool:
+  """Whether a model of `model_cfg` computes what one of `source_cfg` does when it takes that
+  model's adapters as they are: the same rank (so the shapes match) and alpha (so the scale
+  alpha / r does), and every projection adapted there adapted here. Otherwise the source's
+  adapters are to be merged into its kernels first (`merged`)."""
+  return (
+      model_cfg.lora_rank == source_cfg.lora_rank
+      and model_cfg.lora_alpha == source_cfg.lora_alpha
+      and projections(source_cfg) <= projections(model_cfg)
+  )
 
 
 def kernel_delta(kernel, a, b, scale: float):

@@ -48,7 +48,35 @@ def config_problem(c) -> tuple[str, str, str] | None:
   if c.feed_forward == "moe" and {"mlp_in", "mlp_out"} & set(targets):
     fix = "LoRA adapts dense projections, not MoE experts: adapt q, k, v, out only"
     return "lora_targets", repr(c.lora_targets), fix
+  # A rank above the smaller side of an adapted matrix adds parameters and no expressiveness:
+  # A B cannot have a higher rank than the matrix it updates.
+  sides = matrix_sides(c)
+  target = min(targets, key=lambda t: min(sides[t]))
+  limit = min(sides[target])
+  if c.lora_rank > limit:
+    n_in, n_out = sides[target]
+    fix = (
+        f"above {limit}, the smaller side of the adapted {target} projection ({n_in} x "
+        f"{n_out}): at most {limit}"
+    )
+    return "lora_rank", str(c.lora_rank), fix
   return None
+
+
+def matrix_sides(c) -> dict[str, tuple[int, int]]:
+  """(inputs, outputs) of the matrix each `lora_targets` name adapts, as A [inputs, r] and
+  B [r, outputs] see it (a kernel over several axes flattened): the same in every block, and
+  in cross-attention as in self-attention. mlp_in's gated pair (wi_0, wi_1) share one shape."""
+  d, ff = c.d_model, c.ff_width
+  q_width, kv_width = c.num_heads * c.head_width, c.kv_heads * c.head_width
+  return {
+      "q": (d, q_width),
+      "k": (d, kv_width),
+      "v": (d, kv_width),
+      "out": (q_width, d),
+      "mlp_in": (d, ff),
+      "mlp_out": (ff, d),
+  }
 
 
 def a_init(n_in: int, names: tuple[str | None, ...]):

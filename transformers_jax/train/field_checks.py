@@ -5,7 +5,10 @@ these run where a model is trained or counted, so that a run saved before them s
 
 from __future__ import annotations
 
+import dataclasses
+
 from transformers_jax.evaluate.harness import Settings
+from transformers_jax.modules import lora
 from transformers_jax.modules.norms import unread_norm_fields
 
 # Training fields that only the seq2seq task (an encoder_decoder model) reads, with the value
@@ -21,10 +24,12 @@ def model_depth(model_cfg) -> int:
 
 
 def check_model(model_cfg) -> None:
-  """MoE settings that would leave a model without experts, or that a dense model ignores; a
-  note for each norm setting no norm reads (a config file's: the command line's are refused
-  while the flags are parsed, cli.refuse_unread_settings)."""
+  """MoE settings that would leave a model without experts, or that a dense model ignores;
+  LoRA targets given to a model without LoRA; a note for each norm setting no norm reads (a
+  config file's: the command line's are refused while the flags are parsed,
+  cli.unread_setting_given)."""
   c = model_cfg
+  check_lora(c)
   for field, why, _ in unread_norm_fields(c):
     print(f"note: model.{field}={getattr(c, field)!r} is not used: {why}", flush=True)
   if c.feed_forward != "moe":
@@ -43,6 +48,19 @@ def check_model(model_cfg) -> None:
         f"{depth} block(s), so none would be and the model would be dense: use moe_every="
         f"{allowed}, or feed_forward=dense"
     )
+
+
+def check_lora(model_cfg) -> None:
+  """model.lora_targets other than its default on a model with lora_rank=0, which has no
+  adapters for them to place."""
+  c = model_cfg
+  default = next(f.default for f in dataclasses.fields(c) if f.name == "lora_targets")
+  if c.lora_rank or sorted(lora.target_names(c)) == sorted(default.split(",")):
+    return
+  raise ValueError(
+      f"model.lora_targets={c.lora_targets!r}: read only with model.lora_rank > 0: set a rank "
+      f"(e.g. --config.model.lora_rank=8) or leave lora_targets at its default ({default})"
+  )
 
 
 def check_training(config, model_cfg, task, devices) -> None:

@@ -34,6 +34,10 @@ def check_same_model(run: Run, config) -> None:
     return
   diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
   diffs = [d for d in diffs if d.split(" (")[0] not in runs.IMPLEMENTATION_FIELDS]
+  if not saved.get("model", {}).get("lora_rank") and not config.model.get("lora_rank"):
+    # without LoRA the other lora_* fields change nothing: a run saved with lora_targets and
+    # no rank resumes with them at their default, as field_checks.check_lora asks
+    diffs = [d for d in diffs if not d.startswith("model.lora_")]
   if diffs:
     raise UserError(
         f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "

@@ -236,8 +236,18 @@ class Setup:
       source = self.config.init_from
       params, src_step = resume.load_init_from(source, self.config.get("init_member", -1))
       source_cfg = Run(resume.init_from_run(source)).model_config()
-      if source_cfg.lora_rank and not self.model_cfg.lora_rank:  # a LoRA fine-tune, merged
+      merge_note = ""
+      if source_cfg.lora_rank and not lora.takes_adapters(source_cfg, self.model_cfg):
+        # this model's adapters would not compute what the source's do (another rank, alpha
+        # or targets; or none): the source's are folded into its kernels, and the model
+        # starts as the adapted model it was
         params, _ = lora.merged(params, source_cfg)
+        merge_note = (
+            f"; its rank-{source_cfg.lora_rank} LoRA adapters were merged into the weights "
+            f"(W + {source_cfg.lora_alpha / source_cfg.lora_rank:g} A B)"
+        )
+        if self.model_cfg.lora_rank:
+          merge_note += f" and this model's rank-{self.model_cfg.lora_rank} adapters start fresh"
       state, (loaded, fresh) = self.copy_params(state, params)
       fresh_names = ", ".join(sorted({f.split("/")[0] for f in fresh})) or "-"
       if not loaded:
@@ -251,7 +261,7 @@ class Setup:
         taken += f", {members_lib.chosen(resume.init_from_run(source), member)}"
       note = (
           f"initialised {len(loaded)} tensors from {source} ({taken}); "
-          f"{len(fresh)} new: {fresh_names}"
+          f"{len(fresh)} new: {fresh_names}{merge_note}"
       )
       return state, 0, note
     return state, 0, "fresh start"
