@@ -5,7 +5,7 @@
     python scripts/lr_sensitivity.py --sweep experiments/norm_zoo_translation.py \
         --out experiments/results/norm_zoo/translation
 
-Every entry of modules/placements.py (and pre-LN with the two new norm kinds, DyT and
+Every entry of modules/placements/ (and pre-LN with the two new norm kinds, DyT and
 ScaleNorm) in the protocol of experiments/deep_postnorm.py: one population per scheme of 7
 peak rates (3e-4 ... 3e-1) x warmup {0, 10% of steps} x 3 seeds = 42 members, on tiny
 byte-level decoders at depth 12 (d_model 16, 2 heads, batches of 4 x 16 bytes of the bundled

@@ -64,7 +64,7 @@ flags.DEFINE_float(
 )
 flags.DEFINE_bool("report_only", False, "Rewrite table and plot from the jsonl.", flag_values=FLAGS)
 
-# every built norm placement (modules/placements.py), pre/post/sandwich in their usual colours
+# every built norm placement (modules/placements/), pre/post/sandwich in their usual colours
 BUILT_PLACEMENTS = [n for n, p in PLACEMENTS.items() if not p.unavailable]
 PLACEMENT_COLORS = {
     name: f"C{i}" if i < 10 else ("tab:olive", "tab:cyan", "k", "m", "y", "g", "b", "r")[i % 8]

@@ -5,7 +5,7 @@
 The test suite checks each placement on every family's looped stack and on a scanned decoder
 for its parameter count, and trains each placement for five steps on one (family, layout)
 cell in turn (tests/test_norm_zoo.py), which keeps the suite small. This script runs the whole
-cross product: every built placement of modules/placements.py x the four families x {looped,
+cross product: every built placement of modules/placements/ x the four families x {looped,
 scanned}. For each cell it checks that the analytic parameter count and its per-component
 breakdown (models/counting.py) equal the model's own parameters, and trains 5 plain SGD steps
 (rate 0.3) of a tiny model (2 blocks per stack, d_model 8) on a fixed random batch, asserting

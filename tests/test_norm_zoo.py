@@ -1,4 +1,4 @@
-"""Every norm placement (modules/placements.py) on every family, and each paper's formula.
+"""Every norm placement (modules/placements/) on every family, and each paper's formula.
 
 The parametrisations read the registry: a new placement is covered by these tests without new
 test code (test_a_new_placement_is_one_registry_entry shows it)."""

@@ -123,6 +123,8 @@ def meanings() -> dict[str, str]:
       {k: v for k, v in _assigned_meanings(train_config.experiment_config).items() if k != "model"}
   )
   found.update({f"model.{k}": v for k, v in model_meanings().items()})
+  for field, names in config_lib.choices().items():  # from the registries: never stale
+    found[f"model.{field}"] += f"; one of {' | '.join(names)}"
   for name, task in TASKS.items():  # each objective's own fields (Task.config_defaults)
     if task.config_defaults() is not None:
       own = _assigned_meanings(type(task).config_defaults)

@@ -14,6 +14,7 @@ from transformers_jax.config.checks import (
     POOLS,
     POSITIONS,
     REMAT_POLICIES,
+    choices,
     validate,
 )
 from transformers_jax.config.files import load_config_module, model_config_dict
@@ -33,6 +34,7 @@ __all__ = [
     "POSITIONS",
     "REMAT_POLICIES",
     "ModelConfig",
+    "choices",
     "load_config_module",
     "model_config_dict",
     "validate",

@@ -30,6 +30,28 @@ HEADS = {
 POOLS = ("cls", "mean")
 
 
+def choices() -> dict[str, tuple[str, ...]]:
+  """Each model field that takes one of a fixed set of names, and the names: the registries'
+  (placements, initialisations, position schemes, activations, remat policies) read as they
+  stand, so the checks, --config_help and docs/config.md list every entry and no stale one."""
+  return {
+      "family": FAMILIES,
+      "positions": POSITIONS,
+      "norm_placement": tuple(PLACEMENTS),
+      "init": tuple(inits.INITS),
+      "norm": NORMS,
+      "activation": tuple(ACTIVATIONS),
+      "feed_forward": FEED_FORWARDS,
+      "moe_impl": MOE_IMPLS,
+      "attention_impl": ATTENTION_IMPLS,
+      "context_strategy": ("all_gather", "ring"),
+      "remat": tuple(REMAT_POLICIES),
+      "dtype": DTYPES,
+      "param_dtype": DTYPES,
+      "pool": POOLS,
+  }
+
+
 def _fail(field: str, problem: str, fix: str):
   raise ValueError(f"model.{field}={problem}: {fix}")
 
@@ -71,18 +93,8 @@ def _check_types(c) -> None:
 def validate(c) -> None:
   """Raise ValueError naming the field and the fix; called on construction, before tracing."""
   _check_types(c)
-  _choice(c, "family", FAMILIES)
-  _choice(c, "positions", POSITIONS)
-  _choice(c, "norm_placement", tuple(PLACEMENTS))
-  _choice(c, "norm", NORMS)
-  _choice(c, "activation", tuple(ACTIVATIONS))
-  _choice(c, "feed_forward", FEED_FORWARDS)
-  _choice(c, "moe_impl", MOE_IMPLS)
-  _choice(c, "attention_impl", ATTENTION_IMPLS)
-  _choice(c, "context_strategy", ("all_gather", "ring"))
-  _choice(c, "dtype", DTYPES)
-  _choice(c, "param_dtype", DTYPES)
-  _choice(c, "pool", POOLS)
+  for field, options in choices().items():
+    _choice(c, field, options)
   if c.head and c.head not in HEADS[c.family]:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
   positive = "num_layers d_model num_heads max_len attention_query_blocks vocab_multiple"

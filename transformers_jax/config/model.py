@@ -21,7 +21,7 @@ from transformers_jax.modules.placements import PLACEMENTS
 class ModelConfig:
   """Architecture of one model. Field comments are the documentation."""
 
-  family: str = "decoder"  # decoder | encoder | encoder_decoder | vit
+  family: str = "decoder"  # the model family: how embeddings, blocks and head are wired
   num_layers: int = 2  # blocks per stack (both stacks of an encoder_decoder unless set below)
   num_encoder_layers: int | None = None  # encoder_decoder only; None = num_layers
   num_decoder_layers: int | None = None  # encoder_decoder only; None = num_layers
@@ -39,20 +39,19 @@ class ModelConfig:
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
   position_offset: int = 0  # learned: table rows before position 0, never looked up (BART: 2)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
-  positions: str = "learned"  # learned | sinusoidal(_halves) | rope | t5 | alibi | none
+  positions: str = "learned"  # the position scheme (modules/positions.py says what each does)
   rope_theta: float = 10000.0  # RoPE base wavelength
   # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
   rope_scaling: str = ""
   relative_buckets: int = 32  # t5: buckets of the key - query offset (one learned bias each)
   relative_max_distance: int = 128  # t5: offsets from here on share the last bucket
-  # Norms, residual gains and init rules around each sublayer: pre | post | sandwich | none |
-  # deepnorm | admin | rezero | layerscale | tfixup | reordered | normformer | hybrid | subln |
-  # b2t | scaled | parallel | mixln (formulas: docs/norm_zoo.md; code: modules/placements.py)
+  # Norms, residual gains and init rules around each sublayer (formulas: docs/norm_zoo.md; code:
+  # modules/placements/)
   norm_placement: str = "pre"
   # The placement's constant (mixln: post-LN fraction alpha; layerscale: lambda's initial
   # value); None = the paper's value. Placements without one refuse a value.
   norm_placement_arg: float | None = None
-  norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt (see modules/norms.py)
+  norm: str = "layernorm"  # the norm every placement uses (modules/norms.py)
   dyt_alpha: float = 0.5  # dyt: alpha's initial value (Zhu et al. 2025: 0.5)
   # dyt: alpha's initial value in the norms before attention; None = dyt_alpha (the DyT paper's
   # LLM recipe sets the two apart by width, e.g. 0.8 and 0.2 for LLaMA 7B)
@@ -67,7 +66,7 @@ class ModelConfig:
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
   # a learned scalar times the token embeddings, initialised to sqrt(d_model) (DyT's LLM recipe)
   embed_scale_learned: bool = False
-  # relu | gelu (exact) | gelu_tanh | silu | swiglu | geglu | geglu_tanh (modules/common.py)
+  # the feed-forward non-linearity; the *glu ones are gated (modules/common.py)
   activation: str = "gelu"
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
@@ -91,7 +90,7 @@ class ModelConfig:
   sliding_every: int = 1  # with sliding_window: only blocks 0, n, 2n, … slide (Gemma 2: 2)
   attention_softcap: float = 0.0  # attention scores s -> cap tanh(s / cap) (Gemma 2: 50); 0 = off
   logit_softcap: float = 0.0  # output logits z -> cap tanh(z / cap) (Gemma 2: 30); 0 = off
-  feed_forward: str = "dense"  # dense | moe
+  feed_forward: str = "dense"  # a dense feed-forward network, or a mixture of experts
   num_experts: int = 8  # moe: experts per layer (E)
   top_k: int = 2  # moe: experts each token is routed to
   capacity_factor: float = 1.25  # moe: expert capacity = ceil(cf * tokens * top_k / E)
@@ -112,9 +111,9 @@ class ModelConfig:
   num_channels: int = 3  # vit: image channels
   pool: str = "cls"  # vit: cls token or mean of patch tokens
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
-  init: str = "gpt2"  # gpt2 | xavier | megatron | paper: the initialisation (modules/inits.py)
+  init: str = "gpt2"  # the initialisation (modules/inits.py; paper: the placement's own)
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
-  # none | full | minimal | save_dot_except_mlpwi | save_qkv_proj | ... | custom (modules/remat.py)
+  # what the backward pass keeps and what it recomputes (modules/remat.py)
   remat: str = "none"
   remat_save: str = ""  # remat=custom: name:device|offload|remat,... e.g. qkv_proj:offload
   dtype: str = "float32"  # compute dtype (bfloat16 on accelerators)

@@ -18,7 +18,7 @@ from transformers_jax.modules.positions import position_scheme
 
 class Block(nn.Module):
   """Self-attention, optional cross-attention, feed-forward; each a residual sublayer, wired by
-  the norm placement `model.norm_placement` names (modules/placements.py: where the norms sit,
+  the norm placement `model.norm_placement` names (modules/placements/: where the norms sit,
   what multiplies the skip path or the branch, the init rules). Its norms are named
   `<sublayer>_norm...`, its gains `<sublayer>_..._gain`, for sublayers self_attn, cross_attn
   and ffn. Sows `intermediates/residual_rms`, the RMS of the residual stream leaving the block.

@@ -1,6 +1,6 @@
 """What a norm placement is made of: the `Placement` base class and the `Site` it wires.
 
-A placement (`model.norm_placement`, entries in modules/placements.py) decides, for one Block,
+A placement (`model.norm_placement`, entries in modules/placements/) decides, for one Block,
 where the norms sit around each residual sublayer (self-attention, cross-attention,
 feed-forward), what multiplies the skip path or the branch, which norms or gains live inside
 the sublayers, and any initialisation rule the scheme needs. The Block hands it a `Site` (its
