@@ -27,14 +27,21 @@ BASE = "gpt2.py:tiny"
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 SEEDS = 3
 # (population name, overrides): every built placement, then pre-LN with each new norm kind
-SCHEMES = [
-    (name, {"model.norm_placement": name})
-    for name, placement in PLACEMENTS.items()
-    if not placement.unavailable
-] + [
-    (f"pre-{norm}", {"model.norm_placement": "pre", "model.norm": norm})
-    for norm in ("dyt", "scalenorm")
-]
+SCHEMES = (
+    [
+        (name, {"model.norm_placement": name})
+        for name, placement in PLACEMENTS.items()
+        if not placement.unavailable
+    ]
+    + [
+        (f"pre-{norm}", {"model.norm_placement": "pre", "model.norm": norm})
+        for norm in ("dyt", "scalenorm")
+    ]
+    + [
+        # OLMo 2 (2024): the reordered norm x + N(f(x)) with queries and keys normalised
+        ("olmo2", {"model.norm_placement": "reordered", "model.qk_norm": True}),
+    ]
+)
 
 # the deep post-norm study's LM protocol (experiments/deep_postnorm.py), layers scanned so that
 # each depth-12 population compiles one block

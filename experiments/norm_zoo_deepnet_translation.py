@@ -24,18 +24,25 @@ PLACEMENTS = ("post", "deepnorm", "pre")
 DEPTH = 18
 
 
+# The paper's own setting (Xavier for every scheme, 4 seeds: the claim is about divergence)
+# beside the first study's GPT-2-init rows (2 seeds), as in experiments/norm_zoo_deepnet.py.
+INITS = {"": ("gpt2", SEEDS), "-xavier": ("xavier", 4)}
+
+
 def populations(scale: bool = False) -> list[dict]:
   entries = {e["name"]: e for e in _zoo.populations(scale)}
   out = []
-  for placement in PLACEMENTS:
-    overrides = dict(entries[f"{placement}-L12+12"]["overrides"])
-    overrides.update(
-        {
-            "model.num_layers": DEPTH,
-            "population.seeds": SEEDS,
-            "population.learning_rates": repr(LEARNING_RATES),
-            "population.warmup_steps": repr((overrides["steps"] // 10,)),
-        }
-    )
-    out.append({"name": f"{placement}-L{DEPTH}+{DEPTH}", "overrides": overrides})
+  for suffix, (init, seeds) in INITS.items():
+    for placement in PLACEMENTS:
+      overrides = dict(entries[f"{placement}-L12+12"]["overrides"])
+      overrides.update(
+          {
+              "model.num_layers": DEPTH,
+              **({"model.init": init} if init != "gpt2" else {}),
+              "population.seeds": seeds,
+              "population.learning_rates": repr(LEARNING_RATES),
+              "population.warmup_steps": repr((overrides["steps"] // 10,)),
+          }
+      )
+      out.append({"name": f"{placement}-L{DEPTH}+{DEPTH}{suffix}", "overrides": overrides})
   return out
