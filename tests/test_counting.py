@@ -239,3 +239,18 @@ def test_params_cli_bad_config_is_one_line():
   assert out.returncode == 2
   assert out.stderr.strip().count("\n") == 0 and "model.num_heads" in out.stderr
   assert "Traceback" not in out.stderr
+
+
+def test_param_count_breakdown_sums_to_the_total_for_every_experiment_file(experiment):
+  """param_count's breakdown takes every component the parameters fall into, so it sums to
+  the total (it left out T5's relative-bias tables: 181,248 of t5.py:tiny's 181,504). One
+  preset per file here (the first; the analytic test above covers every preset of five files),
+  plus t5.py:tiny's figures."""
+  for file in sorted(p.stem for p in (ROOT / "experiments").glob("*.py")):
+    module = load_config_module(str(ROOT / "experiments" / f"{file}.py"))
+    if not hasattr(module, "PRESETS"):
+      continue
+    summary = counting.summary(experiment(file, next(iter(module.PRESETS))))
+    assert sum(summary["breakdown"].values()) == summary["total"], file
+  t5 = counting.summary(experiment("t5", "tiny"))
+  assert t5["total"] == 181_504 and t5["breakdown"]["position_bias"] == 256

@@ -30,6 +30,7 @@ LABELS = {
     "feed_forward": "feed-forward",
     "norms": "norms",
     "gains": "residual gains (norm placement)",
+    "position_bias": "relative position bias",
     "head": "head / pooler / unembedding",
     "lora": "LoRA adapters",
 }
@@ -61,7 +62,7 @@ def render(s: dict, name: str) -> str:
     lines.append(f"  trained (LoRA adapters): {s['trainable']:>17,}  (the rest frozen)")
   lines.append("  breakdown:")
   for key, n in s["breakdown"].items():
-    lines.append(f"    {LABELS[key]:<32} {n:>17,}  {n / total:6.1%}")
+    lines.append(f"    {LABELS.get(key, key):<32} {n:>17,}  {n / total:6.1%}")
   lines.append(
       f"  in the blocks: {s['blocks_share']:.1%} of all parameters; feed-forward is "
       f"{s['feed_forward_share_of_blocks']:.1%} of the blocks"

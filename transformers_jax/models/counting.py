@@ -41,9 +41,17 @@ COMPONENTS = (
     "feed_forward",
     "norms",
     "gains",
+    "position_bias",
     "head",
     "lora",
 )
+
+
+def ordered(parts: dict) -> dict:
+  """`parts` with the COMPONENTS first, in their order, then any other component."""
+  return {**{k: parts[k] for k in COMPONENTS if k in parts}, **parts}
+
+
 HEAD_MODULES = (
     "lm_head",
     "pooler",
@@ -283,7 +291,8 @@ def summary(config) -> dict:
       "analytic": analytic_count(c),
       "published": int(published.get("params", 0)) or None,
       "published_source": published.get("source", "") or None,
-      "breakdown": {k: parts[k] for k in COMPONENTS if parts.get(k)},
+      # every component the parameters fall into (blocks overlap them): sums to the total
+      "breakdown": {k: n for k, n in ordered(parts).items() if n and k != "blocks"},
       # trained by the optimizer: every parameter, or with LoRA the adapters only
       "trainable": parts.get("lora", 0) if c.lora_rank else total,
       "blocks": parts.get("blocks", 0),
