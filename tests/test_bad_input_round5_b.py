@@ -1,0 +1,70 @@
+"""Round five of bad inputs, part B: W&B fields that W&B refuses at the first step or that
+nothing reads, evaluation tasks with no examples or a broken YAML, distillation messages that
+pointed at the wrong fix, `compare`'s plot paths and unreadable metrics, and `data.split` on a
+dataset folder that has no splits. Each case ends in the right behaviour or one `error:` line
+naming the problem and the fix. Almost everything runs in this process."""
+
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _one_error_line(out: subprocess.CompletedProcess) -> str:
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+  assert lines[0].startswith("error: ")
+  return lines[0]
+
+
+# ----------------------------------------------------------------------------- 1. W&B fields
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"wandb.project": "bad/name"},
+            r"^wandb.project='bad/name': a W&B project name cannot contain any of "
+            r".*\(found /\): use e.g. 'bad-name'",
+        ),
+        ({"wandb.project": "a:b#c"}, r"^wandb.project='a:b#c': .*\(found # :\)"),
+        ({"wandb.project": "p" * 129}, r"^wandb.project='p+'...: 129 characters, .* at most 128"),
+        (
+            {"wandb.project": "p", "wandb.tags": "ok," + "t" * 65},
+            r"^wandb.tags: the tag 't+'... has 65 characters, .* at most 64",
+        ),
+        (
+            {"wandb.mode": "offline"},
+            r"^wandb.mode='offline': read only with wandb.project set: add "
+            r"--config.wandb.project=NAME",
+        ),
+        ({"wandb.tags": "a,b"}, r"^wandb.tags='a,b': read only with wandb.project set"),
+    ],
+)
+def test_wandb_fields_wandb_refuses_or_nothing_reads_stop_before_the_workdir(
+    experiment, tmp_path, fields, message
+):
+  """A project named 'bad/name' ran until wandb.init raised a 47-line UsageError; wandb.mode
+  (or any wandb.* field) without wandb.project was silently ignored."""
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train.entry import train
+  from transformers_jax.train.field_checks import check_tracking
+
+  config = experiment("gpt2", "tiny")
+  config.unlock()
+  config.update_from_flattened_dict(fields)
+  with pytest.raises(ValueError, match=message):
+    train(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()  # refused before the workdir is made
+  with pytest.raises(ValueError, match=message):
+    check_tracking(config, ModelConfig.from_dict(config.model))  # Setup's check too
+
+
+def test_wandb_project_names_wandb_takes_pass(experiment):
+  from transformers_jax.train import trackers
+
+  config = experiment("gpt2", "tiny")
+  trackers.check_fields(config)  # nothing set: nothing to check
+  config.wandb.update(project="p" * 128, tags="t" * 64 + ", ,b", mode="offline", name="x/y")
+  trackers.check_fields(config)
