@@ -5,6 +5,8 @@ dataset folder that has no splits. Each case ends in the right behaviour or one 
 naming the problem and the fix. Almost everything runs in this process."""
 
 import pathlib
+import re
+import shutil
 import subprocess
 
 import pytest
@@ -68,3 +70,56 @@ def test_wandb_project_names_wandb_takes_pass(experiment):
   trackers.check_fields(config)  # nothing set: nothing to check
   config.wandb.update(project="p" * 128, tags="t" * 64 + ", ,b", mode="offline", name="x/y")
   trackers.check_fields(config)
+
+
+# ----------------------------------------------------------------------------- 2. evaluate tasks
+TASKS_DIR = ROOT / "experiments" / "eval_tasks"
+
+
+def _task_folder(tmp_path, data: str, yaml_text: str | None = None) -> pathlib.Path:
+  """A copy of the local pysyntax_choice task (its loader, its YAML or `yaml_text`) whose data
+  file holds `data`."""
+  folder = tmp_path / "tasks"
+  folder.mkdir()
+  for name in ("local_data.py", "pysyntax_choice.yaml"):
+    shutil.copy(TASKS_DIR / name, folder / name)
+  if yaml_text is not None:
+    (folder / "pysyntax_choice.yaml").write_text(yaml_text)
+  (folder / "pysyntax_choice.jsonl").write_text(data)
+  return folder
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("", r"pysyntax_choice.jsonl holds no examples: write one JSON object a line"),
+        ("\n  \n", r"pysyntax_choice.jsonl holds no examples"),
+        ('{"context": "x"}\nnot json\n', r"pysyntax_choice.jsonl line 2 is not a JSON object"),
+    ],
+)
+def test_a_local_task_without_examples_names_its_file(tmp_path, data, message):
+  """An empty .jsonl ended `evaluate` in a 64-line IndexError from inside lm-eval."""
+  from transformers_jax.evaluate import harness
+
+  folder = _task_folder(tmp_path, data)
+  manager = harness.task_manager(str(folder), ("pysyntax_choice",))
+  with pytest.raises(ValueError, match=rf"^{re.escape(str(folder))}/{message}"):
+    manager.load(["pysyntax_choice"])
+
+
+def test_a_task_yaml_that_does_not_parse_is_named_with_its_line(tmp_path):
+  """A YAML syntax error was reported as "task not found" (lm-eval skips such files)."""
+  from transformers_jax.errors import UserError
+  from transformers_jax.evaluate import harness
+
+  text = (TASKS_DIR / "pysyntax_choice.yaml").read_text()
+  broken = text.replace("output_type: multiple_choice", "output_type: multiple_choice: x")
+  line = broken.splitlines().index("output_type: multiple_choice: x") + 1
+  folder = _task_folder(tmp_path, "{}\n", broken)
+  with pytest.raises(
+      UserError,
+      match=rf"^lm-eval task 'pysyntax_choice' not found: .*pysyntax_choice.yaml line {line}, "
+      r"column \d+ does not parse \(mapping values are not allowed here\): fix that task YAML",
+  ):
+    harness.task_manager(str(folder), ("pysyntax_choice",))
+  assert harness.unparsed_yaml(str(TASKS_DIR)) is None  # lm-eval's !function tags parse
