@@ -123,3 +123,92 @@ def test_a_task_yaml_that_does_not_parse_is_named_with_its_line(tmp_path):
   ):
     harness.task_manager(str(folder), ("pysyntax_choice",))
   assert harness.unparsed_yaml(str(TASKS_DIR)) is None  # lm-eval's !function tags parse
+
+
+# ----------------------------------------------------------------------------- 3. distillation
+def _distill_student(experiment, teacher: pathlib.Path):
+  """gpt2 tiny (one block) distilled from `teacher`, and its model config."""
+  from transformers_jax.config import ModelConfig
+
+  config = experiment("gpt2", "tiny")
+  config.update_from_flattened_dict(
+      {"model.num_layers": 1, "task": "distill", "distill.teacher": str(teacher)}
+  )
+  return config, ModelConfig.from_dict(config.model)
+
+
+def _teacher_folder(experiment, folder: pathlib.Path, **fields) -> pathlib.Path:
+  """A run folder whose config.json is gpt2 tiny's (one block) with `fields` set."""
+  config, _ = _distill_student(experiment, "")
+  config.update_from_flattened_dict({"task": "", "distill.teacher": "", **fields})
+  folder.mkdir(parents=True)
+  (folder / "config.json").write_text(config.to_json())
+  return folder
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", float("inf"), r"^distill.temperature=inf: must be a positive finite"),
+        ("temperature", float("nan"), r"^distill.temperature=nan: must be a positive finite"),
+        ("temperature", 0.0, r"^distill.temperature=0.0: must be a positive finite"),
+        ("alpha", float("nan"), r"^distill.alpha=nan: the soft term's weight lies in \[0, 1\]"),
+        ("alpha", float("inf"), r"^distill.alpha=inf: the soft term's weight lies in \[0, 1\]"),
+    ],
+)
+def test_distillation_refuses_temperatures_and_weights_that_are_not_finite(
+    experiment, tmp_path, field, value, message
+):
+  """distill.temperature=inf passed the checks; the run died later with "loss became nan ...
+  learning rate too high"."""
+  from transformers_jax.train_config import validate
+
+  config, model_cfg = _distill_student(experiment, _teacher_folder(experiment, tmp_path / "t"))
+  validate(config, model_cfg, 1)  # the defaults pass
+  config.distill[field] = value
+  with pytest.raises(ValueError, match=message):
+    validate(config, model_cfg, 1)
+
+
+def test_a_population_teacher_is_refused_with_a_way_that_exists(experiment, tmp_path):
+  """A population's run given as teacher failed once the data was built, telling the user to
+  "pass --member=I", which distillation does not take."""
+  from transformers_jax.train_config import validate
+
+  teacher = _teacher_folder(
+      experiment, tmp_path / "sweep", **{"population.learning_rates": "(1e-3, 3e-3)"}
+  )
+  config, model_cfg = _distill_student(experiment, teacher)
+  with pytest.raises(
+      ValueError,
+      match=rf"^distill.teacher='{re.escape(str(teacher))}': a population's run, and a teacher "
+      r"is one model \(distillation takes no member\): .* transformers_jax.convert --workdir "
+      rf"{re.escape(str(teacher))} --member I --to_hf DIR, then convert --from_hf DIR",
+  ):
+    validate(config, model_cfg, 1)
+
+
+def test_a_damaged_teacher_is_named_as_the_teachers_folder_not_the_students(experiment, tmp_path):
+  """A teacher whose every checkpoint was damaged told the user to "use a new --workdir",
+  although the student's folder was fine."""
+  import numpy as np
+
+  from transformers_jax.errors import UserError
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.train.setup import Setup
+
+  teacher = _teacher_folder(experiment, tmp_path / "teacher")
+  Run(teacher).save_params({"w": np.arange(64, dtype=np.float32)})
+  stored = max(
+      (p for p in (teacher / "checkpoints" / "0").rglob("*") if p.is_file()),
+      key=lambda p: p.stat().st_size,
+  )
+  stored.write_bytes(b"\0" * stored.stat().st_size)  # same size, other bytes
+  config, _ = _distill_student(experiment, teacher)
+  setup = Setup(config)
+  with pytest.raises(UserError) as caught:
+    _ = setup.frozen  # the teacher is loaded at first use
+  message = str(caught.value)
+  assert message.startswith(f"the teacher run {teacher} is damaged, not this run's folder: ")
+  assert f"copy an intact checkpoint into {teacher}/checkpoints" in message
+  assert "new --workdir" not in message

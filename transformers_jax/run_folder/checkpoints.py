@@ -316,17 +316,24 @@ class Checkpoints:
           "trying the next older one"
       )
     if damaged:
-      raise CheckpointDamaged(
+      problem = (
           f"no intact checkpoint in {self.directory}: step(s) "
           f"{', '.join(map(str, damaged))} are damaged (moved to <step>.damaged where the "
-          "folder is writable): use a new --workdir, or copy an intact checkpoint there"
+          "folder is writable)"
+      )
+      raise CheckpointDamaged(
+          f"{problem}: use a new --workdir, or copy an intact checkpoint there", problem
       )
     aside = sorted(p.name for p in self.directory.glob("*.damaged*") if p.is_dir())
     if aside:  # an earlier invocation set them all aside: starting over here is not a resume
-      raise CheckpointDamaged(
+      problem = (
           f"no intact checkpoint in {self.directory}: an earlier start set aside every one as "
-          f"damaged ({', '.join(aside)}); use a new --workdir, copy an intact checkpoint there, "
-          "or delete those folders to start this run over from step 0"
+          f"damaged ({', '.join(aside)})"
+      )
+      raise CheckpointDamaged(
+          f"{problem}; use a new --workdir, copy an intact checkpoint there, or delete those "
+          "folders to start this run over from step 0",
+          problem,
       )
     return None, None
 
@@ -396,4 +403,10 @@ def sync_processes(name: str) -> None:
 
 
 class CheckpointDamaged(RunError):
-  """Every checkpoint of a run is damaged."""
+  """Every checkpoint of a run is damaged. The message says what to do about the run in
+  training; `problem` is what is wrong alone, for a reader of another run's checkpoints (a
+  distillation's teacher), whose fix is not this run's."""
+
+  def __init__(self, message: str, problem: str | None = None):
+    super().__init__(message)
+    self.problem = problem or message
