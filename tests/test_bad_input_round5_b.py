@@ -212,3 +212,70 @@ def test_a_damaged_teacher_is_named_as_the_teachers_folder_not_the_students(expe
   assert message.startswith(f"the teacher run {teacher} is damaged, not this run's folder: ")
   assert f"copy an intact checkpoint into {teacher}/checkpoints" in message
   assert "new --workdir" not in message
+
+
+# ----------------------------------------------------------------------------- 4. compare
+def _metrics_run(folder: pathlib.Path, text: str = '{"step": 1, "loss": 2.0}\n') -> pathlib.Path:
+  folder.mkdir(parents=True)
+  (folder / "metrics.jsonl").write_text(text)
+  return folder
+
+
+def test_compare_writes_its_plot_where_it_says_and_never_into_the_working_directory(tmp_path):
+  """The default plot went to compare.png in the working directory (a clone's root); --plot
+  FOLDER wrote FOLDER.png and printed FOLDER; --plot into /proc was a bare errno."""
+  from conftest import run_python
+
+  run = _metrics_run(tmp_path / "runs" / "a")
+  here = tmp_path / "here"
+  here.mkdir()
+  compare = ["-m", "transformers_jax.compare", str(run)]
+  out = run_python(compare, cwd=here)  # the default: compare.png in the first run's folder
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert f"loss curves: {run / 'compare.png'}\n" in out.stdout
+  assert (run / "compare.png").read_bytes()[:4] == b"\x89PNG" and not list(here.iterdir())
+  folder = tmp_path / "plots"
+  folder.mkdir()
+  out = run_python([*compare, f"--plot={folder}"], cwd=here)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert f"loss curves: {folder / 'compare.png'}\n" in out.stdout
+  assert [p.name for p in folder.iterdir()] == ["compare.png"]
+  assert not (tmp_path / "plots.png").exists()
+  if pathlib.Path("/proc").is_dir():  # a place no file can be made in
+    out = run_python([*compare, "--plot=/proc/compare.png"], cwd=here)
+    assert _one_error_line(out).startswith(
+        "error: --plot=/proc/compare.png: cannot write in /proc ("
+    )
+
+
+def test_compare_plot_paths_resolve_as_documented(tmp_path):
+  from transformers_jax import compare
+
+  run = _metrics_run(tmp_path / "run")
+  assert compare.plot_path(None, [f"{run}:3"]) == run / "compare.png"
+  assert compare.plot_path("", [str(run)]) is None
+  assert compare.plot_path(str(tmp_path / "curves"), [str(run)]) == tmp_path / "curves.png"
+  assert compare.plot_path(str(tmp_path / "c.svg"), [str(run)]) == tmp_path / "c.svg"
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("\x00\x01garbage\nmore garbage\n", 1),
+        ('{"step": 1, "loss": 2.0}\n[1, 2]\n{"step": 3, "loss": 1.0}\n', 2),
+        ('{"step": 1, "loss": 2.0}\n{"loss": 1.0}\n', 2),
+        ('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n{"step": 3, "loss": 1.0}\n', 2),
+    ],
+)
+def test_compare_refuses_metrics_lines_it_cannot_read(tmp_path, text, line):
+  """A garbage metrics.jsonl was shown as a run of 0 steps; only a torn last line (no newline
+  after it: a killed process's) is skipped."""
+  from transformers_jax import compare
+  from transformers_jax.errors import UserError
+
+  run = _metrics_run(tmp_path / "run", text)
+  path = re.escape(str(run / "metrics.jsonl"))
+  with pytest.raises(UserError, match=rf"^{path} line {line} is not a metrics line \("):
+    compare.curves(str(run))
+  (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n\n{"step": 2, "lo')
+  assert compare.curves(str(run)) == [(str(run), {"loss": {1: 2.0}})]
