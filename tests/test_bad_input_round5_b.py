@@ -279,3 +279,76 @@ def test_compare_refuses_metrics_lines_it_cannot_read(tmp_path, text, line):
     compare.curves(str(run))
   (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n\n{"step": 2, "lo')
   assert compare.curves(str(run)) == [(str(run), {"loss": {1: 2.0}})]
+
+
+# ----------------------------------------------------------------------------- 5. data.split
+@pytest.fixture(scope="module")
+def dataset_folders(tmp_path_factory):
+  """A Dataset and a DatasetDict saved with save_to_disk, a folder of .parquet shards whose
+  names name no split, one with split names, and a .txt file."""
+  import datasets
+
+  datasets.disable_progress_bars()
+  root = tmp_path_factory.mktemp("splits")
+  rows = datasets.Dataset.from_dict({"text": ["the quick brown fox", "jumps over a lazy dog"]})
+  rows.save_to_disk(str(root / "dataset"))
+  datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(root / "dict"))
+  for folder, names in (("shards", ("a", "b")), ("named", ("data/train-0", "data/test-0"))):
+    for name in names:
+      (root / folder / name).parent.mkdir(parents=True, exist_ok=True)
+      rows.to_parquet(str(root / folder / f"{name}.parquet"))
+  (root / "corpus.txt").write_text("some text\n")
+  return root
+
+
+@pytest.mark.parametrize(
+    "path, kind",
+    [
+        ("dataset", "a Dataset saved with save_to_disk \\(not a DatasetDict\\)"),
+        ("shards", "a folder of shards whose file and folder names name no split"),
+        ("corpus.txt", "one file"),
+    ],
+)
+def test_a_split_on_a_dataset_without_splits_is_refused(experiment, dataset_folders, path, kind):
+  """data.split='test' on a save_to_disk Dataset (or any source without splits) was ignored:
+  the run trained on every row."""
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train_config import validate
+
+  config = experiment("gpt2", "tiny")
+  config.data.path = str(dataset_folders / path)
+  model_cfg = ModelConfig.from_dict(config.model)
+  validate(config, model_cfg, 1)  # the default split: read whole
+  config.data.split = "test"
+  with pytest.raises(
+      ValueError,
+      match=rf"^data.split='test': chooses a split of a Hugging Face dataset folder, and "
+      rf"data.path '.*{re.escape(path)}' is {kind}, which has no splits: leave data.split at "
+      r"'train' \(its default\)",
+  ):
+    validate(config, model_cfg, 1)
+
+
+def test_a_split_is_taken_where_a_source_has_splits(experiment, dataset_folders):
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.data import DataError, sources
+  from transformers_jax.train_config import validate
+
+  config = experiment("gpt2", "tiny")
+  config.data.split = "test"
+  model_cfg = ModelConfig.from_dict(config.model)
+  with pytest.raises(ValueError, match=r"^data.split='test': .* reads its bundled data"):
+    validate(config, model_cfg, 1)
+  for path in ("dict", "named"):
+    config.data.path = str(dataset_folders / path)
+    validate(config, model_cfg, 1)
+  # a mixture: the split is some source's (the others are read whole) ...
+  config.data.path = ""
+  config.data.mixture = f"{dataset_folders / 'dict'}:1,{dataset_folders / 'corpus.txt'}:1"
+  validate(config, model_cfg, 1)
+  config.data.mixture = f"{dataset_folders / 'dataset'}:1,{dataset_folders / 'corpus.txt'}:1"
+  with pytest.raises(ValueError, match=r"^data.split='test': .* no source of data.mixture has"):
+    validate(config, model_cfg, 1)
+  # ... and shards whose names name no split are said to, not to "hold the split train"
+  with pytest.raises(DataError, match=r"its file and folder names name no split"):
+    sources.list_files(dataset_folders / "shards", "test")

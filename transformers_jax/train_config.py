@@ -203,14 +203,17 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
   for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
     if config_value(config, field) < 0:
       fail(field, "must be >= 0")
+  mixture = []
   if config.data.get("mixture", ""):
     from transformers_jax.data.mixture import parse_mixture
 
     if config.data.path:
       fail("data.mixture", "names the sources instead of data.path: leave data.path empty")
-    parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
+    mixture = parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
   if not str(config.data.get("split", "train")).strip():
     fail("data.split", "names a split of a Hugging Face dataset folder, e.g. train")
+  if config.data.get("split", "train") != "train":  # set: some source must have splits
+    _check_split_is_read(config, [s.path for s in mixture], fail)
   task.check(config, model_cfg)
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
@@ -248,6 +251,39 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
         f"the micro-batch of {micro} examples does not split over the "
         f"{num_data_shards} data-parallel shards: make batch_size / "
         f"grad_accum_steps a multiple of {num_data_shards}"
+    )
+
+
+def _check_split_is_read(config, mixture_paths: list[str], fail) -> None:
+  """data.split, set to other than its default, chooses a split of some source: data.path's, or
+  one of data.mixture's (the others are read whole). `fail(field, problem)` raises. A path that
+  does not exist is left to the reader of the data, which names it."""
+  from transformers_jax.data import sources
+
+  wants = "chooses a split of a Hugging Face dataset folder"
+  default = "leave data.split at 'train' (its default)"
+  if mixture_paths:
+    kinds = [sources.without_splits(p, "data.mixture source") for p in mixture_paths]
+    if all(kinds):
+      fail(
+          "data.split",
+          f"{wants}, and no source of data.mixture has splits (the first, "
+          f"'{mixture_paths[0]}', is {kinds[0]}): {default}",
+      )
+    return
+  path = config.data.path
+  if not path:
+    fail(
+        "data.split",
+        f"{wants}, and this run reads its bundled data (data.path is empty), which has none: "
+        f"{default}, or set data.path",
+    )
+  kind = sources.without_splits(path)
+  if kind:
+    fail(
+        "data.split",
+        f"{wants}, and data.path '{path}' is {kind}, which has no splits: {default}, or give "
+        "a DatasetDict saved with save_to_disk (or shards named by split)",
     )
 
 
