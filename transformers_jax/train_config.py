@@ -13,7 +13,7 @@ import ml_collections
 
 
 from transformers_jax.config import model_config_dict
-from transformers_jax.data.fields import add_data_fields
+from transformers_jax.data.fields import add_data_fields, check_split_is_read
 from transformers_jax.machine.parallel import rule_names
 from transformers_jax.run_folder.records import flatten_dict, read_config
 
@@ -212,8 +212,7 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
     mixture = parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
   if not str(config.data.get("split", "train")).strip():
     fail("data.split", "names a split of a Hugging Face dataset folder, e.g. train")
-  if config.data.get("split", "train") != "train":  # set: some source must have splits
-    _check_split_is_read(config, [s.path for s in mixture], fail)
+  check_split_is_read(config.data, [s.path for s in mixture])
   task.check(config, model_cfg)
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")
@@ -251,39 +250,6 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
         f"the micro-batch of {micro} examples does not split over the "
         f"{num_data_shards} data-parallel shards: make batch_size / "
         f"grad_accum_steps a multiple of {num_data_shards}"
-    )
-
-
-def _check_split_is_read(config, mixture_paths: list[str], fail) -> None:
-  """data.split, set to other than its default, chooses a split of some source: data.path's, or
-  one of data.mixture's (the others are read whole). `fail(field, problem)` raises. A path that
-  does not exist is left to the reader of the data, which names it."""
-  from transformers_jax.data import sources
-
-  wants = "chooses a split of a Hugging Face dataset folder"
-  default = "leave data.split at 'train' (its default)"
-  if mixture_paths:
-    kinds = [sources.without_splits(p, "data.mixture source") for p in mixture_paths]
-    if all(kinds):
-      fail(
-          "data.split",
-          f"{wants}, and no source of data.mixture has splits (the first, "
-          f"'{mixture_paths[0]}', is {kinds[0]}): {default}",
-      )
-    return
-  path = config.data.path
-  if not path:
-    fail(
-        "data.split",
-        f"{wants}, and this run reads its bundled data (data.path is empty), which has none: "
-        f"{default}, or set data.path",
-    )
-  kind = sources.without_splits(path)
-  if kind:
-    fail(
-        "data.split",
-        f"{wants}, and data.path '{path}' is {kind}, which has no splits: {default}, or give "
-        "a DatasetDict saved with save_to_disk (or shards named by split)",
     )
 
 

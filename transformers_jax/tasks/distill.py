@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.run_folder.records import read_config
+from transformers_jax.run_folder.records import asks_for_population, read_config
 from transformers_jax.tasks.base import Task, cross_entropy
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
@@ -83,8 +83,6 @@ class Distillation(Task):
           f"distill.teacher={teacher!r}: no run there (no config.json): give a run folder "
           "trained by transformers_jax.train"
       )
-    from transformers_jax.train.resume import asks_for_population  # (train imports tasks)
-
     if asks_for_population(saved.get("population")):
       raise ValueError(
           f"distill.teacher={teacher!r}: a population's run, and a teacher is one model "
