@@ -97,7 +97,7 @@ def _task_folder(tmp_path, data: str, yaml_text: str | None = None) -> pathlib.P
         ('{"context": "x"}\nnot json\n', r"pysyntax_choice.jsonl line 2 is not a JSON object"),
     ],
 )
-def test_a_local_task_without_examples_names_its_file(tmp_path, data, message):
+def test_a_local_task_without_examples_names_its_file(tmp_path, caplog, data, message):
   """An empty .jsonl ended `evaluate` in a 64-line IndexError from inside lm-eval."""
   from transformers_jax.evaluate import harness
 
@@ -105,6 +105,12 @@ def test_a_local_task_without_examples_names_its_file(tmp_path, data, message):
   manager = harness.task_manager(str(folder), ("pysyntax_choice",))
   with pytest.raises(ValueError, match=rf"^{re.escape(str(folder))}/{message}"):
     manager.load(["pysyntax_choice"])
+  # lm-eval's advice about its own --metadata flag, two lines before the error, is dropped
+  harness.quiet_lm_eval()
+  caplog.clear()
+  with pytest.raises(ValueError):
+    manager.load(["pysyntax_choice"])
+  assert not [r for r in caplog.records if "--metadata" in r.getMessage()]
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_with_its_line(tmp_path):
