@@ -5,7 +5,9 @@ metrics.jsonl, and a plot of their loss curves (training loss solid, held-out lo
 
 RUN:I is member I of a population's run; a population's run given alone stands for every
 member. Lines a resume wrote again (the steps after the checkpoint it resumed from) replace the
-first ones, and a line torn by a killed process is skipped.
+first ones, and a last line torn by a killed process is skipped; any other line that is not a
+metrics line is refused. The plot goes to compare.png in the first run's folder unless --plot
+names a file (a path without a suffix gets .png) or a folder (compare.png in it).
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ from absl import flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
-flags.DEFINE_string("plot", "compare.png", "Where to write the loss curves (PNG); '' for none.")
+PLOT_NAME = "compare.png"  # the plot's name in a folder: the first run's, or one --plot names
+flags.DEFINE_string(
+    "plot",
+    None,
+    "Where to write the loss curves (PNG): a file, or a folder to write compare.png in; "
+    "default: compare.png in the first run's folder; '' for none.",
+)
 FLAGS = flags.FLAGS
 
 # the figures of the table when some run has them, and whether lower is better
@@ -39,23 +48,39 @@ def _records(folder: pathlib.Path) -> list[dict]:
         f"{folder} has no metrics.jsonl: give the --workdir of a training run (it writes its "
         "first line after log_every steps)"
     )
+  text = path.read_bytes().decode("utf-8", errors="replace")
+  lines = text.splitlines()
+  if lines and not text.endswith("\n"):
+    lines.pop()  # a last line torn by a killed process (training cuts it before appending)
   rows = []
-  for line in path.read_text().splitlines():
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
     try:
       row = json.loads(line)
-    except ValueError:  # a line torn by a killed process
-      continue
-    if isinstance(row, dict) and isinstance(row.get("step"), int):
-      rows.append(row)
+    except ValueError:
+      row = None
+    if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+      raise UserError(
+          f"{path} line {number} is not a metrics line ({line[:40]!r}): training writes one "
+          "JSON object with its step a line; restore the file, or give another run"
+      )
+    rows.append(row)
   return rows
+
+
+def run_folder(spec: str) -> tuple[pathlib.Path, int | None]:
+  """(the run folder, the member or None) that `spec` (RUN or RUN:I) names."""
+  folder = pathlib.Path(spec)
+  head, _, tail = spec.rpartition(":")
+  if head and tail.isdigit() and not folder.exists():
+    return pathlib.Path(head), int(tail)
+  return folder, None
 
 
 def curves(spec: str) -> list[tuple[str, dict[str, dict[int, float]]]]:
   """[(label, {metric: {step: value}})] for the run, population or member `spec` names."""
-  folder, member = pathlib.Path(spec), None
-  head, _, tail = spec.rpartition(":")
-  if head and tail.isdigit() and not folder.exists():
-    folder, member = pathlib.Path(head), int(tail)
+  folder, member = run_folder(spec)
   rows = _records(folder)
   members = sorted({r["member"] for r in rows if isinstance(r.get("member"), int)})
   if member is not None and member not in members:
@@ -105,7 +130,28 @@ def table(runs: list[tuple[str, dict]]) -> str:
   return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-def plot(runs: list[tuple[str, dict]], path: str) -> None:
+def plot_path(flag: str | None, specs: list[str]) -> pathlib.Path | None:
+  """Where --plot (`flag`; None: not given) has the plot written: compare.png in the first
+  run's folder by default, in the folder --plot names, or the file it names (.png added to a
+  name without a suffix, as matplotlib would); None for `--plot=`. A path that cannot be
+  written is a UserError naming it and the reason."""
+  if flag == "":
+    return None
+  if flag is None:
+    path = run_folder(specs[0])[0] / PLOT_NAME
+  else:
+    path = pathlib.Path(flag).expanduser()
+    if path.is_dir():
+      path = path / PLOT_NAME
+    elif not path.suffix:
+      path = path.with_suffix(".png")
+  if not path.resolve().parent.is_dir():
+    raise UserError(f"--plot={path}: its folder does not exist: create it first")
+  output_paths.check(path, "--plot", output_paths.FILE)
+  return path
+
+
+def plot(runs: list[tuple[str, dict]], path) -> None:
   """Loss against step, one colour per run: training loss solid, held-out loss dashed."""
   import matplotlib
 
@@ -125,21 +171,24 @@ def plot(runs: list[tuple[str, dict]], path: str) -> None:
   axes.grid(alpha=0.3)
   axes.legend(fontsize="small")
   figure.tight_layout()
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
+  try:
+    figure.savefig(path, dpi=120)
+  except OSError as e:  # a full disk, a folder that changed since plot_path checked it
+    raise UserError(f"--plot={path}: cannot write it ({e.strerror or e})") from None
+  finally:
+    plt.close(figure)
 
 
 def main(argv):
   specs = argv[1:]
   if not specs:
     raise UserError("give one or more run folders: compare RUN_A RUN_B [RUN:MEMBER ...]")
-  if FLAGS.plot and not pathlib.Path(FLAGS.plot).resolve().parent.is_dir():
-    raise UserError(f"--plot={FLAGS.plot}: its folder does not exist: create it first")
   runs = [run for spec in specs for run in curves(spec)]
+  path = plot_path(FLAGS.plot, specs)
   print(table(runs))
-  if FLAGS.plot:
-    plot(runs, FLAGS.plot)
-    print(f"loss curves: {FLAGS.plot}")
+  if path is not None:
+    plot(runs, path)
+    print(f"loss curves: {path}")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,13 @@ class AbortedBeforeStart(UserError):
 
 class RunError(ValueError):
   """A run folder that cannot give what was asked (one line: the problem and the fix)."""
+
+
+class CheckpointDamaged(RunError):
+  """A run has no intact checkpoint (or not the one asked for). The message is `problem`, what
+  is wrong, followed by `fix`, what to do about the run in training; `problem` alone serves a
+  reader of another run's checkpoints (a distillation's teacher), whose fix is not this run's."""
+
+  def __init__(self, problem: str, fix: str = ""):
+    super().__init__(problem + fix)
+    self.problem = problem

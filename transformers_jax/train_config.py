@@ -13,7 +13,7 @@ import ml_collections
 
 
 from transformers_jax.config import model_config_dict
-from transformers_jax.data.fields import add_data_fields
+from transformers_jax.data.fields import add_data_fields, check_split_is_read
 from transformers_jax.machine.parallel import rule_names
 from transformers_jax.run_folder.records import flatten_dict, read_config
 
@@ -204,14 +204,16 @@ def validate(config, model_cfg, num_data_shards: int, task=None) -> None:
   for field in ("data.workers", "data.prefetch", "data.tokenize_workers"):
     if config_value(config, field) < 0:
       fail(field, "must be >= 0")
+  mixture = []
   if config.data.get("mixture", ""):
     from transformers_jax.data.mixture import parse_mixture
 
     if config.data.path:
       fail("data.mixture", "names the sources instead of data.path: leave data.path empty")
-    parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
+    mixture = parse_mixture(config.data.mixture)  # a DataError (one line) for a malformed one
   if not str(config.data.get("split", "train")).strip():
     fail("data.split", "names a split of a Hugging Face dataset folder, e.g. train")
+  check_split_is_read(config.data, [s.path for s in mixture])
   task.check(config, model_cfg)
   if config.data.max_bytes < 1:
     fail("data.max_bytes", "must be a positive number of bytes")

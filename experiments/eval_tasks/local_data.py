@@ -12,9 +12,27 @@ import pathlib
 
 def load(file: str, split: str = "test", **metadata):
   """{split: the rows of `file` (one JSON object a line, beside this module)}; `metadata` is what
-  lm-eval passes along (the task's version and the like), unused."""
+  lm-eval passes along (the task's version and the like), unused. A file without examples, or
+  with a line that is not a JSON object, is a ValueError naming the file (and the line)."""
   import datasets
 
-  lines = (pathlib.Path(__file__).parent / file).read_text().splitlines()
-  rows = [json.loads(line) for line in lines if line.strip()]
+  path = pathlib.Path(__file__).parent / file
+  rows = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError:
+      row = None  # not JSON: refused below, like JSON that is not an object
+    if not isinstance(row, dict):
+      raise ValueError(
+          f"{path} line {number} is not a JSON object ({line[:40]!r}): write one example a "
+          "line, as {...}"
+      )
+    rows.append(row)
+  if not rows:  # (lm-eval would stop at an IndexError when it looks at the first example)
+    raise ValueError(
+        f"{path} holds no examples: write one JSON object a line, or leave its task out"
+    )
   return datasets.DatasetDict({split: datasets.Dataset.from_list(rows)})

@@ -36,3 +36,35 @@ def add_data_fields(c: ml_collections.ConfigDict) -> None:
   # seq2seq: held-out pairs translated (greedy, in one batch) for exact match and BLEU at each
   # evaluation, the first of the eval batches' pairs; 0 = the first two eval batches
   c.data.eval_translations = 0
+
+
+def check_split_is_read(data, mixture_paths: list[str]) -> None:
+  """data.split, set to other than its default, chooses a split of some source: data.path's, or
+  one of data.mixture's sources (`mixture_paths`; the others are read whole). A ValueError
+  otherwise; a path that does not exist is left to the reader of the data, which names it."""
+  from transformers_jax.data import sources
+
+  split = data.get("split", "train")
+  if split == "train":
+    return
+  wants = f"data.split={split!r}: chooses a split of a Hugging Face dataset folder"
+  default = "leave data.split at 'train' (its default)"
+  if mixture_paths:
+    kinds = [sources.without_splits(p, "data.mixture source") for p in mixture_paths]
+    if all(kinds):
+      raise ValueError(
+          f"{wants}, and no source of data.mixture has splits (the first, "
+          f"'{mixture_paths[0]}', is {kinds[0]}): {default}"
+      )
+    return
+  if not data.path:
+    raise ValueError(
+        f"{wants}, and this run reads its bundled data (data.path is empty), which has none: "
+        f"{default}, or set data.path"
+    )
+  kind = sources.without_splits(data.path)
+  if kind:
+    raise ValueError(
+        f"{wants}, and data.path '{data.path}' is {kind}, which has no splits: {default}, or "
+        "give a DatasetDict saved with save_to_disk (or shards named by split)"
+    )

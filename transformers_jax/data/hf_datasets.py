@@ -44,6 +44,19 @@ def is_saved_folder(root: pathlib.Path) -> bool:
   return (root / "state.json").is_file() or (root / "dataset_dict.json").is_file()
 
 
+def shard_names_name_splits(root: pathlib.Path, field: str) -> bool:
+  """Whether the file and folder names of a folder of shards name splits, by `datasets`' rules
+  (`data/train-00000-of-00002.parquet`, `test/0000.parquet`); a folder whose names name none is
+  all "train"."""
+  require_datasets(f"{field} '{root}' (a folder of .parquet / .arrow shards, split by name)")
+  from datasets.data_files import DEFAULT_PATTERNS_ALL, get_data_patterns
+
+  try:
+    return get_data_patterns(str(root)) != DEFAULT_PATTERNS_ALL
+  except Exception:  # noqa: BLE001 - no data files: hub_split_files says so when it reads them
+    return True
+
+
 def saved_files(root: pathlib.Path, split: str, field: str) -> list[pathlib.Path]:
   """The .arrow files of a save_to_disk folder, in the dataset's order: a Dataset's own, or
   those of `split` of a DatasetDict."""
@@ -82,6 +95,12 @@ def hub_split_files(root: pathlib.Path, split: str, field: str, suffixes) -> lis
         "give a folder of .parquet or .arrow shards"
     ) from None
   splits = {str(name): files for name, files in found.items()}
+  if split not in splits and not shard_names_name_splits(root, field):
+    raise DataError(
+        f"{field} '{root}': its file and folder names name no split (`datasets` reads every "
+        f"file as 'train'), so there is no split '{split}': leave data.split at 'train', or "
+        "name the files by split (data/train-00000-of-00001.parquet, data/test-...)"
+    )
   if split not in splits:
     raise DataError(
         f"{field} '{root}' holds the splits {', '.join(splits)}, not '{split}': set "

@@ -68,6 +68,28 @@ def list_files(
   return files
 
 
+def without_splits(path: str | os.PathLike, field: str = "data.path") -> str | None:
+  """What the source at `path` is when nothing in it divides it into splits (data.split then
+  has nothing to choose): a file, a Dataset saved with save_to_disk, a folder of .txt / .jsonl
+  files or a folder of shards whose names name no split; None for a DatasetDict, a folder of
+  shards named by split, or a path that does not exist (reading it says so)."""
+  root = pathlib.Path(path)
+  if not root.exists():
+    return None
+  if root.is_file():
+    return "one file"
+  if hf_datasets.is_saved_folder(root):
+    if (root / "dataset_dict.json").is_file():
+      return None
+    return "a Dataset saved with save_to_disk (not a DatasetDict)"
+  files = [f for f in root.rglob("*") if f.suffix in SUFFIXES and f.is_file()]
+  if not any(f.suffix in hf_datasets.SHARD_SUFFIXES for f in files):
+    return "a folder of .txt / .jsonl files" if files else None
+  if hf_datasets.shard_names_name_splits(root, field):
+    return None
+  return "a folder of shards whose file and folder names name no split"
+
+
 def plan_units(
     files: list[pathlib.Path], unit_bytes: int = UNIT_BYTES, text_field: str = "text"
 ) -> list[Unit]:

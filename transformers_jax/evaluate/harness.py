@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 
@@ -75,6 +76,22 @@ def require_lm_eval():
   return lm_eval
 
 
+class _NoMetadataAdvice(logging.Filter):
+  """Drops lm-eval's two-line warning, at the loading of every task with a custom_dataset (the
+  local tasks' loader), that kwargs "can be passed to `--metadata`": advice about lm-eval's own
+  command line, which this project's evaluate does not have."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "can be passed to `--metadata`" not in record.getMessage()
+
+
+def quiet_lm_eval() -> None:
+  """Installs _NoMetadataAdvice on lm-eval's task logger (once)."""
+  task_logger = logging.getLogger("lm_eval.api.task")
+  if not any(isinstance(f, _NoMetadataAdvice) for f in task_logger.filters):
+    task_logger.addFilter(_NoMetadataAdvice())
+
+
 def task_manager(include_path: str, tasks: tuple[str, ...]):
   """lm-eval's TaskManager over `include_path`, and over lm-eval's own tasks only when one of
   `tasks` is not among those found there (indexing them all takes seconds)."""
@@ -86,6 +103,13 @@ def task_manager(include_path: str, tasks: tuple[str, ...]):
     local = TaskManager(include_path=include_path, include_defaults=False)
     if all(t in local.all_tasks for t in tasks):
       return local
+    # lm-eval skips a YAML it cannot parse, so its task would be "not found": say why instead
+    broken = unparsed_yaml(include_path)
+    if broken:
+      missing = next(t for t in tasks if t not in local.all_tasks)
+      raise UserError(
+          f"lm-eval task {missing!r} not found: {broken}: fix that task YAML in " f"{include_path}"
+      )
   manager = TaskManager(include_path=include_path or None)
   missing = [t for t in tasks if t not in manager.all_tasks]
   if missing:
@@ -98,12 +122,33 @@ def task_manager(include_path: str, tasks: tuple[str, ...]):
   return manager
 
 
+def unparsed_yaml(folder: str) -> str | None:
+  """The first YAML file under `folder` that is not valid YAML, as "FILE line L, column C does
+  not parse (why)"; None when all parse. lm-eval's tags (`!function`) are read as nothing."""
+  import yaml
+
+  class Loader(yaml.SafeLoader):
+    """YAML's safe loader that takes any `!tag`."""
+
+  Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+  for path in sorted(pathlib.Path(folder).glob("**/*.yaml")):
+    try:
+      yaml.load(path.read_text(errors="replace"), Loader=Loader)
+    except yaml.YAMLError as e:
+      mark = getattr(e, "problem_mark", None)
+      where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+      why = " ".join(str(getattr(e, "problem", None) or e).split())
+      return f"{path}{where} does not parse ({why})"
+  return None
+
+
 class Harness:
   """lm-eval runs of one model shape on one mesh: `evaluate(params)` for each set of
   parameters (a run's, each population member's, each evaluation during training)."""
 
   def __init__(self, model_cfg, tokenizer, mesh, settings: Settings, rules=None):
     require_lm_eval()
+    quiet_lm_eval()
     if tokenizer is None:
       raise UserError(
           "the run has no tokenizer.json, which lm-eval's text tasks need: evaluate a run "

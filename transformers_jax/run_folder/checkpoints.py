@@ -25,7 +25,7 @@ import pathlib
 import orbax.checkpoint as ocp
 
 from transformers_jax.run_folder import disk_full
-from transformers_jax.errors import RunError
+from transformers_jax.errors import CheckpointDamaged
 
 FULL_STATE, PARAMS_ONLY = "train_state", "params"
 REQUIRED_FILES = ("_CHECKPOINT_METADATA", "default/_METADATA", "default/manifest.ocdbt")
@@ -319,14 +319,16 @@ class Checkpoints:
       raise CheckpointDamaged(
           f"no intact checkpoint in {self.directory}: step(s) "
           f"{', '.join(map(str, damaged))} are damaged (moved to <step>.damaged where the "
-          "folder is writable): use a new --workdir, or copy an intact checkpoint there"
+          "folder is writable)",
+          ": use a new --workdir, or copy an intact checkpoint there",
       )
     aside = sorted(p.name for p in self.directory.glob("*.damaged*") if p.is_dir())
     if aside:  # an earlier invocation set them all aside: starting over here is not a resume
       raise CheckpointDamaged(
           f"no intact checkpoint in {self.directory}: an earlier start set aside every one as "
-          f"damaged ({', '.join(aside)}); use a new --workdir, copy an intact checkpoint there, "
-          "or delete those folders to start this run over from step 0"
+          f"damaged ({', '.join(aside)})",
+          "; use a new --workdir, copy an intact checkpoint there, or delete those folders to "
+          "start this run over from step 0",
       )
     return None, None
 
@@ -393,7 +395,3 @@ def sync_processes(name: str) -> None:
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices(name)
-
-
-class CheckpointDamaged(RunError):
-  """Every checkpoint of a run is damaged."""

@@ -35,6 +35,13 @@ def read_config(path: pathlib.Path) -> dict | None:
   return saved
 
 
+def asks_for_population(population) -> bool:
+  """Whether population settings (a config's, or config.json's dict of them) ask for a
+  population: seeds > 0, or any list set."""
+  fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
+  return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
+
+
 def read_history(path: pathlib.Path) -> list[dict]:
   """run_history.jsonl's entries ([] when there is none)."""
   if not path.is_file():

@@ -16,6 +16,7 @@ student trained alone reports it, and `eval_distill_kl` the KL to the teacher at
 
 from __future__ import annotations
 
+import math
 import pathlib
 import shutil
 
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.run_folder.records import read_config
+from transformers_jax.run_folder.records import asks_for_population, read_config
 from transformers_jax.tasks.base import Task, cross_entropy
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
@@ -82,6 +83,13 @@ class Distillation(Task):
           f"distill.teacher={teacher!r}: no run there (no config.json): give a run folder "
           "trained by transformers_jax.train"
       )
+    if asks_for_population(saved.get("population")):
+      raise ValueError(
+          f"distill.teacher={teacher!r}: a population's run, and a teacher is one model "
+          "(distillation takes no member): make the member I you want a run of its own, e.g. "
+          f"python -m transformers_jax.convert --workdir {teacher} --member I --to_hf DIR, then "
+          "convert --from_hf DIR --workdir TEACHER, and give --config.distill.teacher=TEACHER"
+      )
     t = ModelConfig.from_dict(saved["model"])
     if (t.family, t.head_kind, t.vocab_size) != (
         model_cfg.family,
@@ -106,9 +114,12 @@ class Distillation(Task):
       )
     student.check(config, model_cfg)
     own = config.distill
-    if not own.temperature > 0:
-      raise ValueError(f"distill.temperature={own.temperature!r}: must be positive (1 = as is)")
-    if not 0 <= own.alpha <= 1:
+    if not (math.isfinite(own.temperature) and own.temperature > 0):  # inf: a NaN loss later
+      raise ValueError(
+          f"distill.temperature={own.temperature!r}: must be a positive finite number (1 = the "
+          "logits as they are, 2 = softer)"
+      )
+    if not (math.isfinite(own.alpha) and 0 <= own.alpha <= 1):
       raise ValueError(f"distill.alpha={own.alpha!r}: the soft term's weight lies in [0, 1]")
     self.teacher_config(config, model_cfg)
 

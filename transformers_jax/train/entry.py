@@ -21,8 +21,10 @@ def train(config, workdir: str, task=None, allow_data_change: bool = False) -> d
   model's (tasks.task_for) unless a Task is given. A config with `population` settings trains
   its members as one program (train/population.py). One run per workdir: a second one stops
   with an error naming the first."""
-  # before the workdir is locked: one line when wandb or lm-eval is asked for but missing
+  # before the workdir is locked: one line when a wandb.* field is one W&B refuses or is set
+  # without wandb.project, or when wandb or lm-eval is asked for but missing
   trackers.check(config)
+  trackers.check_unread(config)
   if config.get("eval_harness", {}).get("every"):
     require_lm_eval()
   run = Run(workdir)

@@ -10,6 +10,7 @@ import dataclasses
 from transformers_jax.evaluate.harness import Settings
 from transformers_jax.modules import lora
 from transformers_jax.modules.norms import unread_norm_fields
+from transformers_jax.train import trackers
 
 # Training fields that only the seq2seq task (an encoder_decoder model) reads, with the value
 # that means "not set".
@@ -131,13 +132,10 @@ def check_attention_platform(model_cfg, devices) -> None:
 
 
 def check_tracking(config, model_cfg) -> None:
-  """The W&B mode is one W&B knows; the harness settings (when it runs) have a meaning."""
-  mode = (config.get("wandb") or {}).get("mode", "")
-  if mode not in ("", "online", "offline", "disabled"):
-    raise ValueError(
-        f"wandb.mode={mode!r}: choose online, offline (no network; `wandb sync` uploads the run "
-        "later) or disabled, or '' for $WANDB_MODE"
-    )
+  """The wandb.* fields are ones W&B takes, and none is set without wandb.project (trackers);
+  the harness settings (when it runs) have a meaning."""
+  trackers.check_fields(config)
+  trackers.check_unread(config)
   harness = config.get("eval_harness")
   if harness is None:
     return

@@ -13,17 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.run_folder import runs
+from transformers_jax.run_folder.records import asks_for_population
 from transformers_jax.errors import RunError, UserError
 from transformers_jax.run_folder.checkpoints import CheckpointDamaged
 from transformers_jax.run_folder.runs import Run, config_differences
 from transformers_jax.train.state import on_device
-
-
-def asks_for_population(population) -> bool:
-  """Whether population settings (a config's, or config.json's dict of them) ask for a
-  population: seeds > 0, or any list set."""
-  fields = {} if population is None else dict(getattr(population, "to_dict", lambda: population)())
-  return bool(fields.get("seeds")) or any(str(v).strip() for k, v in fields.items() if k != "seeds")
 
 
 def check_same_model(run: Run, config) -> None:

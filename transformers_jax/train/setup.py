@@ -25,10 +25,10 @@ from transformers_jax.machine import parallel
 from transformers_jax.evaluate.runs import TrainingHarness
 from transformers_jax.train import field_checks, trackers
 from transformers_jax.config import ModelConfig
-from transformers_jax.errors import UserError
+from transformers_jax.errors import RunError, UserError
 from transformers_jax.models import lora
 from transformers_jax.modules import block
-from transformers_jax.run_folder.checkpoints import PARAMS_ONLY
+from transformers_jax.run_folder.checkpoints import PARAMS_ONLY, CheckpointDamaged
 from transformers_jax.run_folder.records import read_config
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.tasks import task_data, task_for
@@ -78,17 +78,27 @@ class Setup:
     first use and placed on this run's mesh; None for most objectives."""
     if not hasattr(self, "_frozen"):
       named = self.task.frozen_runs(self.config)
-      self._frozen = {k: self.frozen_params(v) for k, v in named.items()} if named else None
+      self._frozen = {k: self.frozen_params(v, k) for k, v in named.items()} if named else None
     return self._frozen
 
-  def frozen_params(self, path: str):
-    """The latest intact parameters of run `path`, sharded over this mesh as that run's own
-    model would be with this run's rules (the teacher's layout on the student's mesh)."""
+  def frozen_params(self, path: str, name: str = "frozen"):
+    """The latest intact parameters of run `path` (the Task's frozen run `name`, e.g. the
+    teacher), sharded over this mesh as that run's own model would be with this run's rules
+    (the teacher's layout on the student's mesh)."""
     saved = read_config(pathlib.Path(path) / "config.json")
     if saved is None:
       raise UserError(f"{path}: no run there (no config.json): give a run's folder")
     model_cfg = ModelConfig.from_dict(saved["model"])
-    params, _ = Run(path).load_params()
+    try:
+      params, _ = Run(path).load_params()
+    except CheckpointDamaged as e:  # its fix ("use a new --workdir") is for the run in training
+      raise UserError(
+          f"the {name} run {path} is damaged, not this run's folder: {e.problem}; train the "
+          f"{name} again, copy an intact checkpoint into {path}/checkpoints, or give another "
+          f"{name} run, then run the same command again"
+      ) from None
+    except RunError as e:
+      raise UserError(f"the {name} run {path}: {e}") from None
     params = block.in_layout(params, model_cfg.scan_layers)
     _, shardings = state_lib.state_shardings(
         model_cfg, optax.set_to_zero(), self.mesh, self.rule_table, 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import sys
 
 from transformers_jax.errors import Interrupted, UserError
@@ -25,6 +26,13 @@ from transformers_jax.run_folder import records
 from transformers_jax.train.metrics import MetricsWriter, scalars
 
 RUN_RECORD = "wandb_run.json"  # in the workdir: the W&B run this workdir logs to
+
+# W&B's own limits (wandb.sdk.wandb_settings: validate_project, validate_run_tags), checked
+# before anything is built rather than met as wandb's UsageError at the first step.
+PROJECT_FORBIDDEN = "/\\#?%:"
+PROJECT_MAX_LEN = 128
+TAG_MAX_LEN = 64
+MODES = ("online", "offline", "disabled")
 
 
 def wanted(config) -> bool:
@@ -45,9 +53,71 @@ def import_wandb():
   return wandb
 
 
+def _fields(config) -> dict:
+  """The config's wandb.* fields as a dict ({} for a config without the group)."""
+  group = config.get("wandb")
+  if group is None:
+    return {}
+  return group.to_dict() if hasattr(group, "to_dict") else dict(group)
+
+
+def check_unread(config) -> None:
+  """No wandb.* field is set without wandb.project, which alone turns W&B logging on: such a
+  field would be ignored. A ValueError naming the field and the fix."""
+  fields = _fields(config)
+  if fields.get("project"):
+    return
+  for name, value in sorted(fields.items()):
+    if name != "project" and value:
+      raise ValueError(
+          f"wandb.{name}={value!r}: read only with wandb.project set: add "
+          f"--config.wandb.project=NAME to log to W&B, or leave wandb.{name} empty"
+      )
+
+
+def check_fields(config) -> None:
+  """The wandb.* fields W&B would refuse at its first call: a ValueError naming the field and
+  the fix."""
+  fields = _fields(config)
+  mode = fields.get("mode", "")
+  if mode not in ("", *MODES):
+    raise ValueError(
+        f"wandb.mode={mode!r}: choose online, offline (no network; `wandb sync` uploads the run "
+        "later) or disabled, or '' for $WANDB_MODE"
+    )
+  project = fields.get("project", "")
+  if not project:
+    return
+  found = "".join(c for c in PROJECT_FORBIDDEN if c in project)
+  if found:
+    raise ValueError(
+        f"wandb.project={project!r}: a W&B project name cannot contain any of "
+        f"{' '.join(PROJECT_FORBIDDEN)} (found {' '.join(found)}): use e.g. "
+        f"{re.sub('[' + re.escape(PROJECT_FORBIDDEN) + ']', '-', project)!r} (the team or user "
+        "that owns the project goes in wandb.entity)"
+    )
+  if len(project) > PROJECT_MAX_LEN:
+    raise ValueError(
+        f"wandb.project={project[:20]!r}...: {len(project)} characters, and W&B allows at "
+        f"most {PROJECT_MAX_LEN}: give a shorter name"
+    )
+  for tag in _tags(fields.get("tags", "")):
+    if len(tag) > TAG_MAX_LEN:
+      raise ValueError(
+          f"wandb.tags: the tag {tag[:20]!r}... has {len(tag)} characters, and W&B allows at "
+          f"most {TAG_MAX_LEN} a tag: shorten it (tags are comma-separated)"
+      )
+
+
+def _tags(text: str) -> list[str]:
+  """wandb.tags' comma-separated tags, without blanks."""
+  return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def check(config) -> None:
-  """Before anything is built: wandb is installed when the config logs to W&B (train_config's
-  validate checks the fields)."""
+  """Before anything is built: the wandb.* fields (check_fields), and wandb is installed when
+  the config logs to W&B."""
+  check_fields(config)
   if wanted(config):
     import_wandb()
 
@@ -81,7 +151,7 @@ class WandbTracker:
     resolved = json.loads(config.to_json_best_effort())
     if members is not None:
       resolved["population_members"] = [dict(m) for m in members]
-    tags = [t.strip() for t in fields.tags.split(",") if t.strip()]
+    tags = _tags(fields.tags)
     self.run = wandb.init(
         project=fields.project,
         entity=fields.entity or None,
