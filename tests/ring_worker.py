@@ -25,6 +25,9 @@ B, T, H, G, K = 2, 48, 4, 2, 8  # 12 tokens a device: blocks of 8 are padded
 def mask_of(case, positions, segments, valid):
   if case == "causal":  # two packed documents, a T5 bias read at the true positions
     return AttentionMask(q_segments=segments, q_positions=positions, kv_positions=positions)
+  if case == "prefix":  # a prefix LM's pattern, as data: each row's prefix both ways
+    prefix = jnp.array([20, 33], jnp.int32)[:B]
+    return AttentionMask(q_positions=positions, kv_positions=positions, prefix=prefix, causal=True)
   return AttentionMask(kv_valid=valid)  # bidirectional, the last keys padding
 
 
@@ -39,7 +42,7 @@ def errors_of(case, mesh):
   segments = (jnp.arange(T) >= 40).astype(jnp.int32)[None].repeat(B, 0)
   valid = jnp.arange(T)[None].repeat(B, 0) < 44
   order = np.random.RandomState(0).permutation(T)
-  causal = case == "causal"
+  causal = case == "causal"  # (the prefix case's pattern is its mask's)
 
   def bias_of(w):
     return ScoreBias(weights=w, kind="t5", bidirectional=False) if causal else None
@@ -57,7 +60,7 @@ def errors_of(case, mesh):
     def local(q, k, v, mask, w):
       return ring_attention(q, k, v, mask, causal, "context", SHARDS, bias_of(w), blocks=(8, 8))
 
-    mask_specs = jax.tree_util.tree_map(lambda _: spec, mask)
+    mask_specs = jax.tree_util.tree_map(lambda x: spec if x.ndim == 2 else P(), mask)
     out = jax.shard_map(
         local, in_specs=(spec, spec, spec, mask_specs, P()), out_specs=spec, check_vma=False
     )(*taken[:3], mask, w)
@@ -96,7 +99,7 @@ def lonely_output(mesh):
 
 def main():
   mesh = jax.make_mesh((SHARDS,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))
-  errors = {case: errors_of(case, mesh) for case in ("causal", "bidirectional")}
+  errors = {case: errors_of(case, mesh) for case in ("causal", "bidirectional", "prefix")}
   print(json.dumps({"errors": errors, "lonely_output": lonely_output(mesh)}))
 
 

@@ -42,6 +42,7 @@ class Strategy:
   stop_tokens: tuple[int, ...] = ()  # a row ends after emitting one of these
   pad_id: int = 0  # fills a row after it has ended
   return_logits: bool = False  # greedy/sampling: also return the logits of every step
+  prompt_is_prefix: bool = False  # a prefix LM's prompt: its tokens attend each other
 
   def check(self, vocab_size: int) -> None:
     if self.max_new_tokens < 1:
@@ -116,6 +117,8 @@ def _lm_program(cfg, strategy):
         valid,
         positions,
         last_logits_only=True,
+        # the cache compares slots: the prompt call's P slots are the prefix (padding masked)
+        prefix_lengths=jnp.full_like(lengths, P) if strategy.prompt_is_prefix else None,
         mutable=["cache"],
     )
     if strategy.beam_size:  # every beam of a row shares its mask and positions
@@ -276,6 +279,7 @@ def generate(
     pad_id: int = 0,
     return_logits: bool = False,
     mesh=None,
+    prompt_is_prefix: bool = False,
 ) -> Generation:
   """Continue each prompt (a list of token ids) of a decoder-only model.
 
@@ -284,6 +288,8 @@ def generate(
   or `max_new_tokens` tokens, which is lowered to what the positions allow (the longest prompt
   plus the new tokens but the last fit in model.max_len). With a `mesh`, the prompts are split
   over its data axes and `params` keep their placement (`shard_params` puts them there).
+  `prompt_is_prefix`: each prompt is a prefix LM's prefix (tasks/prefix_lm.py), its tokens
+  attending one another both ways; the new tokens attend causally.
   """
   cfg = as_model_config(cfg)
   _family(cfg, "decoder", "generate", "translate")
@@ -299,6 +305,7 @@ def generate(
       tuple(int(t) for t in stop_tokens),
       pad_id,
       return_logits,
+      prompt_is_prefix,
   )
   strategy.check(cfg.vocab_size)
   tokens = np.full((len(rows), P), pad_id, np.int32)

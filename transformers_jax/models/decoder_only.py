@@ -13,7 +13,7 @@ from transformers_jax.models.common import (
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import context_size, from_zigzag, to_zigzag
 from transformers_jax.modules.embed import Embedder
-from transformers_jax.modules.masks import token_mask
+from transformers_jax.modules.masks import token_mask, with_pattern
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import DecodeCounter
 
@@ -25,7 +25,13 @@ class DecoderOnly(nn.Module):
 
   @nn.compact
   def __call__(
-      self, tokens, attention_mask=None, positions=None, last_logits_only=False, segment_ids=None
+      self,
+      tokens,
+      attention_mask=None,
+      positions=None,
+      last_logits_only=False,
+      segment_ids=None,
+      prefix_lengths=None,
   ):
     """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32, 'unembedding':
     [D, V]} (the matrix of the logits; not when decoding).
@@ -36,6 +42,8 @@ class DecoderOnly(nn.Module):
     `last_logits_only`: logits of the last position only ([B, 1, V]; a prefill needs no more).
     `segment_ids` [B, T] (packed rows, not with `decode`): a token attends only earlier tokens of
     its own segment; pass `positions` that restart at each segment.
+    `prefix_lengths` [B] (a prefix LM, tasks/prefix_lm.py): the tokens at positions below a
+    row's length attend one another both ways, the rest causally (modules/masks.py).
     Under a mesh with `context` > 1 the tokens run through the blocks in zig-zag order, split
     over `context` (modules/context.py); outputs come back in the order of `tokens`.
     """
@@ -62,7 +70,7 @@ class DecoderOnly(nn.Module):
         deterministic=self.deterministic,
         decode=self.decode,
         name="decoder",
-    )(x, token_mask(attention_mask, segment_ids), positions)
+    )(x, with_pattern(token_mask(attention_mask, segment_ids), True, prefix_lengths), positions)
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     x = from_zigzag(x, shards)

@@ -23,14 +23,14 @@ from transformers_jax.modules.common import (
     apply_projection,
     soft_cap,
 )
-from transformers_jax.modules.cache import attend_cache
+from transformers_jax.modules.cache import attend_cache, cross_cached, write_cache
 from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.flash import flash_attention
-from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
+from transformers_jax.modules.masks import AttentionMask, as_dense, is_causal, with_window
 from transformers_jax.modules.norms import Norm, norm_over_heads
 from transformers_jax.modules.scores import dense_mask, max_attention_logit, whole_bias
 from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
-from transformers_jax.modules.positions import index_positions, position_scheme
+from transformers_jax.modules.positions import position_scheme
 from transformers_jax.modules.splash import splash_attention, target_platform
 
 # `auto` on a CPU (or a GPU computing in float32) takes flash from this many queries or keys on:
@@ -92,11 +92,12 @@ def attend(
       else einsum.
   `softcap` (Gemma 2's, 0 = none) caps the scores at +-softcap before the mask; flash and einsum
   run it (`auto` picks one of them). Attention dropout (`dropout_fn` on the weights) always
-  takes "einsum". `causal` masks key
-  j > query i (queries and keys aligned at the start), or by the mask's positions when it
-  carries them.
+  takes "einsum". What a query may attend is the mask's pattern (modules/masks.py: causal, a
+  bidirectional prefix, a window, chunks, segments); `causal` only says it for a dense mask or
+  None: key j > query i masked (queries and keys aligned at the start).
   """
   with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
+    causal = is_causal(mask, causal)
     requested, impl = impl, choose_impl(impl, q, k, dropout_fn is not None)
     blockwise = isinstance(mask, AttentionMask) or mask is None
     if softcap and impl in ("splash", "cudnn", "fused"):  # their kernels cannot cap the scores
@@ -105,7 +106,7 @@ def attend(
       logging.info("attention: splash takes no score bias; running flash for %s", bias.kind)
       impl = "flash"
     if impl == "splash" and blockwise:
-      if mask is None or not (mask.has_positions or mask.window is not None):
+      if mask is None or not (mask.has_positions or mask.needs_positions):
         return splash_attention(q, k, v, mask, causal, block_q, block_kv)
       impl = "flash"
     if impl == "flash" and blockwise:
@@ -252,23 +253,26 @@ class Attention(nn.Module):
       width = source.shape[-1]
       return normed(*fused_dense(c, source, [key(width), value(width)], lora_x(source)))
 
-    if self.decode:  # the cache paths take dense masks (over cache slots), the window apart
+    # the pattern (modules/masks.py) is the mask's; a dense mask or None: the module's `causal`
+    pattern = mask if isinstance(mask, AttentionMask) else AttentionMask(causal=self.causal)
+    if self.decode:  # the cache paths take dense masks (over cache slots), the pattern apart
       mask = as_dense(mask)
     else:
       mask = with_window(mask, window)
     if self.decode and is_cross:  # keys/values of the context, projected once
-      cross = self._cross_cached(project, context)
+      cross = cross_cached(self, project, context)
       out = attend_cache(q, *cross, mask, softcap=c.attention_softcap)
     else:
       k, v = project(context if is_cross else x)
       if not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        out = attend_cache(q, *self._cached(k, v, mask, bias, window), c.attention_softcap)
+        cached = write_cache(self, k, v, mask, bias, window, pattern)
+        out = attend_cache(q, *cached, c.attention_softcap)
       else:
         if self.decode:
-          self._cached(k, v, mask, bias, window)  # init: shape the cache
-        causal = self.causal and not is_cross
+          write_cache(self, k, v, mask, bias, window, pattern)  # init: shape the cache
+        causal = pattern.causal and not is_cross
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:
           dropout_fn = nn.Dropout(c.attention_dropout, deterministic=False)
@@ -311,85 +315,3 @@ class Attention(nn.Module):
         c, (D,), ("heads", "head_dim", "embed"), ("embed",), rule=rules.get("out"), name="out"
     )
     return checkpoint_name(apply_projection(out, out_weights((H, K)), 2, lora_x(out)), "out_proj")
-
-  def _cross_cached(self, project, context):
-    """The context's keys/values [B, G, S, K]: projected by the first decode call, then reused
-    (whether they are cached is known when a step is traced)."""
-    if self.has_variable("cache", "cross_key"):
-      return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
-    k, v = (x.transpose(0, 2, 1, 3) for x in project(context))
-    if not self.is_initializing():  # init only builds the parameters and the self-attn cache
-      self.put_variable("cache", "cross_key", k)
-      self.put_variable("cache", "cross_value", v)
-    return k, v
-
-  def _cached(self, k, v, mask, bias=None, window=None):
-    """Write this call's keys/values into the cache and return the arguments of `attend_cache`:
-    the cache as it was ([B, G, S, K]) with the mask of its slots written before this call, and
-    this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus reads the
-    cache from before the write, which XLA can then do in place. A cache without a
-    `cache_index` (decode.init_cache makes them) is empty: its first call, the prefill, attends
-    over its own keys only. A query always sees its own key, so rows of padding (whose slots a
-    caller's `mask` over the L positions hides) stay finite.
-
-    Without a window, or with one traced under a scan (alternating layers), the cache has one
-    slot per position (S = L, as many as the init input) and position p sits in slot p. With a
-    static sliding `window` it is a ring of S = min(L, window) slots, position p in slot p mod S:
-    a query sees only the keys fewer than `window` positions back, which the ring still holds
-    (Mistral's rolling cache; Gemma 2's local layers when layers are looped). The window, a
-    score `bias` and the caller's `mask` are evaluated at the positions the slots hold; they
-    depend only on key - query offsets, which positions keep even for left-padded rows.
-    """
-    B, T, G, K = k.shape
-    ring = isinstance(window, int)  # static: this layer keeps only its last `window` positions
-    initialised = self.has_variable("cache", "cached_key")
-    empty = initialised and not self.has_variable("cache", "cache_index")  # static
-    shape = (B, G, min(T, window) if ring else T, K)  # init: as many positions as the input
-    ck = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-    cv = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
-    ci = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if not initialised:
-      return None
-    S = ck.value.shape[2]
-    if T > S and not ring:
-      raise ValueError(
-          f"{T} tokens do not fit a key/value cache of {S} slots: initialise the "
-          "cache with a longer input"
-      )
-    start = ci.value
-    old_k, old_v = ck.value, cv.value
-    k, v = (x.astype(old_k.dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
-    if ring:  # the last min(T, S) of this call's positions, each in its slot
-      kept = min(T, S)
-      slots = jnp.mod(start + T - kept + jnp.arange(kept), S)
-      ck.value = old_k.at[:, :, slots].set(k[:, :, T - kept :])
-      cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
-      # the position each slot held before this call: the latest p < start with p mod S = slot
-      slot = jnp.arange(S, dtype=jnp.int32)
-      key_positions = (start - 1 - jnp.mod(start - 1 - slot, S))[None]  # [1, S]; < 0: unwritten
-      old_mask = (key_positions >= 0)[:, None, None, :]
-    else:
-      ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
-      cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
-      key_positions = index_positions(S)
-      old_mask = (key_positions < start)[:, None, None, :]  # [1, 1, 1, S]
-    ci.value = start + T
-    new_mask = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, T]
-    query_positions = index_positions(T, start)
-    if window is not None:
-      old_mask = old_mask & (query_positions[0, :, None] - key_positions[0, None] < window)
-      new_mask = new_mask & (query_positions[0, :, None] - query_positions[0, None] < window)
-    if mask is not None:  # a caller's mask over the L positions, [B, 1, 1 or T, L]
-      mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, mask.shape[-1]))
-      held = jnp.take(mask, jnp.maximum(key_positions[0], 0), axis=3) if ring else mask
-      old_mask = old_mask & held
-      new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
-          T, dtype=bool
-      )
-    old_bias = new_bias = None
-    if bias is not None:
-      old_bias = bias.block(query_positions, key_positions, G)
-      new_bias = bias.block(query_positions, query_positions, G)
-    if empty:
-      return k, v, new_mask, None, None, None, new_bias, None
-    return old_k, old_v, old_mask, k, v, new_mask, old_bias, new_bias

@@ -9,6 +9,7 @@ from flax import linen as nn
 from transformers_jax.modules.attention import Attention
 from transformers_jax.modules.common import constant, dtype_of
 from transformers_jax.modules.feed_forward import FeedForward, MoE
+from transformers_jax.modules.masks import AttentionMask, is_causal, with_pattern
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
 from transformers_jax.modules import inits, remat
@@ -39,11 +40,12 @@ class Block(nn.Module):
     """A placement's learned gain (placement_base.Site.gain)."""
     return self.param(name, constant(value, names), shape, dtype_of(self.cfg.param_dtype))
 
-  def window(self, index):
-    """This block's sliding window (model.sliding_window on every sliding_every-th causal
-    block), None where it attends every earlier key; traced under a scan over layers."""
+  def window(self, index, causal: bool):
+    """This block's sliding window (model.sliding_window on every sliding_every-th block of a
+    causal pattern), None where it attends every earlier key; traced under a scan over
+    layers."""
     c = self.cfg
-    if not (c.sliding_window and self.causal):
+    if not (c.sliding_window and causal):
       return None
     if c.sliding_every == 1:
       return c.sliding_window
@@ -76,7 +78,9 @@ class Block(nn.Module):
       return dict(init_rules=tuple(sorted(rules.items())), features=placement.features)
 
     kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
-    window = self.window(depth.layer)
+    # what each query may attend is the mask's (modules/masks.py; the Stack sets the pattern),
+    # the block's `causal` only where a caller passes none
+    window = self.window(depth.layer, is_causal(mask, self.causal))
     sublayers = [
         (
             "self_attn",
@@ -138,6 +142,8 @@ class Stack(nn.Module):
         role=self.role,
     )
     bias = position_scheme(c).score_bias(c, self, self.causal)
+    if mask is None or isinstance(mask, AttentionMask):  # the stack's pattern, as data
+      mask = with_pattern(mask, self.causal or is_causal(mask))
     args = (mask, positions, context, context_mask, bias)
     if c.scan_layers:
       body = nn.scan(

@@ -1,4 +1,5 @@
-"""Attention over a key/value cache (decoding): what `Attention` runs once its cache exists."""
+"""The key/value cache (decoding): how `Attention` writes it (`write_cache`, `cross_cached`)
+and attends over it once it exists (`attend_cache`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.modules.common import soft_cap
+from transformers_jax.modules.positions import index_positions
 
 
 def attend_cache(
@@ -43,3 +45,99 @@ def attend_cache(
   if k_new is not None:
     out = out + jnp.einsum("bgqt,bgtk->bgqk", weights[..., L:], v_new)
   return out.reshape(B, G, R, T, K).transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+
+
+def cross_cached(module, project, context):
+  """An Attention `module`'s context keys/values [B, G, S, K] when decoding: projected by the
+  first decode call, then reused (whether they are cached is known when a step is traced)."""
+  if module.has_variable("cache", "cross_key"):
+    return module.get_variable("cache", "cross_key"), module.get_variable("cache", "cross_value")
+  k, v = (x.transpose(0, 2, 1, 3) for x in project(context))
+  if not module.is_initializing():  # init only builds the parameters and the self-attn cache
+    module.put_variable("cache", "cross_key", k)
+    module.put_variable("cache", "cross_value", v)
+  return k, v
+
+
+def write_cache(module, k, v, mask, bias=None, window=None, pattern=None):
+  """Write an Attention `module`'s keys/values of this call into its cache ("cache" variables)
+  and return the arguments of `attend_cache`:
+  the cache as it was ([B, G, S, K]) with the mask of its slots written before this call, and
+  this call's keys/values ([B, G, T, K]) with their causal mask. Attention thus reads the
+  cache from before the write, which XLA can then do in place. A cache without a
+  `cache_index` (decode.init_cache makes them) is empty: its first call, the prefill, attends
+  over its own keys only. A query always sees its own key, so rows of padding (whose slots a
+  caller's `mask` over the L positions hides) stay finite.
+
+  Without a window, or with one traced under a scan (alternating layers), the cache has one
+  slot per position (S = L, as many as the init input) and position p sits in slot p. With a
+  static sliding `window` it is a ring of S = min(L, window) slots, position p in slot p mod S:
+  a query sees only the keys fewer than `window` positions back, which the ring still holds
+  (Mistral's rolling cache; Gemma 2's local layers when layers are looped). The window, a
+  score `bias` and the caller's `mask` are evaluated at the positions the slots hold; they
+  depend only on key - query offsets, which positions keep even for left-padded rows. The
+  `pattern`'s chunks apply by position too, its prefix (a prefix LM's prompt: its tokens see
+  each other) by cache slot; its causal order is the cache's own.
+  """
+  B, T, G, K = k.shape
+  ring = isinstance(window, int)  # static: this layer keeps only its last `window` positions
+  initialised = module.has_variable("cache", "cached_key")
+  empty = initialised and not module.has_variable("cache", "cache_index")  # static
+  shape = (B, G, min(T, window) if ring else T, K)  # init: as many positions as the input
+  ck = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+  cv = module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+  ci = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+  if not initialised:
+    return None
+  S = ck.value.shape[2]
+  if T > S and not ring:
+    raise ValueError(
+        f"{T} tokens do not fit a key/value cache of {S} slots: initialise the "
+        "cache with a longer input"
+    )
+  start = ci.value
+  old_k, old_v = ck.value, cv.value
+  k, v = (x.astype(old_k.dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
+  if ring:  # the last min(T, S) of this call's positions, each in its slot
+    kept = min(T, S)
+    slots = jnp.mod(start + T - kept + jnp.arange(kept), S)
+    ck.value = old_k.at[:, :, slots].set(k[:, :, T - kept :])
+    cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
+    # the position each slot held before this call: the latest p < start with p mod S = slot
+    slot = jnp.arange(S, dtype=jnp.int32)
+    key_positions = (start - 1 - jnp.mod(start - 1 - slot, S))[None]  # [1, S]; < 0: unwritten
+    old_mask = (key_positions >= 0)[:, None, None, :]
+  else:
+    ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
+    cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
+    key_positions = index_positions(S)
+    old_mask = (key_positions < start)[:, None, None, :]  # [1, 1, 1, S]
+  ci.value = start + T
+  new_mask = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, T]
+  query_positions = index_positions(T, start)
+  if window is not None:
+    old_mask = old_mask & (query_positions[0, :, None] - key_positions[0, None] < window)
+    new_mask = new_mask & (query_positions[0, :, None] - query_positions[0, None] < window)
+  chunk = getattr(pattern, "chunk", 0)
+  if chunk:
+    old_mask = old_mask & (query_positions[0, :, None] // chunk == key_positions[0, None] // chunk)
+    new_mask = new_mask & (
+        query_positions[0, :, None] // chunk == query_positions[0, None] // chunk
+    )
+  prefix = getattr(pattern, "prefix", None)
+  if prefix is not None:  # this call's keys within a row's prefix: seen by all its queries
+    new_mask = new_mask | (query_positions[0, None, None, :] < prefix[:, None, None, None])
+  if mask is not None:  # a caller's mask over the L positions, [B, 1, 1 or T, L]
+    mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, mask.shape[-1]))
+    held = jnp.take(mask, jnp.maximum(key_positions[0], 0), axis=3) if ring else mask
+    old_mask = old_mask & held
+    new_mask = (new_mask & jax.lax.dynamic_slice_in_dim(mask, start, T, axis=3)) | jnp.eye(
+        T, dtype=bool
+    )
+  old_bias = new_bias = None
+  if bias is not None:
+    old_bias = bias.block(query_positions, key_positions, G)
+    new_bias = bias.block(query_positions, query_positions, G)
+  if empty:
+    return k, v, new_mask, None, None, None, new_bias, None
+  return old_k, old_v, old_mask, k, v, new_mask, old_bias, new_bias

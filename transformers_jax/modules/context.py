@@ -25,7 +25,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.masks import AttentionMask, is_causal
 from transformers_jax.modules.ring import ring_attention
 from transformers_jax.modules.splash import target_platform
 
@@ -127,8 +127,9 @@ def attend_over_context(
         "attention over mesh.context takes per-token masks (modules/masks.AttentionMask), not a "
         "dense [B, 1, T, S] one: build it with masks.token_mask"
     )
-  mask = mask if mask is not None else AttentionMask()
-  if causal or bias is not None:
+  mask = mask if mask is not None else AttentionMask(causal=bool(causal))
+  causal = is_causal(mask, causal)
+  if causal or bias is not None or mask.needs_positions:
     if positions is None:
       raise ValueError("attention over mesh.context needs the tokens' positions")
     mask = mask.replace(q_positions=positions, kv_positions=positions)
@@ -173,7 +174,10 @@ def attend_over_context(
       in_specs=(
           q_spec,
           kv_specs,
-          jax.tree_util.tree_map(lambda x: token_spec if x.ndim else P(), mask),  # window: P()
+          # [B, T] fields split as the tokens; a prefix [B] as the batch; the window P()
+          jax.tree_util.tree_map(
+              lambda x: token_spec if x.ndim == 2 else P(*token_spec[: x.ndim]), mask
+          ),
           jax.tree_util.tree_map(lambda w: P(*(None,) * (w.ndim - 1), q_spec[2]), bias),
       ),
       out_specs=P() if reduce_max else q_spec,

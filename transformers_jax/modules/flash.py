@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformers_jax.modules.common import soft_cap
-from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.masks import AttentionMask, is_causal
 from transformers_jax.modules.positions import index_positions
 
 # The score of a masked pair: exp() of it minus any real maximum is exactly 0 in float32, and it
@@ -51,6 +51,7 @@ class BlockShape(NamedTuple):
   by_position: bool  # causal order from the mask's positions rather than the indices
   scale: float
   softcap: float = 0.0  # scores s -> softcap tanh(s / softcap) before masking (0: off)
+  chunk: int = 0  # a query sees only the keys of its own chunk of this many positions (0: off)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -67,9 +68,9 @@ def _pad(x, axis: int, length: int, value=0):
 
 def mask_fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
   """The mask's per-token fields padded to the block multiples Tp, Sp: (query segments, key
-  segments, key validity, query positions, key positions, sliding window), None where absent.
-  Padded keys are invalid, so key validity exists whenever S is padded."""
-  q_seg = kv_seg = valid = q_pos = kv_pos = window = None
+  segments, key validity, query positions, key positions, sliding window, prefix lengths [B]),
+  None where absent. Padded keys are invalid, so key validity exists whenever S is padded."""
+  q_seg = kv_seg = valid = q_pos = kv_pos = window = prefix = None
   if isinstance(mask, AttentionMask):
     if mask.q_segments is not None:
       q_seg = _pad(mask.q_segments.astype(jnp.int32), 1, Tp)
@@ -79,18 +80,18 @@ def mask_fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
     if mask.has_positions:
       q_pos = _pad(mask.q_positions.astype(jnp.int32), 1, Tp)
       kv_pos = _pad(mask.kv_positions.astype(jnp.int32), 1, Sp, jnp.iinfo(jnp.int32).max)
-    window = mask.window
+    window, prefix = mask.window, mask.prefix
   elif mask is not None:
     raise TypeError("flash attention takes an AttentionMask (modules/masks.py), not a dense mask")
   if valid is None and Sp > S:
     valid = jnp.arange(Sp)[None, :] < S
-  return (q_seg, kv_seg, valid, q_pos, kv_pos, window)
+  return (q_seg, kv_seg, valid, q_pos, kv_pos, window, prefix)
 
 
 def _block_mask(st: BlockShape, fields, i0, j0):
   """Boolean [B or 1, 1, 1, block_q, block_kv] for the block pair starting at query i0 and key
   j0 (True = may attend), or None when nothing masks it."""
-  q_seg, kv_seg, valid, q_pos, kv_pos, window = fields
+  q_seg, kv_seg, valid, q_pos, kv_pos, window, prefix = fields
   bq, bk = st.block_q, st.block_kv
   out = None
 
@@ -103,46 +104,55 @@ def _block_mask(st: BlockShape, fields, i0, j0):
     out = both(out, qs[:, :, None] == ks[:, None, :])
   if valid is not None:
     out = both(out, lax.dynamic_slice_in_dim(valid, j0, bk, axis=1)[:, None, :])
-  if st.causal and st.by_position:
-    qp = lax.dynamic_slice_in_dim(q_pos, i0, bq, axis=1)
-    kp = lax.dynamic_slice_in_dim(kv_pos, j0, bk, axis=1)
-    out = both(out, kp[:, None, :] <= qp[:, :, None])
-  elif st.causal:
-    rows = i0 + jnp.arange(bq)[:, None]
-    cols = j0 + jnp.arange(bk)[None, :]
-    out = both(out, (cols <= rows)[None])
+  if st.causal:  # by position, or by index (the positions _bias_positions gives then)
+    qp, kp = _bias_positions(st, fields, i0, j0)
+    order = kp[:, None, :] <= qp[:, :, None]
+    if prefix is not None:  # the prefix LM: every query sees its row's prefix
+      order = order | (kp[:, None, :] < prefix[:, None, None])
+    out = both(out, order)
   if window is not None:  # keys `window` or more positions back are masked
     qp, kp = _bias_positions(st, fields, i0, j0)
     out = both(out, qp[:, :, None] - kp[:, None, :] < window)
+  if st.chunk:  # Llama 4's chunks: the query's own chunk of positions only
+    qp, kp = _bias_positions(st, fields, i0, j0)
+    out = both(out, qp[:, :, None] // st.chunk == kp[:, None, :] // st.chunk)
   return None if out is None else out[:, None, None]
 
 
 def _empty_by_position(st: BlockShape, fields, i0, j0):
-  """Whether every pair of the block is causally masked by position (a traced bool)."""
-  _, _, _, q_pos, kv_pos, _ = fields
+  """Whether every pair of the block is causally masked by position (a traced bool): every key
+  after every query, and none in a row's prefix."""
+  _, _, _, q_pos, kv_pos, _, prefix = fields
   qp = lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1)
   kp = lax.dynamic_slice_in_dim(kv_pos, j0, st.block_kv, axis=1)
-  return jnp.min(kp) > jnp.max(qp)
+  empty = jnp.min(kp) > jnp.max(qp)
+  return empty if prefix is None else empty & (jnp.min(kp) >= jnp.max(prefix))
 
 
-def _kv_range(st: BlockShape, i0, nk: int):
-  """Key blocks [0, hi) that query block i0 visits (all but those above the diagonal)."""
+def _kv_range(st: BlockShape, i0, nk: int, prefix=None):
+  """Key blocks [0, hi) that query block i0 visits (all but those above the diagonal, unless a
+  row's prefix reaches into them)."""
   if st.causal and not st.by_position:
-    return jnp.minimum(nk, (i0 + st.block_q - 1) // st.block_kv + 1)
+    hi = (i0 + st.block_q - 1) // st.block_kv + 1
+    if prefix is not None:
+      hi = jnp.maximum(hi, (jnp.max(prefix) + st.block_kv - 1) // st.block_kv)
+    return jnp.minimum(nk, hi)
   return nk
 
 
-def _q_start(st: BlockShape, j0):
-  """First query block that key block j0 reaches (causal, by index)."""
+def _q_start(st: BlockShape, j0, prefix=None):
+  """First query block that key block j0 reaches (causal, by index): every one for a key block
+  in some row's prefix."""
   if st.causal and not st.by_position:
-    return j0 // st.block_q
+    first = j0 // st.block_q
+    return first if prefix is None else jnp.where(j0 < jnp.max(prefix), 0, first)
   return 0
 
 
 def _bias_positions(st: BlockShape, fields, i0, j0):
   """The positions the score bias reads for block pair (i0, j0): ([B or 1, block_q],
   [B or 1, block_kv]), the mask's positions where it has them, else the indices."""
-  _, _, _, q_pos, kv_pos, _ = fields
+  q_pos, kv_pos = fields[3], fields[4]
   if q_pos is None:
     return index_positions(st.block_q, i0), index_positions(st.block_kv, j0)
   return (
@@ -164,21 +174,22 @@ def _scores(st: BlockShape, fields, qb, kb, i0, j0, bias=None, cap_slope: bool =
   return (s, slope) if cap_slope else s
 
 
-def _outside_window(st: BlockShape, fields, i0, j0):
-  """Whether every key of the block is `window` or more positions behind every query."""
-  qp, kp = _bias_positions(st, fields, i0, j0)
-  return jnp.min(qp) - jnp.max(kp) >= fields[5]
-
-
 def _skippable(st: BlockShape, fields, i0, j0, compute, carry):
   """`compute(carry)`, or `carry` unchanged where a block is empty by position or lies wholly
-  outside a sliding window."""
+  outside a sliding window or the queries' chunks."""
   empty = None
   if st.causal and st.by_position:
     empty = _empty_by_position(st, fields, i0, j0)
-  if fields[5] is not None:
-    outside = _outside_window(st, fields, i0, j0)
+  if fields[5] is not None:  # every key `window` or more positions behind every query
+    qp, kp = _bias_positions(st, fields, i0, j0)
+    outside = jnp.min(qp) - jnp.max(kp) >= fields[5]
     empty = outside if empty is None else empty | outside
+  if st.chunk:
+    qp, kp = _bias_positions(st, fields, i0, j0)
+    apart = (jnp.max(kp) // st.chunk < jnp.min(qp) // st.chunk) | (
+        jnp.min(kp) // st.chunk > jnp.max(qp) // st.chunk
+    )
+    empty = apart if empty is None else empty | apart
   if empty is not None:
     return lax.cond(empty, lambda c: c, compute, carry)
   return compute(carry)
@@ -221,7 +232,7 @@ def blockwise_forward(st: BlockShape, qh, kh, vh, fields, bias, out_dtype=None):
         jnp.zeros((B, G, R, bq), jnp.float32),
         jnp.zeros((B, G, R, bq, K), jnp.float32),
     )
-    m, total, acc = lax.fori_loop(0, _kv_range(st, i0, nk), key_block, init)
+    m, total, acc = lax.fori_loop(0, _kv_range(st, i0, nk, fields[6]), key_block, init)
     total = jnp.maximum(total, jnp.finfo(jnp.float32).tiny)  # all blocks skipped: 0, not NaN
     ob = (acc / total[..., None]).astype(out.dtype)
     out = lax.dynamic_update_slice_in_dim(out, ob, i0, axis=3)
@@ -281,7 +292,8 @@ def blockwise_backward(st: BlockShape, qh, kh, vh, fields, bias, out, lse, dout,
       return _skippable(st, fields, i0, j0, compute, state)
 
     zeros = jnp.zeros(kb.shape, jnp.float32)
-    dq, dkb, dvb, dw = lax.fori_loop(_q_start(st, j0), nq, query_block, (dq, zeros, zeros, dw))
+    first = _q_start(st, j0, fields[6])
+    dq, dkb, dvb, dw = lax.fori_loop(first, nq, query_block, (dq, zeros, zeros, dw))
     dk = lax.dynamic_update_slice_in_dim(dk, dkb.astype(dk.dtype), j0, axis=2)
     dv = lax.dynamic_update_slice_in_dim(dv, dvb.astype(dv.dtype), j0, axis=2)
     return dq, dk, dv, dw
@@ -327,7 +339,8 @@ def prepare(q, k, v, mask, causal: bool, block_q: int, block_kv: int, softcap: f
   bk = min(block_kv, _round_up(S, 8))
   Tp, Sp = _round_up(T, bq), _round_up(S, bk)
   by_position = isinstance(mask, AttentionMask) and mask.has_positions
-  st = BlockShape(bq, bk, bool(causal), bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
+  causal, chunk = is_causal(mask, causal), getattr(mask, "chunk", 0)
+  st = BlockShape(bq, bk, causal, bool(by_position), 1.0 / float(K) ** 0.5, float(softcap), chunk)
   qh = _pad(q.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4), 3, Tp)
   kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)
   vh = None if v is None else _pad(v.transpose(0, 2, 1, 3), 2, Sp)
@@ -340,8 +353,8 @@ def flash_attention(
   """softmax(q k^T / sqrt(K) + bias + mask) v blockwise; q [B, T, H, K], k v [B, S, G, K] ->
   [B, T, H, K].
 
-  `mask`: an AttentionMask or None; `causal`: key j > query i masked (or, when the mask carries
-  positions, key position > query position); `bias`: a ScoreBias (modules/positions.py) or
+  `mask`: an AttentionMask (whose pattern decides: causal, prefix, window, chunks) or None;
+  `causal`, for a mask of None: key j > query i masked; `bias`: a ScoreBias (modules/positions.py) or
   None; `softcap`: Gemma 2's soft-capping of the scores (0: none)."""
   B, T, H, K = q.shape
   st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, block_q, block_kv, softcap)
@@ -378,6 +391,6 @@ def blockwise_max_logit(
 
       return _skippable(st, fields, i0, j0, compute, best)
 
-    return lax.fori_loop(0, _kv_range(st, i0, Sp // bk), key_block, best)
+    return lax.fori_loop(0, _kv_range(st, i0, Sp // bk, fields[6]), key_block, best)
 
   return lax.fori_loop(0, Tp // bq, query_block, jnp.float32(-jnp.inf))

@@ -36,6 +36,7 @@ from transformers_jax.modules.flash import BlockShape
 from transformers_jax.modules.flash import blockwise_backward
 from transformers_jax.modules.flash import blockwise_forward
 from transformers_jax.modules.flash import prepare
+from transformers_jax.modules.masks import is_causal
 
 KEY_FIELDS = (1, 2, 4)  # of flash's mask fields: key segments, key validity, key positions
 # A log-sum-exp this low means the block had no key the query may attend (flash's MASKED scores)
@@ -50,10 +51,11 @@ def ring_attention(
   queries, k, v [B, T, G, K] its block of keys and values, `mask` an AttentionMask of this
   device's tokens (its key fields travel with the block), `bias` a ScoreBias
   (modules/positions.py) or None. Returns [B, T, H, K] in q's dtype."""
-  if (causal or getattr(mask, "window", None) is not None) and not mask.has_positions:
+  causal = is_causal(mask, causal)
+  if (causal or getattr(mask, "needs_positions", False)) and not mask.has_positions:
     raise ValueError(
-        "ring attention masks causally (or by window) by the tokens' true positions: give the "
-        "mask q_positions and kv_positions"
+        "ring attention masks causally (or by window, prefix or chunk) by the tokens' true "
+        "positions: give the mask q_positions and kv_positions"
     )
   B, T, H, K = q.shape
   st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, *blocks, softcap)

@@ -8,7 +8,12 @@ import jax.numpy as jnp
 
 from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.flash import blockwise_max_logit
-from transformers_jax.modules.masks import AttentionMask, as_dense, with_index_positions
+from transformers_jax.modules.masks import (
+    AttentionMask,
+    as_dense,
+    is_causal,
+    with_index_positions,
+)
 
 
 def config_problem(c) -> tuple[str, str, str] | None:
@@ -30,8 +35,10 @@ def whole_bias(bias, mask, q, k):
 def dense_mask(mask, causal, T: int, S: int):
   """(dense mask or None, causal) for the reference paths: causal order by positions goes into
   the mask, causal order by index stays with the path (which skips blocks by it); a sliding
-  window goes into the mask, by index positions where the mask has none."""
-  if isinstance(mask, AttentionMask) and mask.window is not None:
+  window, a bidirectional prefix and chunks go into the mask, by index positions where the
+  mask has none. `causal`: the mask's pattern decides when it is an AttentionMask."""
+  causal = is_causal(mask, causal)
+  if isinstance(mask, AttentionMask) and mask.needs_positions:
     return with_index_positions(mask, T, S).dense(causal=causal), False
   if isinstance(mask, AttentionMask) and mask.has_positions and causal:
     return mask.dense(causal=True), False

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from transformers_jax.modules.masks import AttentionMask
+from transformers_jax.modules.masks import AttentionMask, is_causal
 
 LANES = 128  # splash block sizes are multiples of the TPU lane width
 NO_SEGMENT = jnp.iinfo(jnp.int32).min  # the segment id of a padding key: no query has it
@@ -106,9 +106,14 @@ def _kernel(heads: int, kv_heads: int, Tp: int, Sp: int, causal: bool, bq: int, 
 def splash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512):
   """softmax(q k^T / sqrt(K) + mask) v by the splash kernel; q [B, T, H, K], k v [B, S, G, K].
 
-  `mask`: an AttentionMask without positions, or None; `causal`: key j > query i masked."""
-  if isinstance(mask, AttentionMask) and mask.has_positions:
-    raise ValueError("splash attention masks by index: send masks with positions to flash")
+  `mask`: an AttentionMask without positions (its pattern causal or not), or None; `causal`,
+  for a mask of None: key j > query i masked. A prefix, window or chunks go to flash."""
+  if isinstance(mask, AttentionMask) and (mask.has_positions or mask.needs_positions):
+    raise ValueError(
+        "splash attention masks by index only: send masks with positions, a window, a prefix or "
+        "chunks to flash"
+    )
+  causal = is_causal(mask, causal)
   B, T, H, K = q.shape
   S, G = k.shape[1], k.shape[2]
   interpret = target_platform() != "tpu"
