@@ -244,6 +244,21 @@ def write_table(records, out: pathlib.Path) -> None:
   (out / "table.md").write_text(text)
 
 
+# At most this many schemes share a panel of loss_vs_lr.png (pre-LN, when the sweep has it,
+# drawn in each as the reference, is one of them), each in its own colour, the legend beside it.
+PANEL_SCHEMES = 6
+
+
+def panels(records) -> list[list[dict]]:
+  """The records in groups of at most PANEL_SCHEMES, pre-LN's first (the reference) in every
+  group when the sweep has one, the others in the sweep's order."""
+  ref = next((r for r in records if r["name"].split("-L")[0] == "pre"), None)
+  others = [r for r in records if r is not ref]
+  size = PANEL_SCHEMES - (ref is not None)
+  groups = [others[i : i + size] for i in range(0, len(others), size)] or [[]]
+  return [([ref] if ref is not None else []) + g for g in groups]
+
+
 def plot(records, out: pathlib.Path) -> None:
   import matplotlib
 
@@ -252,34 +267,34 @@ def plot(records, out: pathlib.Path) -> None:
 
   depths = sorted({r["depth"] for r in records})
   warmups = sorted({w for r in records for w in curves(r)})
+  groups = panels(records)
+  rows = [(g, d) for g in groups for d in depths if any(r["depth"] == d for r in g)]
   fig, axes = plt.subplots(
-      len(warmups), len(depths), figsize=(5 * len(depths), 3.6 * len(warmups)), squeeze=False
+      len(rows), len(warmups), figsize=(6.4 * len(warmups), 3.0 * len(rows)), squeeze=False
   )
-  for r in records:
-    col = depths.index(r["depth"])
-    for warmup, by_lr in curves(r).items():
-      ax = axes[warmups.index(warmup)][col]
-      lrs = sorted(by_lr)
-      mean = [sum(by_lr[lr]) / len(by_lr[lr]) for lr in lrs]
-      style = "-" if r["qk_norm"] else "--"
-      label = f"{r['placement']}, qk_norm {'on' if r['qk_norm'] else 'off'}"
-      color = color_of(r["placement"])
-      ax.plot(lrs, mean, style, color=color, marker="o", ms=3, label=label)
-      ax.fill_between(
-          lrs,
-          [min(by_lr[lr]) for lr in lrs],
-          [max(by_lr[lr]) for lr in lrs],
-          color=color,
-          alpha=0.12,
-      )
+  finals = [v for r in records for by in curves(r).values() for vs in by.values() for v in vs]
+  for row, (group, depth) in enumerate(rows):
+    for col, warmup in enumerate(warmups):
+      ax = axes[row][col]
+      for i, r in enumerate(x for x in group if x["depth"] == depth):
+        by_lr = curves(r).get(warmup)
+        if not by_lr:
+          continue
+        lrs = sorted(by_lr)
+        mean = [sum(by_lr[lr]) / len(by_lr[lr]) for lr in lrs]
+        ref = r["name"].split("-L")[0] == "pre"
+        color = "0.35" if ref else f"C{i}"
+        label = r["name"] + (" (reference)" if ref else "")
+        ax.plot(lrs, mean, "--" if ref else "-", color=color, marker="o", ms=3, label=label)
+        lo, hi = [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs]
+        ax.fill_between(lrs, lo, hi, color=color, alpha=0.12)
       ax.set_xscale("log")
-      ax.set_title(f"depth {r['depth']}, warmup {warmup} of {r['steps']} steps")
+      ax.set_title(f"depth {depth}, warmup {warmup} of {records[0]['steps']} steps", fontsize=9)
       ax.set_xlabel("peak learning rate")
       ax.set_ylabel("final held-out loss")
-  axes[0][0].legend(fontsize=7)
-  finals = [v for r in records for by in curves(r).values() for vs in by.values() for v in vs]
-  for ax in axes.flat:  # the trained range; a diverged member would sit at ln(vocab)
-    ax.set_ylim(min(finals) - 0.05, min(max(finals), 4.0) + 0.05)
+      ax.set_ylim(min(finals) - 0.05, min(max(finals), 4.0) + 0.05)  # a diverged: ln(vocab)
+      if col == len(warmups) - 1 and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
   fig.tight_layout()
   fig.savefig(out / "loss_vs_lr.png", dpi=110)
   plt.close(fig)
