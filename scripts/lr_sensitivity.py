@@ -205,11 +205,11 @@ def lr_sensitivity(by_lr: dict, initial: float) -> tuple[float, float, float]:
 
 def write_table(records, out: pathlib.Path) -> None:
   rows = [
-      "| depth | placement | qk_norm | warmup | LR sensitivity | best LR | best loss | "
-      "diverged members | attn logit max at the largest LR (end) |",
-      "|---|---|---|---|---|---|---|---|---|",
+      "| population | depth | placement | qk_norm | warmup | LR sensitivity | best LR | best loss "
+      "| diverged members | attn logit max at the largest LR (end) |",
+      "|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for r in sorted(records, key=lambda r: (r["depth"], r["placement"], r["qk_norm"])):
+  for r in sorted(records, key=lambda r: (r["depth"], r["placement"], r["qk_norm"], r["name"])):
     initial = math.log(r["vocab_size"])
     for warmup, by_lr in sorted(curves(r).items()):
       sens, best_lr, best = lr_sensitivity(by_lr, initial)
@@ -224,7 +224,8 @@ def write_table(records, out: pathlib.Path) -> None:
       logits = [x for x in logits if x is not None]  # a model without a decoder stack (ViT)
       logit = f"{sum(logits) / len(logits):.1f}" if logits else "-"
       rows.append(
-          f"| {r['depth']} | {r['placement']} | {'on' if r['qk_norm'] else 'off'} | {warmup} | "
+          f"| {r['name']} | {r['depth']} | {r['placement']} | {'on' if r['qk_norm'] else 'off'} | "
+          f"{warmup} | "
           f"{sens:.3f} | {best_lr:g} | {best:.3f} | {diverged}/{len(mem)} | {logit} |"
       )
   wall = sum(r["wall_s"] for r in records)
