@@ -1,3 +1,3 @@
-"""A run folder and what it holds: the run (runs: config, tokenizer, run.json), its orbax
-checkpoints (checkpoints, disk_full), the one-run-per-folder lock (workdir_lock) and its
-records (records: run_history.jsonl, config.json)."""
+"""A run folder and what it holds: the run (runs: config, tokenizer, run.json, run_history.jsonl),
+its orbax checkpoints (checkpoints, disk_full) and the one-run-per-folder lock (workdir_lock).
+The JSON records' reading and writing is transformers_jax/records.py, which every layer uses."""

@@ -33,7 +33,7 @@ from transformers_jax.run_folder.checkpoints import (
     Checkpoints,
     non_finite_values,
 )
-from transformers_jax.run_folder import records
+from transformers_jax import records
 from transformers_jax.errors import RunError
 
 
@@ -356,13 +356,11 @@ def settings_in_force(run: "Run") -> dict | None:
 def resume_changes(run: "Run", config) -> dict[str, list]:
   """{dotted field: [value in force, value now]} of the settings that `config` (a ConfigDict)
   changes: every field but the model's, whose implementation fields alone may change."""
-  from transformers_jax.run_folder.records import flatten_dict
-
   from transformers_jax.train_config import training_fields
 
-  in_force = flatten_dict(settings_in_force(run) or {})
-  now = flatten_dict(json.loads(config.to_json_best_effort()))
-  defaults = flatten_dict(json.loads(training_fields().to_json_best_effort()))
+  in_force = records.flatten_dict(settings_in_force(run) or {})
+  now = records.flatten_dict(json.loads(config.to_json_best_effort()))
+  defaults = records.flatten_dict(json.loads(training_fields().to_json_best_effort()))
   out = {}
   for field in sorted(set(in_force) | set(now)):
     if field in UNRECORDED_FIELDS or (

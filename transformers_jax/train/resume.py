@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.run_folder import runs
-from transformers_jax.run_folder.records import asks_for_population
+from transformers_jax.records import asks_for_population
 from transformers_jax.errors import RunError, UserError
 from transformers_jax.run_folder.checkpoints import CheckpointDamaged
 from transformers_jax.run_folder.runs import Run, config_differences

@@ -29,7 +29,7 @@ from transformers_jax.errors import RunError, UserError
 from transformers_jax.models import lora
 from transformers_jax.modules import block
 from transformers_jax.run_folder.checkpoints import PARAMS_ONLY, CheckpointDamaged
-from transformers_jax.run_folder.records import read_config
+from transformers_jax.records import read_config
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.tasks import task_data, task_for
 from transformers_jax.train import members as members_lib
