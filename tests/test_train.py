@@ -137,6 +137,93 @@ def test_resume_is_bit_identical(experiment, tmp_path):
     np.testing.assert_array_equal(x, y)
 
 
+# What a run calls into rather than passes through: the model, its data and its objective.
+CALLED_INTO = ("config/", "modules/", "models/", "data/", "tasks/", "decode/", "interop/")
+# The modules a resume once went back and forth between about twenty times.
+RUN_FOLDER_HOPS = ("train/resume.py", "run_folder/runs.py", "run_folder/checkpoints.py")
+
+
+def path_to_first_step(monkeypatch, config, workdir) -> list[str]:
+  """The package files (relative to transformers_jax/) of every function that train(config,
+  workdir) calls in this thread, in order, until it calls its jitted train step the first time
+  (module bodies run by an import left out: which run first depends on the tests before)."""
+  import sys
+
+  from transformers_jax.train import loop
+
+  package = ROOT / "transformers_jax"
+  names: dict[str, str | None] = {}  # a code object's file -> its name in the package, or None
+  calls = []
+
+  def record(frame, event, _):
+    if event != "call" or frame.f_code.co_name == "<module>":
+      return
+    file = frame.f_code.co_filename
+    if file not in names:
+      path = pathlib.Path(file).resolve()
+      names[file] = path.relative_to(package).as_posix() if path.is_relative_to(package) else None
+    if names[file] is not None:
+      calls.append(names[file])
+
+  run_steps = loop.run_steps
+
+  def first_step_stops_the_record(*args, train_step, **kwargs):
+    def step(state, batch):
+      sys.setprofile(None)
+      return train_step(state, batch)
+
+    return run_steps(*args, train_step=step, **kwargs)
+
+  monkeypatch.setattr(loop, "run_steps", first_step_stops_the_record)
+  sys.setprofile(record)
+  try:
+    train(config, workdir)
+  finally:
+    sys.setprofile(None)
+  return calls
+
+
+def test_a_solo_runs_path_to_its_first_step_is_short(experiment, tmp_path, monkeypatch):
+  """From train() to its first step a new run, and its resume, pass through at most 20 of the
+  package's files besides the model, data and objective code they call into (22 when resume.py,
+  runs.py and checkpoints.py read the folder in turns: 18 changes between them on a resume, now
+  11, as Run.found reads it at once and resume.py decides from what it found)."""
+  config = configure(
+      experiment,
+      "gpt2",
+      "tiny",
+      steps=1,
+      batch_size=2,
+      seq_len=16,
+      eval_batches=1,
+      device_peak_flops=1e12,
+      model=dict(num_layers=1),
+  )
+  for steps in (1, 2):  # a new run, then its resume
+    config.steps = steps
+    calls = path_to_first_step(monkeypatch, config, tmp_path)
+    files = sorted({f for f in calls if not f.startswith(CALLED_INTO)})
+    assert len(files) <= 20, "\n".join(files)
+    hops = [f for f in calls if f in RUN_FOLDER_HOPS]
+    changes = sum(a != b for a, b in zip(hops, hops[1:]))
+    assert changes <= 12, hops
+  assert Checkpoints(tmp_path / "checkpoints").latest_step() == 2
+
+
+def test_a_folder_whose_checkpoints_were_all_set_aside_is_not_started_over(experiment, tmp_path):
+  """A start that finds every checkpoint set aside as damaged by an earlier one refuses before
+  it writes anything (it began the run again from step 0, over the run's config.json)."""
+  from transformers_jax.errors import UserError
+
+  config = configure(experiment, "gpt2", "tiny", steps=2)
+  (tmp_path / "checkpoints" / "2.damaged").mkdir(parents=True)
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  before = sorted(p.name for p in tmp_path.iterdir())
+  with pytest.raises(UserError, match=r"set aside every one as damaged \(2.damaged\); .*step 0"):
+    train(config, tmp_path)
+  assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_gradient_accumulation_equals_one_big_batch(experiment):
   # one block: accumulation sums the gradients of any model alike
   config = configure(experiment, "gpt2", "tiny", batch_size=8, seq_len=16, model=dict(num_layers=1))

@@ -15,7 +15,7 @@ import ml_collections
 from transformers_jax.config import model_config_dict
 from transformers_jax.data.fields import add_data_fields, check_split_is_read
 from transformers_jax.machine.parallel import rule_names
-from transformers_jax.run_folder.records import flatten_dict, read_config
+from transformers_jax.records import flatten_dict, read_config
 
 # Learning-rate schedules after the linear warmup (train/optim.py builds them).
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from transformers_jax.data.errors import DataError
-from transformers_jax.run_folder.records import write_text_atomically
+from transformers_jax.records import write_text_atomically
 
 BPE_SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]")
 

@@ -22,7 +22,7 @@ import pathlib
 
 from transformers_jax.errors import UserError
 from transformers_jax.evaluate.scoring import Scorer
-from transformers_jax.run_folder import records
+from transformers_jax import records
 
 RESULTS_DIR = "eval_harness"
 

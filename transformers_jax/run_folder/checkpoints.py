@@ -22,6 +22,8 @@ import json
 import os
 import pathlib
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from transformers_jax.run_folder import disk_full
@@ -65,8 +67,6 @@ class Checkpoints:
         options=options,
         item_handlers=ocp.StandardCheckpointHandler(use_ocdbt=ocdbt),
     )
-    import jax
-
     disk_full.quiet_disk_full_logs()
     self._saving = (None, 0)  # (step, bytes) of the latest save started
     if jax.process_index() == 0 and not self.checksum_path.exists() and not self.steps():
@@ -102,8 +102,6 @@ class Checkpoints:
   def save(self, step: int, state) -> None:
     """Start saving (asynchronously once the arrays are copied off the devices). The previous
     save has finished by then (orbax waits for it) and its checksums are recorded first."""
-    import jax
-
     self.wait()
     self._saving = (step, sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(state)))
     self._unless_full(
@@ -138,9 +136,6 @@ class Checkpoints:
   def host_target(self, step: int):
     """The checkpoint's tree with a numpy placeholder of each array's shape and dtype (no
     memory: one broadcast zero): a restore target that reads every array whole onto the host."""
-    import jax
-    import numpy as np
-
     stored = self.manager.item_metadata(step)
     return jax.tree_util.tree_map(
         lambda leaf: np.broadcast_to(np.zeros((), leaf.dtype), leaf.shape),
@@ -151,7 +146,6 @@ class Checkpoints:
     """Compare `target`'s array shapes with the checkpoint's metadata. (A restore that orbax
     abandons part way leaves tensorstore reads whose callbacks find orbax's event loop closed,
     and each prints a traceback: hundreds of lines after the one that says what is wrong.)"""
-    import jax
 
     def by_name(tree):
       leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -220,8 +214,6 @@ class Checkpoints:
   def _record_checksums(self) -> None:
     """Checksums of committed checkpoints that have none yet (written by process 0 alone; the
     checkpoint folder is shared by every process)."""
-    import jax
-
     if jax.process_index() != 0:
       return
     recorded = self._checksum_record()
@@ -263,8 +255,6 @@ class Checkpoints:
 
   def set_aside(self, step: int) -> pathlib.Path:
     """Rename a damaged checkpoint to <step>.damaged (kept for inspection, no longer a step)."""
-    import jax
-
     source = self.directory / str(step)
     target = source.with_name(f"{step}.damaged")
     n = 1
@@ -322,15 +312,25 @@ class Checkpoints:
           "folder is writable)",
           ": use a new --workdir, or copy an intact checkpoint there",
       )
-    aside = sorted(p.name for p in self.directory.glob("*.damaged*") if p.is_dir())
-    if aside:  # an earlier invocation set them all aside: starting over here is not a resume
-      raise CheckpointDamaged(
-          f"no intact checkpoint in {self.directory}: an earlier start set aside every one as "
-          f"damaged ({', '.join(aside)})",
-          "; use a new --workdir, copy an intact checkpoint there, or delete those folders to "
-          "start this run over from step 0",
-      )
+    none_left = every_one_set_aside(self.directory)
+    if none_left is not None:  # starting over here would not be a resume
+      raise none_left
     return None, None
+
+
+def every_one_set_aside(directory) -> CheckpointDamaged | None:
+  """The error of a checkpoint folder where an earlier start set aside every checkpoint as
+  damaged (<step>.damaged folders and no step left), or None."""
+  directory = pathlib.Path(directory).absolute()
+  aside = sorted(p.name for p in directory.glob("*.damaged*") if p.is_dir())
+  if not aside:
+    return None
+  return CheckpointDamaged(
+      f"no intact checkpoint in {directory}: an earlier start set aside every one as damaged "
+      f"({', '.join(aside)})",
+      "; use a new --workdir, copy an intact checkpoint there, or delete those folders to start "
+      "this run over from step 0",
+  )
 
 
 def file_checksums(folder: pathlib.Path) -> dict[str, str]:
@@ -347,8 +347,6 @@ def non_finite_values(tree) -> str | None:
   """None when every floating-point array of a host (numpy) tree is finite, else which is not.
   In a population's state (a tree with "alive"), the frozen state of a diverged member may
   legitimately hold infinities: only the members still training are checked."""
-  import numpy as np
-
   bad = []
   if isinstance(tree, dict) and "alive" in tree:
     alive = np.asarray(tree["alive"], bool)
@@ -376,8 +374,6 @@ def non_finite_values(tree) -> str | None:
 
 def _members_where(tree, alive):
   """`tree` (leaves with a leading member axis) with the diverged members' values zeroed."""
-  import numpy as np
-
   if isinstance(tree, dict):
     return {k: _members_where(v, alive) for k, v in tree.items()}
   if isinstance(tree, (list, tuple)):
@@ -389,8 +385,6 @@ def _members_where(tree, alive):
 
 
 def sync_processes(name: str) -> None:
-  import jax
-
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 

@@ -13,7 +13,11 @@
   WORKDIR/run_history.jsonl
                            one line per resume that changed settings (config.json keeps the
                            settings the run started with)
-  WORKDIR/.lock            host and pid of the run using the folder
+  WORKDIR/.lock            host and pid of the run using the folder (train/entry.py)
+
+What a training start reads of the folder before it writes there (config.json with its
+run_history.jsonl, what the newest checkpoint holds, checkpoints set aside as damaged, the data
+recorded in run.json) is read at once by Run.found; train/resume.py decides from what it found.
 
 A step directory appears only once it is complete (orbax writes under a temporary name and
 renames on commit), so a crash mid-save never looks like a good checkpoint; one that was damaged
@@ -24,6 +28,8 @@ by Run.load_params (generate, convert, init_from) alike (transformers_jax/run_fo
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import pathlib
 
@@ -31,9 +37,10 @@ from transformers_jax.run_folder.checkpoints import (
     PARAMS_ONLY,
     CheckpointDamaged,
     Checkpoints,
+    every_one_set_aside,
     non_finite_values,
 )
-from transformers_jax.run_folder import records
+from transformers_jax import records
 from transformers_jax.errors import RunError
 
 
@@ -125,18 +132,6 @@ class Run:
     steps = self.steps()
     return steps[-1] if steps else None
 
-  def starts_from_parameters(self) -> bool:
-    """Whether the latest checkpoint holds parameters only (a converted model): training here
-    starts from them with a fresh optimizer and its own data, continuing no earlier stream."""
-    step = self.latest_step()
-    if step is None:
-      return False
-    checkpoints = self.checkpoints(async_save=False)
-    try:
-      return checkpoints.kind(step) == PARAMS_ONLY
-    finally:
-      checkpoints.manager.close()  # read only: nothing to record
-
   def load_params(
       self, step: int | None = None, on_damaged=print, member=None, member_flag="--member"
   ):
@@ -216,6 +211,32 @@ class Run:
     finally:
       manager.close()
 
+  # ------------------------------------------------------------------ what a start reads
+  def found(self) -> Found:
+    """Everything a training start reads of the folder, read at once before the start writes
+    there: train/resume.py decides from it alone."""
+    step = self.latest_step()
+    params_only = False
+    if step is not None:
+      checkpoints = self.checkpoints(async_save=False)
+      try:
+        params_only = checkpoints.kind(step) == PARAMS_ONLY
+      finally:
+        checkpoints.manager.close()  # read only: nothing to record
+    try:
+      data_source = json.loads((self.path / "run.json").read_text()).get("data_source")
+    except (OSError, ValueError, AttributeError):  # none, not JSON, or not an object
+      data_source = None
+    saved = self.saved_config()
+    return Found(
+        path=self.path,
+        saved_config=saved,
+        in_force=settings_in_force(copy.deepcopy(saved), self.history()),
+        resumes=step is not None and not params_only,
+        none_left=every_one_set_aside(self.checkpoint_dir) if step is None else None,
+        data_source=data_source,
+    )
+
 
 def _member_slice(tree, i: int):
   if isinstance(tree, dict):
@@ -236,19 +257,6 @@ def load_run(workdir, step: int | None = None, member: int | None = None):
   params, step = run.load_params(step, member=member)
   model_cfg = run.model_config()
   return model_cfg, in_layout(params, model_cfg.scan_layers), run.tokenizer(), step
-
-
-def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
-  """Dotted names of fields whose values differ between two (nested) config dicts."""
-  out = []
-  for key in sorted(set(saved) | set(current)):
-    a, b = saved.get(key), current.get(key)
-    name = f"{prefix}{key}"
-    if isinstance(a, dict) and isinstance(b, dict):
-      out += config_differences(a, b, name + ".")
-    elif a != b:
-      out.append(f"{name} ({a!r} saved, {b!r} now)")
-  return out
 
 
 # ---------------------------------------------------------------------------- run record
@@ -308,7 +316,7 @@ def write_run_info(workdir, argv, data_source: str | None = None) -> dict:
   return info
 
 
-# ---------------------------------------------------------------------------- resumed settings
+# -------------------------------------------------- resumed settings; what a start found
 # Fields whose change on resume alters which examples the rest of the run sees.
 DATA_FIELDS = ("seed", "data.")
 # Fields that say where things are, not what the run is (data.source: see train/resume.py).
@@ -341,41 +349,29 @@ def _unflatten_into(tree: dict, dotted: str, value) -> None:
   tree[name] = value
 
 
-def settings_in_force(run: "Run") -> dict | None:
-  """config.json with the changes recorded in run_history.jsonl applied in order: what the
-  latest part of the run ran with (None for a new run)."""
-  settings = run.saved_config()
-  if settings is None:
+def settings_in_force(saved: dict | None, history: list[dict]) -> dict | None:
+  """config.json's settings (`saved`, changed in place) with the changes recorded in
+  run_history.jsonl (`history`) applied in order: what the latest part of the run ran with
+  (None for a new run)."""
+  if saved is None:
     return None
-  for entry in run.history():
+  for entry in history:
     for field, (_, new) in entry.get("changes", {}).items():
-      _unflatten_into(settings, field, new)
-  return settings
+      _unflatten_into(saved, field, new)
+  return saved
 
 
-def resume_changes(run: "Run", config) -> dict[str, list]:
-  """{dotted field: [value in force, value now]} of the settings that `config` (a ConfigDict)
-  changes: every field but the model's, whose implementation fields alone may change."""
-  from transformers_jax.run_folder.records import flatten_dict
+@dataclasses.dataclass(frozen=True)
+class Found:
+  """What a training start reads of its run folder before it writes there (Run.found): from it
+  train/resume.py decides whether the start resumes the run, and what the resume changes."""
 
-  from transformers_jax.train_config import training_fields
-
-  in_force = flatten_dict(settings_in_force(run) or {})
-  now = flatten_dict(json.loads(config.to_json_best_effort()))
-  defaults = flatten_dict(json.loads(training_fields().to_json_best_effort()))
-  out = {}
-  for field in sorted(set(in_force) | set(now)):
-    if field in UNRECORDED_FIELDS or (
-        field.startswith("model.") and field not in IMPLEMENTATION_FIELDS
-    ):
-      continue
-    if field not in in_force and field in defaults and now.get(field) == defaults[field]:
-      continue  # a field newer than the run's config.json, left at its default: no change
-    if in_force.get(field) != now.get(field):
-      out[field] = [in_force.get(field), now.get(field)]
-  return out
-
-
-def data_changes(changes: dict) -> list[str]:
-  """The fields among `changes` that alter which examples the run sees."""
-  return [f for f in changes if f == "seed" or f.startswith("data.")]
+  path: pathlib.Path
+  saved_config: dict | None  # config.json: the settings the run started with (None: a new run)
+  in_force: dict | None  # those with run_history.jsonl's changes applied: what it last ran with
+  # whether the newest checkpoint holds a train state, which a start here continues; False
+  # for none, and for parameters only (a converted model): training starts from those with a
+  # fresh optimizer and its own data, continuing no earlier stream
+  resumes: bool
+  none_left: CheckpointDamaged | None  # no checkpoint, as an earlier start set every one aside
+  data_source: str | None  # what run.json says the data files held when the run last read them

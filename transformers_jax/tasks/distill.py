@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.run_folder.records import asks_for_population, read_config
+from transformers_jax.records import asks_for_population, read_config
 from transformers_jax.tasks.base import Task, cross_entropy
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM

@@ -18,11 +18,11 @@ from transformers_jax.train import metrics as metrics_lib
 from transformers_jax.train.events import (
     Pace,
     Progress,
+    StepProfiler,
     run_steps,
     stop_if_not_finite,
 )
 from transformers_jax.train.preemption import StopRequests
-from transformers_jax.train.profiling import StepProfiler
 from transformers_jax.train.setup import Setup, open_run
 
 

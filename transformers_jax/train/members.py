@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from transformers_jax.machine import parallel
 from transformers_jax.models import initializer
 from transformers_jax.errors import UserError
+from transformers_jax.records import asks_for_population
 from transformers_jax.train import optim, resume
 from transformers_jax.train.step import (
     WithFrozen,
@@ -51,7 +52,7 @@ HPARAMS = optim.HPARAMS
 
 def enabled(config) -> bool:
   """Whether `config` asks for a population (any list set, or seeds > 0)."""
-  return resume.asks_for_population(config.get("population"))
+  return asks_for_population(config.get("population"))
 
 
 def list_values(config, name: str) -> tuple[float, ...]:

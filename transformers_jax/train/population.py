@@ -22,10 +22,9 @@ from transformers_jax.evaluate import harness as harness_lib
 from transformers_jax.machine import parallel
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation
-from transformers_jax.train.events import Pace, run_steps
+from transformers_jax.train.events import Pace, StepProfiler, run_steps
 from transformers_jax.train.members import LISTS, describe, list_values, member, put_stacked
 from transformers_jax.train.preemption import StopRequests
-from transformers_jax.train.profiling import StepProfiler
 from transformers_jax.train.setup import open_run
 
 

@@ -1,5 +1,6 @@
-"""Starting a run where its folder says: checks that a resume continues the same run, verified
-restores of the newest intact checkpoint, and parameters taken from another run (init_from)."""
+"""Starting a run where its folder says: from what the start found there (runs.Run.found, read
+once), whether it resumes and whether the resume continues the same run; verified restores of
+the newest intact checkpoint, and parameters taken from another run (init_from)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformers_jax.errors import CheckpointDamaged, RunError, UserError
+from transformers_jax.records import asks_for_population, flatten_dict
 from transformers_jax.run_folder import runs
-from transformers_jax.run_folder.records import asks_for_population
-from transformers_jax.errors import RunError, UserError
-from transformers_jax.run_folder.checkpoints import CheckpointDamaged
-from transformers_jax.run_folder.runs import Run, config_differences
+from transformers_jax.run_folder.runs import Found, Run
 from transformers_jax.train.state import on_device
+from transformers_jax.train_config import training_fields
 
 
-def check_same_model(run: Run, config) -> None:
+def check_same_model(found: Found | Run, config) -> None:
   """A resume keeps the model the run was made with (config.json's model fields), except for
-  the fields that say how it is computed (runs.IMPLEMENTATION_FIELDS: recorded, not refused)."""
-  saved = run.saved_config()
+  the fields that say how it is computed (runs.IMPLEMENTATION_FIELDS: recorded, not refused).
+  `found` is what the start found in the run folder (given a Run, it is read now)."""
+  found = found if isinstance(found, Found) else found.found()
+  saved = found.saved_config
   if saved is None:
     return
   diffs = config_differences(saved.get("model", {}), config.model.to_dict(), "model.")
@@ -34,7 +37,7 @@ def check_same_model(run: Run, config) -> None:
     diffs = [d for d in diffs if not d.startswith("model.lora_")]
   if diffs:
     raise UserError(
-        f"{run.path} holds a run of a different model ({'; '.join(diffs)}): "
+        f"{found.path} holds a run of a different model ({'; '.join(diffs)}): "
         "use a new --workdir or the saved model config"
     )
 
@@ -43,18 +46,19 @@ def check_same_model(run: Run, config) -> None:
 HARMLESS_DATA_FIELDS = ("data.workers", "data.prefetch", "data.tokenize_workers")
 
 
-def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
+def check_resumed_settings(found: Found | Run, config, allow_data_change: bool) -> dict:
   """Settings a resume changes (other than the model's, checked before): changing the seed or
   the data needs `allow_data_change`; a single run resumed as a population (or the reverse) and
-  another tokenizer are refused."""
-  if run.latest_step() is None or run.saved_config() is None or run.starts_from_parameters():
+  another tokenizer are refused. `found` as for check_same_model."""
+  found = found if isinstance(found, Found) else found.found()
+  if not found.resumes or found.saved_config is None:
     return {}
-  changes = runs.resume_changes(run, config)
-  data = [f for f in runs.data_changes(changes) if f not in HARMLESS_DATA_FIELDS]
+  changes = resume_changes(found, config)
+  data = [f for f in changes if f.startswith(runs.DATA_FIELDS) and f not in HARMLESS_DATA_FIELDS]
   if "data.path" in data and _same_file(*changes["data.path"]):  # another name for the same file
     data.remove("data.path")
   population = {f: v for f, v in changes.items() if f.startswith("population.")}
-  saved_members = asks_for_population((run.saved_config() or {}).get("population", {}))
+  saved_members = asks_for_population(found.saved_config.get("population", {}))
   if saved_members != asks_for_population(config.get("population", {})):
     # a single run's state and a population's cannot stand in for each other (other members
     # of a population are Setup.check_same_members' to name)
@@ -62,13 +66,13 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
     flags = " ".join(f"--config.{f}={a!r}" for f, (a, _) in population.items())
     held = "a population" if saved_members else "a single run (no population)"
     raise UserError(
-        f"{run.path} holds {held} and this run's population settings differ ({said}): "
+        f"{found.path} holds {held} and this run's population settings differ ({said}): "
         f"resume with {flags}, or use a new --workdir"
     )
   if "data.tokenizer" in changes:  # the run's own tokenizer.json would be used regardless
     before, now = changes["data.tokenizer"]
     raise UserError(
-        f"resuming {run.path} with another tokenizer (data.tokenizer {before!r} before, "
+        f"resuming {found.path} with another tokenizer (data.tokenizer {before!r} before, "
         f"{now!r} now): the model's token ids are its saved tokenizer's, even with "
         "--allow_data_change; use a new --workdir (--config.init_from to start from these "
         "parameters, with a vocabulary of the same size)"
@@ -76,11 +80,43 @@ def check_resumed_settings(run: Run, config, allow_data_change: bool) -> dict:
   if data and not allow_data_change:
     said = "; ".join(f"{f} ({changes[f][0]!r} before, {changes[f][1]!r} now)" for f in data)
     raise UserError(
-        f"resuming {run.path} with other data: {said}; the steps after the checkpoint would "
+        f"resuming {found.path} with other data: {said}; the steps after the checkpoint would "
         "see another stream of examples than the run's: pass --allow_data_change to resume so "
         "anyway, or use a new --workdir"
     )
   return changes
+
+
+def resume_changes(found: Found, config) -> dict[str, list]:
+  """{dotted field: [value in force, value now]} of the settings that `config` (a ConfigDict)
+  changes: every field but the model's, whose implementation fields alone may change."""
+  in_force = flatten_dict(found.in_force or {})
+  now = flatten_dict(json.loads(config.to_json_best_effort()))
+  defaults = flatten_dict(json.loads(training_fields().to_json_best_effort()))
+  out = {}
+  for field in sorted(set(in_force) | set(now)):
+    if field in runs.UNRECORDED_FIELDS or (
+        field.startswith("model.") and field not in runs.IMPLEMENTATION_FIELDS
+    ):
+      continue
+    if field not in in_force and field in defaults and now.get(field) == defaults[field]:
+      continue  # a field newer than the run's config.json, left at its default: no change
+    if in_force.get(field) != now.get(field):
+      out[field] = [in_force.get(field), now.get(field)]
+  return out
+
+
+def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+  """Dotted names of fields whose values differ between two (nested) config dicts."""
+  out = []
+  for key in sorted(set(saved) | set(current)):
+    a, b = saved.get(key), current.get(key)
+    name = f"{prefix}{key}"
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += config_differences(a, b, name + ".")
+    elif a != b:
+      out.append(f"{name} ({a!r} saved, {b!r} now)")
+  return out
 
 
 def _same_file(before: str, now: str) -> bool:
@@ -92,15 +128,19 @@ def _same_file(before: str, now: str) -> bool:
     return False
 
 
-def prepare_folder(run: Run, config, allow_data_change: bool) -> dict | None:
-  """Checks before a run (re)starts in its folder: the same model, and data changes allowed.
-  Returns the settings a resume changes ({} for none), or None for a new run (or one starting
-  from a parameters-only checkpoint), which config.json describes from here on."""
+def prepare_folder(run: Run, config, allow_data_change: bool) -> tuple[Found, dict | None]:
+  """Checks before a run (re)starts in its folder, on what the start found there (Run.found,
+  returned): checkpoints left, the same model, and data changes allowed. With it, the settings
+  a resume changes ({} for none), or None for a new run (or one starting from a
+  parameters-only checkpoint), which config.json describes from here on."""
   run.path.mkdir(parents=True, exist_ok=True)
-  check_same_model(run, config)
-  if run.latest_step() is None or run.starts_from_parameters():
-    return None
-  return check_resumed_settings(run, config, allow_data_change)
+  found = run.found()
+  if found.none_left is not None:  # not a new run: its every checkpoint was found damaged
+    raise UserError(str(found.none_left))
+  check_same_model(found, config)
+  if not found.resumes:
+    return found, None
+  return found, check_resumed_settings(found, config, allow_data_change)
 
 
 def write_folder(run: Run, config, changes: dict | None, data_source: str | None = None) -> None:
@@ -120,19 +160,16 @@ def note_changes(run: Run, start: int, changes: dict | None) -> None:
     run.record_changes(start, changes, sys.argv)
 
 
-def data_source_changes(run: Run, source: str | None, allow_data_change: bool) -> dict:
+def data_source_changes(found: Found, source: str | None, allow_data_change: bool) -> dict:
   """{"data.source": [before, now]} when the content of the run's data files changed since the
   last invocation recorded it in run.json (a file grown, shrunk or rewritten gives another
   token cache); a UserError unless `allow_data_change`."""
-  try:
-    before = json.loads((run.path / "run.json").read_text()).get("data_source")
-  except (OSError, ValueError, AttributeError):
-    before = None
+  before = found.data_source
   if source is None or before is None or before == source:
     return {}
   if not allow_data_change:
     raise UserError(
-        f"resuming {run.path} with other data: the files at data.path changed since the run "
+        f"resuming {found.path} with other data: the files at data.path changed since the run "
         f"last read them (size, modification time or content: {before} before, {source} now); "
         "the steps after the checkpoint would see other examples than the run's: pass "
         "--allow_data_change to resume so anyway, or use a new --workdir"

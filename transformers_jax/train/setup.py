@@ -29,7 +29,7 @@ from transformers_jax.errors import RunError, UserError
 from transformers_jax.models import lora
 from transformers_jax.modules import block
 from transformers_jax.run_folder.checkpoints import PARAMS_ONLY, CheckpointDamaged
-from transformers_jax.run_folder.records import read_config
+from transformers_jax.records import read_config
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.tasks import task_data, task_for
 from transformers_jax.train import members as members_lib
@@ -323,12 +323,12 @@ def open_run(setup: Setup, run: Run, allow_data_change: bool) -> OpenedRun:
   written (a resume's changes recorded), each seed's data, the checkpoints, the starting
   state, the compiled-on-first-call steps, the harness and the metrics writer."""
   config, workdir = setup.config, run.path
-  changes = resume.prepare_folder(run, config, allow_data_change)
+  found, changes = resume.prepare_folder(run, config, allow_data_change)
   seeds = sorted({m["seed"] for m in setup.members}) if setup.members else [config.seed]
   datas = {seed: setup.data(workdir, seed) for seed in seeds}  # each as its solo run's
   data = datas[seeds[0]]
   if changes is not None:  # a resume: the files at data.path changed since the run read them
-    changes.update(resume.data_source_changes(run, data.source, allow_data_change))
+    changes.update(resume.data_source_changes(found, data.source, allow_data_change))
   resume.write_folder(run, config, changes, data.source)
   checkpoints = run.checkpoints(config.keep_checkpoints)
   state, start, note = setup.start(checkpoints)

@@ -22,7 +22,7 @@ import re
 import sys
 
 from transformers_jax.errors import Interrupted, UserError
-from transformers_jax.run_folder import records
+from transformers_jax import records
 from transformers_jax.train.metrics import MetricsWriter, scalars
 
 RUN_RECORD = "wandb_run.json"  # in the workdir: the W&B run this workdir logs to

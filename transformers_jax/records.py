@@ -1,5 +1,7 @@
 """The run folder's JSON records read with one-line errors naming the file: config.json (one
-object) and run_history.jsonl (one object per line), and how every process writes a record."""
+object) and run_history.jsonl (one object per line), and how every process writes a record.
+It sits in the bottom layer, beside errors.py: the tokenizers, the objectives, the training
+config and the run folder all read or write these records."""
 
 from __future__ import annotations
 
