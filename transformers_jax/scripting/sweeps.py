@@ -35,24 +35,25 @@ def load_sweep(path, required: tuple[str, ...]):
   return module
 
 
-def base_config(sweep):
-  """The sweep's BASE `<file>:<preset>`, the file found beside the sweep or in experiments/."""
+def base_config(sweep, base: str | None = None):
+  """The sweep's BASE `<file>:<preset>` (or an entry's own `base`), the file found beside the
+  sweep or in experiments/."""
   from transformers_jax.config import load_config_module
 
-  file, _, preset = sweep.BASE.partition(":")
+  base = base or sweep.BASE
+  file, _, preset = base.partition(":")
   for folder in (sweep.path.parent, ROOT / "experiments"):
     if (folder / file).is_file():
       return load_config_module(str(folder / file)).get_config(preset or None)
-  raise FileNotFoundError(
-      f"BASE={sweep.BASE!r}: {file} is neither beside the sweep nor in experiments/"
-  )
+  raise FileNotFoundError(f"BASE={base!r}: {file} is neither beside the sweep nor in experiments/")
 
 
 def entry_config(sweep, entry: dict, out: pathlib.Path, kind: str = "point"):
-  """The entry's config: BASE with its overrides, each of which must name an existing field
-  with a value of that field's type (a typo is an error, never a new field); tokens are cached
-  in OUT/data, shared by every entry."""
-  config = base_config(sweep)
+  """The entry's config: BASE (or the entry's own `base`, a sweep that mixes tasks) with its
+  overrides, each of which must name an existing field with a value of that field's type (a
+  typo is an error, never a new field); tokens are cached in OUT/data, shared by every
+  entry."""
+  config = base_config(sweep, entry.get("base"))
   config.lock()
   for key, value in entry["overrides"].items():
     try:
