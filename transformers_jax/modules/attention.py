@@ -31,7 +31,13 @@ from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.masks import as_dense, with_window
 from transformers_jax.modules.norms import Norm, norm_over_heads
 from transformers_jax.modules.scores import max_attention_logit
-from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
+from transformers_jax.modules.placement_base import (
+    ATTENTION_OUT_NORM,
+    HEAD_GAIN,
+    QK_SPHERE,
+    QKV_NORM,
+)
+from transformers_jax.modules.placements.ngpt import sphere_query, unit
 from transformers_jax.modules.positions import index_positions, position_scheme
 
 __all__ = ["AUTO_FLASH_MIN_LENGTH", "Attention", "attend", "choose_impl", "max_attention_logit"]
@@ -47,6 +53,9 @@ class Attention(nn.Module):
   caller's `mask` is over cache slots ([B, 1, 1, L], e.g. left padding). Cross-attention: the
   first call after `init` projects the context (the encoder output) and caches its keys/values;
   later calls reuse them and never look at `context` again. No attention dropout when decoding.
+
+  `value_residual` (self-attention with model.value_residual): the call also takes the stack's
+  first-block values and returns (output, those values); see `_value_residual`.
   """
 
   cfg: "ModelConfig"  # noqa: F821
@@ -57,11 +66,23 @@ class Attention(nn.Module):
   # ((projection, rule), ...), and the features it adds here (placement_base.FEATURES).
   init_rules: tuple = ()
   features: tuple[str, ...] = ()
+  value_residual: bool = False
 
   @nn.compact
-  def __call__(self, x, context=None, mask=None, positions=None, bias=None, window=None):
+  def __call__(
+      self,
+      x,
+      context=None,
+      mask=None,
+      positions=None,
+      bias=None,
+      window=None,
+      first_values=None,
+      first=True,
+  ):
     """`bias`: a position scheme's ScoreBias, `window`: a sliding window (int, or traced under
-    a scan over layers), both for self-attention only."""
+    a scan over layers), both for self-attention only; `first_values` and `first`: see
+    `_value_residual`."""
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
@@ -81,6 +102,12 @@ class Attention(nn.Module):
       (q,) = fused_dense(c, x, [query(D)], lora_x(x))
     q = checkpoint_name(q, "query_proj")  # the names remat policies keep (modules/remat.py)
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
+    # nGPT: each head's queries and keys on the unit sphere (RoPE keeps a head's norm, so this
+    # equals normalising after it), the queries then scaled by `sphere_query`
+    sphere = QK_SPHERE in self.features
+    on_sphere = (lambda q: sphere_query(self, c, q)) if sphere else (lambda q: q)
+    if sphere:
+      q = unit(q)
     if c.qk_norm:  # normalise each head's queries and keys over head_dim
       q = Norm(c, axis="head_dim", name="query_norm")(q)
     if QKV_NORM in self.features:
@@ -94,6 +121,8 @@ class Attention(nn.Module):
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
       if c.qk_norm:
         k = Norm(c, axis="head_dim", name="key_norm")(k)
+      if sphere:
+        k = unit(k)
       if QKV_NORM in self.features:
         k, v = norm_over_heads(c, k, "key_proj_norm"), norm_over_heads(c, v, "value_proj_norm")
       return k, v
@@ -110,11 +139,14 @@ class Attention(nn.Module):
       mask = with_window(mask, window)
     if self.decode and is_cross:  # keys/values of the context, projected once
       cross = self._cross_cached(project, context)
-      out = attend_cache(q, *cross, mask, softcap=c.attention_softcap)
+      out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap)
     else:
       k, v = project(context if is_cross else x)
       if not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
+      if self.value_residual:
+        v, first_values = self._value_residual(v, first_values, first)
+      q = on_sphere(q)
       if self.decode and self.has_variable("cache", "cached_key"):
         out = attend_cache(q, *self._cached(k, v, mask, bias, window), c.attention_softcap)
       else:
@@ -162,7 +194,27 @@ class Attention(nn.Module):
     out_weights = DenseWeights(
         c, (D,), ("heads", "head_dim", "embed"), ("embed",), rule=rules.get("out"), name="out"
     )
-    return checkpoint_name(apply_projection(out, out_weights((H, K)), 2, lora_x(out)), "out_proj")
+    out = checkpoint_name(apply_projection(out, out_weights((H, K)), 2, lora_x(out)), "out_proj")
+    return (out, first_values) if self.value_residual else out
+
+  def _value_residual(self, v, first_values, first):
+    """Value residual learning (ResFormer, Zhou et al. 2024, arXiv 2410.17897): the values v
+    [B, T, G, K] of every block but the stack's first become l1 v + l2 V_1, V_1 the first
+    block's values at the same positions, (l1, l2) = `value_residual_gain` [2] (learned, from
+    0.5 each; the first block's pair is never read). `first`: whether this is the first block
+    (a Python bool, or traced under nn.scan), whose own values become V_1; `first_values` the
+    incoming V_1 (None: this block is the first). Returns (the values attention reads, V_1).
+    The key/value cache holds the mixed values, so decoding needs V_1 at the new positions
+    only, which the first block computes in the same call."""
+    gains = self.param(
+        "value_residual_gain", constant(0.5, (None,)), (2,), dtype_of(self.cfg.param_dtype)
+    ).astype(v.dtype)
+    if first_values is None or first is True:
+      return v, v
+    mixed = gains[0] * v + gains[1] * first_values.astype(v.dtype)
+    if first is False:
+      return mixed, first_values
+    return jnp.where(first, v, mixed), jnp.where(first, v, first_values.astype(v.dtype))
 
   def _cross_cached(self, project, context):
     """The context's keys/values [B, G, S, K]: projected by the first decode call, then reused
