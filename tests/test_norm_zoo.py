@@ -328,8 +328,8 @@ def test_a_new_placement_is_one_registry_entry(monkeypatch):
 
 
 def test_placement_config_mistakes_are_one_line():
-  with pytest.raises(ValueError, match="model.norm_placement='ngpt'.*weight hook"):
-    tiny("decoder", "ngpt")
+  with pytest.raises(ValueError, match="model.feed_forward='moe': nGPT's MLP scales"):
+    tiny("decoder", "ngpt", feed_forward="moe")
   with pytest.raises(ValueError, match="norm_placement_arg=0.5: norm_placement=pre takes no"):
     tiny("decoder", "pre", norm_placement_arg=0.5)
   with pytest.raises(ValueError, match="mixln's alpha must be in"):

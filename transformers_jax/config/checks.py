@@ -98,6 +98,7 @@ def validate(c) -> None:
   if c.head and c.head not in HEADS[c.family]:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
   positive = "num_layers d_model num_heads max_len attention_query_blocks vocab_multiple"
+  positive += " residual_streams"
   for field in positive.split() + ["sliding_every"]:
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")

@@ -51,6 +51,15 @@ class ModelConfig:
   # The placement's constant (mixln: post-LN fraction alpha; layerscale: lambda's initial
   # value); None = the paper's value. Placements without one refuse a value.
   norm_placement_arg: float | None = None
+  # hyper, mhc: copies of the residual stream each block reads and writes, the expansion rate n
+  # (Zhu et al. 2024 and Xie et al. 2025: 4)
+  residual_streams: int = 4
+  # hyper: connection matrices plus input-dependent terms (dynamic hyper-connections); False =
+  # static ones only
+  hyper_dynamic: bool = False
+  # every self-attention after a stack's first mixes its values with the first block's,
+  # V_n <- l1 V_n + l2 V_1, l1 and l2 learned per block from 0.5 (ResFormer, Zhou et al. 2024)
+  value_residual: bool = False
   norm: str = "layernorm"  # the norm every placement uses (modules/norms.py)
   dyt_alpha: float = 0.5  # dyt: alpha's initial value (Zhu et al. 2025: 0.5)
   # dyt: alpha's initial value in the norms before attention; None = dyt_alpha (the DyT paper's

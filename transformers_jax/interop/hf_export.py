@@ -65,6 +65,7 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       attention_softcap=0.0,
       logit_softcap=0.0,
       rope_scaling="",
+      value_residual=False,  # no Hugging Face architecture here mixes in the first block's values
   )
   want.update(family.requirements(c, architecture))
   for field, value in want.items():

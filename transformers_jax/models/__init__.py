@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -54,21 +54,44 @@ def initializer(cfg, batch: int = 1, length: int | None = None):
 
   A norm placement that profiles (placement_base.Placement.profiled, e.g. Admin) then runs the
   model once, on random inputs drawn from the same rng, and sets its parameters from what the
-  blocks sowed in the `profile` collection."""
+  blocks sowed in the `profile` collection. The config's parameter constraint
+  (`parameter_constraint`), if any, applies last: training starts on its manifold."""
   cfg = as_model_config(cfg)
   model = build_model(cfg)
   inputs = example_inputs(cfg, batch, length)
   placement = PLACEMENTS[cfg.norm_placement]
+  constrain = parameter_constraint(cfg)
 
   def init(rng):
     params = model.init({"params": rng}, *inputs)["params"]
-    if not placement.profiled:
-      return params
-    probe = profile_inputs(cfg, jax.random.fold_in(rng, 1))
-    _, profiled = model.apply({"params": params}, *probe, mutable=["profile"])
-    return placement.profile(params, profiled["profile"], cfg)
+    if placement.profiled:
+      probe = profile_inputs(cfg, jax.random.fold_in(rng, 1))
+      _, profiled = model.apply({"params": params}, *probe, mutable=["profile"])
+      params = placement.profile(params, profiled["profile"], cfg)
+    return params if constrain is None else constrain_boxed(params, constrain)
 
   return init
+
+
+def parameter_constraint(cfg) -> Callable | None:
+  """The function params -> params that keeps the model's parameters where its definition
+  needs them (nGPT's unit-norm weights), or None: what any part of the config declares, today
+  the norm placement's (`Placement.constraint`). The training update applies it after every
+  optimizer step (train/step.py, make_update: both drivers), `initializer` once at init. It
+  takes one model's plain arrays, blocks looped or scanned."""
+  cfg = as_model_config(cfg)
+  return PLACEMENTS[cfg.norm_placement].constraint(cfg)
+
+
+def constrain_boxed(params, constrain: Callable):
+  """`constrain` applied to a tree of boxed (logically partitioned) parameters, boxes kept."""
+  from flax import linen as nn
+
+  values = constrain(nn.unbox(params))
+  boxed = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+  return jax.tree_util.tree_map(
+      lambda box, v: box.replace_boxed(v) if boxed(box) else v, params, values, is_leaf=boxed
+  )
 
 
 def profile_inputs(cfg, rng, batch: int = 2, length: int = 32) -> tuple:
@@ -99,6 +122,7 @@ __all__ = [
     "init_params",
     "initializer",
     "param_shapes",
+    "parameter_constraint",
     "ModelConfig",
     "FAMILY_CLASSES",
 ]

@@ -8,6 +8,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.modules.common import dense, soft_cap
+from transformers_jax.modules.placement_base import LOGIT_GAIN
+from transformers_jax.modules.placements import PLACEMENTS
+from transformers_jax.modules.placements.ngpt import LOGIT_SCALE, logit_scale, scaled_gain
 
 
 def check_length(cfg, length: int, what: str = "sequence") -> None:
@@ -29,9 +32,28 @@ def unembedding_input(cfg, x):
   return x * jnp.asarray(cfg.d_model**-0.5, x.dtype) if cfg.unembed_scale else x
 
 
+def has_logit_gain(cfg) -> bool:
+  """Whether the placement scales the vocabulary logits by a learned gain (nGPT's s_z)."""
+  return LOGIT_GAIN in PLACEMENTS[cfg.norm_placement].features
+
+
+class LogitGain(nn.Module):
+  """logits [..., V padded] times a learned gain per vocabulary entry, `scale` (nGPT's s_z,
+  stored in its init / scale form: modules/placements/ngpt.py)."""
+
+  cfg: "ModelConfig"  # noqa: F821
+
+  @nn.compact
+  def __call__(self, logits):
+    c = self.cfg
+    s = scaled_gain(self, c, "scale", (c.padded_vocab,), LOGIT_SCALE, ("vocab",))
+    return logits * s.astype(logits.dtype)
+
+
 def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
   """Tied (x E^T) or separate unembedding (+ `bias` [V padded]), in float32 for the loss, kept
-  split over the batch (and the vocabulary over `tensor`), padded ids masked out."""
+  split over the batch (and the vocabulary over `tensor`), padded ids masked out; times the
+  placement's logit gain where it has one."""
   x = unembedding_input(cfg, x)
   if cfg.tie_embeddings:
     logits = embedder.attend(x)
@@ -39,6 +61,8 @@ def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
     logits = dense(cfg, cfg.padded_vocab, -1, ("embed", "vocab"), ("vocab",), name, use_bias=False)(
         x
     )
+  if has_logit_gain(cfg):
+    logits = LogitGain(cfg, name="logit_gain")(logits)
   return output_logits(cfg, logits, bias)
 
 
@@ -54,6 +78,8 @@ def unembedding(cfg, module, name="lm_head"):
     matrix = params[name]["kernel"]
   if cfg.unembed_scale:  # as unembedding_input scales the hidden states
     matrix = matrix * cfg.d_model**-0.5
+  if has_logit_gain(cfg):  # as LogitGain scales the logits
+    matrix = matrix * logit_scale(cfg, params["logit_gain"]["scale"])
   return matrix.astype(jnp.dtype(cfg.dtype))
 
 

@@ -27,6 +27,7 @@ from flax import linen as nn
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import as_model_config, param_shapes
+from transformers_jax.models.common import has_logit_gain
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
 from transformers_jax.modules import lora
@@ -109,6 +110,8 @@ def vocab_padding(cfg) -> dict[str, int]:
   out = {"token_embedding": embedders * extra * c.d_model}
   if head and c.head_kind in ("lm", "mlm"):
     out["head"] = head
+  if has_logit_gain(c) and c.head_kind in ("lm", "mlm"):  # nGPT's s_z, one per vocabulary row
+    out["gains"] = extra
   return out
 
 
@@ -230,6 +233,8 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
     out["head"] += D * c.num_classes + b * c.num_classes
   if head == "mlm":
     out["head"] = D * D + b * D + _norm(c) + unembed + V
+  if head in ("lm", "mlm") and has_logit_gain(c):  # the placement's gain per vocabulary entry
+    out["gains"] += V
   return {k: v for k, v in out.items() if v}
 
 

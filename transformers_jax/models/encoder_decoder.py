@@ -11,8 +11,10 @@ from __future__ import annotations
 from flax import linen as nn
 
 from transformers_jax.models.common import (
+    LogitGain,
     check_length,
     default_positions,
+    has_logit_gain,
     output_logits,
     unembedding_input,
 )
@@ -59,6 +61,8 @@ class EncoderDecoder(nn.Module):
       self.lm_head = dense(
           c, c.padded_vocab, -1, ("embed", "vocab"), ("vocab",), None, use_bias=False
       )
+    if has_logit_gain(c):
+      self.logit_gain = LogitGain(c)
     if self.decode:
       self.position = DecodeCounter()
 
@@ -119,6 +123,8 @@ class EncoderDecoder(nn.Module):
     x = from_zigzag(x, shards)
     scaled = unembedding_input(c, x)
     logits = self.embed.attend(scaled) if c.tie_embeddings else self.lm_head(scaled)
+    if has_logit_gain(c):
+      logits = self.logit_gain(logits)
     return {"hidden": x, "logits": output_logits(c, logits)}
 
   def __call__(self, src, tgt, src_mask=None, tgt_mask=None, packing=None):

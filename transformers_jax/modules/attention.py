@@ -8,12 +8,15 @@ token, what the blockwise kernels read) or a dense boolean mask broadcastable to
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from absl import logging
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
+from transformers_jax.modules.attention_core import (  # the core, re-exported from here
+    AUTO_FLASH_MIN_LENGTH,
+    attend,
+    choose_impl,
+)
 from transformers_jax.modules.common import (
     DenseWeights,
     adapter_dropout,
@@ -21,169 +24,22 @@ from transformers_jax.modules.common import (
     dtype_of,
     fused_dense,
     apply_projection,
-    soft_cap,
 )
 from transformers_jax.modules.cache import attend_cache, cross_cached, write_cache
 from transformers_jax.modules.context import context_size, split_attention
-from transformers_jax.modules.flash import flash_attention
-from transformers_jax.modules.masks import AttentionMask, as_dense, is_causal, with_window
+from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
 from transformers_jax.modules.norms import Norm, norm_over_heads
-from transformers_jax.modules.scores import dense_mask, max_attention_logit, whole_bias
-from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
+from transformers_jax.modules.scores import max_attention_logit
+from transformers_jax.modules.placement_base import (
+    ATTENTION_OUT_NORM,
+    HEAD_GAIN,
+    QK_SPHERE,
+    QKV_NORM,
+)
+from transformers_jax.modules.placements.ngpt import sphere_query, unit
 from transformers_jax.modules.positions import position_scheme
-from transformers_jax.modules.splash import splash_attention, target_platform
 
-# `auto` on a CPU (or a GPU computing in float32) takes flash from this many queries or keys on:
-# below it the written-out scores are small and einsum is as fast (see docs/long_context.md).
-AUTO_FLASH_MIN_LENGTH = 2048
-
-
-def choose_impl(impl: str, q, k, dropout: bool) -> str:
-  """The implementation `attend` runs for `impl` (see there): "auto" resolved by the platform
-  compiled for, the dtype and the lengths; dropout always takes "einsum"."""
-  if dropout:
-    return "einsum"
-  platform = target_platform()
-  if impl == "cudnn" and platform not in ("gpu", "cuda"):  # (else "cuDNN is not detected")
-    raise ValueError(
-        f"model.attention_impl='cudnn' needs an NVIDIA GPU, and this step compiles for "
-        f"{platform}: use auto (the platform's best), flash or einsum"
-    )
-  if impl != "auto":
-    return impl
-  if platform == "tpu":
-    return "splash"
-  if platform == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
-    return "cudnn"  # falls back to flash where cuDNN refuses
-  return "flash" if max(q.shape[1], k.shape[1]) >= AUTO_FLASH_MIN_LENGTH else "einsum"
-
-
-def attend(
-    q,
-    k,
-    v,
-    mask,
-    causal: bool,
-    dropout_fn=None,
-    impl: str = "auto",
-    query_blocks: int = 4,
-    block_q: int = 512,
-    block_kv: int = 512,
-    bias=None,
-    softcap: float = 0.0,
-):
-  """softmax(q k^T / sqrt(K) + bias + masks) v, softmax in float32; q [B, T, H, K], k v
-  [B, S, G, K]; `bias` a position scheme's ScoreBias (modules/positions.py) or None.
-
-  `impl`:
-    "einsum" writes the products out heads-major (the readable reference) and, when `causal`,
-      splits the queries into `query_blocks` blocks (of at least 64 queries), each attending
-      only the keys up to its own end, so most masked scores are never computed (5/8 of the
-      work for 4 blocks);
-    "fused" is `jax.nn.dot_product_attention` with JAX's default implementation (XLA's, which
-      computes every score and then masks); "cudnn" is the same call with cuDNN's fused kernel
-      (an error where cuDNN cannot run it). These three build the dense [B, 1, T, S] mask.
-    "flash" is blockwise attention in plain JAX (modules/flash.py: memory linear in T, blocks of
-      `block_q` queries x `block_kv` keys, any backend);
-    "splash" is TPU Pallas splash attention (modules/splash.py; interpret mode off a TPU;
-      masks with positions, and any score bias, go to flash);
-    "auto" is splash on a TPU; on a GPU computing in bfloat16 or float16 cuDNN (flash where
-      cuDNN refuses the shapes or mask); elsewhere flash when T or S >= AUTO_FLASH_MIN_LENGTH,
-      else einsum.
-  `softcap` (Gemma 2's, 0 = none) caps the scores at +-softcap before the mask; flash and einsum
-  run it (`auto` picks one of them). Attention dropout (`dropout_fn` on the weights) always
-  takes "einsum". What a query may attend is the mask's pattern (modules/masks.py: causal, a
-  bidirectional prefix, a window, chunks, segments); `causal` only says it for a dense mask or
-  None: key j > query i masked (queries and keys aligned at the start).
-  """
-  with jax.named_scope("attention_core"):  # profiles (scripts/profile_train.py) look for it
-    causal = is_causal(mask, causal)
-    requested, impl = impl, choose_impl(impl, q, k, dropout_fn is not None)
-    blockwise = isinstance(mask, AttentionMask) or mask is None
-    if softcap and impl in ("splash", "cudnn", "fused"):  # their kernels cannot cap the scores
-      impl = "flash" if blockwise else "einsum"
-    if impl == "splash" and bias is not None:  # (an explicit choice is refused by the config)
-      logging.info("attention: splash takes no score bias; running flash for %s", bias.kind)
-      impl = "flash"
-    if impl == "splash" and blockwise:
-      if mask is None or not (mask.has_positions or mask.needs_positions):
-        return splash_attention(q, k, v, mask, causal, block_q, block_kv)
-      impl = "flash"
-    if impl == "flash" and blockwise:
-      return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias, softcap)
-    dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
-    if impl == "cudnn" and requested == "auto":
-      try:
-        dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
-        return _attend(q, k, v, *dense, None, "cudnn", query_blocks, dense_bias)
-      except (ValueError, NotImplementedError, RuntimeError):  # cuDNN refuses them, or is absent
-        if blockwise:
-          return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias, softcap)
-        impl = "einsum"
-    if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
-      impl = "einsum"
-    dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
-    return _attend(q, k, v, *dense, dropout_fn, impl, query_blocks, dense_bias, softcap)
-
-
-def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, cap=0.0):
-  """The reference paths; `bias` [B or 1, G, R, T, S] float32 (whole_bias) or None; `cap` the
-  scores' soft-cap (einsum only)."""
-  if impl in ("fused", "cudnn") and dropout_fn is None:
-    if bias is not None:  # the call takes it per query head: [B or 1, H, T, S]
-      bias = bias.reshape(bias.shape[0], -1, *bias.shape[3:]).astype(q.dtype)
-    return jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        bias=bias,
-        mask=mask,
-        is_causal=causal,
-        implementation="cudnn" if impl == "cudnn" else None,
-    )
-  B, T, H, K = q.shape
-  S, G = k.shape[1], k.shape[2]
-  R = H // G  # query heads per key/value head
-  qh = q.reshape(B, T, G, R, K).transpose(0, 2, 3, 1, 4)  # [B, G, R, T, K]
-  kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, G, S, K]
-  if mask is not None:  # -> [B or 1, G or 1, R or 1, T or 1, S or 1]
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    mask = (
-        mask[:, None] if mask.shape[1] == 1 else mask.reshape(mask.shape[0], G, R, *mask.shape[2:])
-    )
-  blocks = max(1, min(query_blocks, T // 64)) if causal else 1
-  edges = [T * i // blocks for i in range(blocks + 1)]
-  scale = 1.0 / float(K) ** 0.5  # on the float32 scores
-  outs = []
-  for start, end in zip(edges[:-1], edges[1:]):
-    keys = min(end, S) if causal else S  # keys after the block's last query are all masked
-    s = (
-        jnp.einsum(
-            "bgrtk,bgsk->bgrts",
-            qh[:, :, :, start:end],
-            kh[:, :, :keys],
-            preferred_element_type=jnp.float32,
-        )
-        * scale
-    )
-    if bias is not None:
-      s = s + bias[:, :, :, start:end, :keys]
-    s = soft_cap(s, cap)
-    m = None
-    if causal:
-      m = jnp.arange(start, end)[:, None] >= jnp.arange(keys)[None, :]
-    if mask is not None:
-      mm = mask[..., start:end, :] if mask.shape[3] > 1 else mask
-      mm = mm[..., :keys] if mm.shape[4] > 1 else mm
-      m = mm if m is None else m & mm
-    if m is not None:
-      s = jnp.where(m, s, jnp.finfo(jnp.float32).min)
-    w = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    if dropout_fn is not None:
-      w = dropout_fn(w)
-    outs.append(jnp.einsum("bgrts,bgsk->bgrtk", w, vh[:, :, :keys]))
-  out = outs[0] if blocks == 1 else jnp.concatenate(outs, axis=3)
-  return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+__all__ = ["AUTO_FLASH_MIN_LENGTH", "Attention", "attend", "choose_impl", "max_attention_logit"]
 
 
 class Attention(nn.Module):
@@ -196,6 +52,9 @@ class Attention(nn.Module):
   caller's `mask` is over cache slots ([B, 1, 1, L], e.g. left padding). Cross-attention: the
   first call after `init` projects the context (the encoder output) and caches its keys/values;
   later calls reuse them and never look at `context` again. No attention dropout when decoding.
+
+  `value_residual` (self-attention with model.value_residual): the call also takes the stack's
+  first-block values and returns (output, those values); see `_value_residual`.
   """
 
   cfg: "ModelConfig"  # noqa: F821
@@ -206,11 +65,23 @@ class Attention(nn.Module):
   # ((projection, rule), ...), and the features it adds here (placement_base.FEATURES).
   init_rules: tuple = ()
   features: tuple[str, ...] = ()
+  value_residual: bool = False
 
   @nn.compact
-  def __call__(self, x, context=None, mask=None, positions=None, bias=None, window=None):
+  def __call__(
+      self,
+      x,
+      context=None,
+      mask=None,
+      positions=None,
+      bias=None,
+      window=None,
+      first_values=None,
+      first=True,
+  ):
     """`bias`: a position scheme's ScoreBias, `window`: a sliding window (int, or traced under
-    a scan over layers), both for self-attention only."""
+    a scan over layers), both for self-attention only; `first_values` and `first`: see
+    `_value_residual`."""
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
@@ -230,6 +101,12 @@ class Attention(nn.Module):
       (q,) = fused_dense(c, x, [query(D)], lora_x(x))
     q = checkpoint_name(q, "query_proj")  # the names remat policies keep (modules/remat.py)
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
+    # nGPT: each head's queries and keys on the unit sphere (RoPE keeps a head's norm, so this
+    # equals normalising after it), the queries then scaled by `sphere_query`
+    sphere = QK_SPHERE in self.features
+    on_sphere = (lambda q: sphere_query(self, c, q)) if sphere else (lambda q: q)
+    if sphere:
+      q = unit(q)
     if c.qk_norm:  # normalise each head's queries and keys over head_dim
       q = Norm(c, axis="head_dim", name="query_norm")(q)
     if QKV_NORM in self.features:
@@ -243,6 +120,8 @@ class Attention(nn.Module):
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
       if c.qk_norm:
         k = Norm(c, axis="head_dim", name="key_norm")(k)
+      if sphere:
+        k = unit(k)
       if QKV_NORM in self.features:
         k, v = norm_over_heads(c, k, "key_proj_norm"), norm_over_heads(c, v, "value_proj_norm")
       return k, v
@@ -261,11 +140,14 @@ class Attention(nn.Module):
       mask = with_window(mask, window)
     if self.decode and is_cross:  # keys/values of the context, projected once
       cross = cross_cached(self, project, context)
-      out = attend_cache(q, *cross, mask, softcap=c.attention_softcap)
+      out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap)
     else:
       k, v = project(context if is_cross else x)
       if not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
+      if self.value_residual:
+        v, first_values = self._value_residual(v, first_values, first)
+      q = on_sphere(q)
       if self.decode and self.has_variable("cache", "cached_key"):
         cached = write_cache(self, k, v, mask, bias, window, pattern)
         out = attend_cache(q, *cached, c.attention_softcap)
@@ -314,4 +196,24 @@ class Attention(nn.Module):
     out_weights = DenseWeights(
         c, (D,), ("heads", "head_dim", "embed"), ("embed",), rule=rules.get("out"), name="out"
     )
-    return checkpoint_name(apply_projection(out, out_weights((H, K)), 2, lora_x(out)), "out_proj")
+    out = checkpoint_name(apply_projection(out, out_weights((H, K)), 2, lora_x(out)), "out_proj")
+    return (out, first_values) if self.value_residual else out
+
+  def _value_residual(self, v, first_values, first):
+    """Value residual learning (ResFormer, Zhou et al. 2024, arXiv 2410.17897): the values v
+    [B, T, G, K] of every block but the stack's first become l1 v + l2 V_1, V_1 the first
+    block's values at the same positions, (l1, l2) = `value_residual_gain` [2] (learned, from
+    0.5 each; the first block's pair is never read). `first`: whether this is the first block
+    (a Python bool, or traced under nn.scan), whose own values become V_1; `first_values` the
+    incoming V_1 (None: this block is the first). Returns (the values attention reads, V_1).
+    The key/value cache holds the mixed values, so decoding needs V_1 at the new positions
+    only, which the first block computes in the same call."""
+    gains = self.param(
+        "value_residual_gain", constant(0.5, (None,)), (2,), dtype_of(self.cfg.param_dtype)
+    ).astype(v.dtype)
+    if first_values is None or first is True:
+      return v, v
+    mixed = gains[0] * v + gains[1] * first_values.astype(v.dtype)
+    if first is False:
+      return mixed, first_values
+    return jnp.where(first, v, mixed), jnp.where(first, v, first_values.astype(v.dtype))

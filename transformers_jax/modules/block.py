@@ -23,6 +23,12 @@ class Block(nn.Module):
   what multiplies the skip path or the branch, the init rules). Its norms are named
   `<sublayer>_norm...`, its gains `<sublayer>_..._gain`, for sublayers self_attn, cross_attn
   and ffn. Sows `intermediates/residual_rms`, the RMS of the residual stream leaving the block.
+
+  `x` is the residual stream: [B, T, D], or [B, T, n, D] for a placement with n streams (a
+  [B, T, D] input is copied n times: `Placement.enter`), returned in the placement's shape.
+  With model.value_residual the block takes and returns (stream, V_1), V_1 [B, T, G, K] the
+  stack's first-block self-attention values (Attention._value_residual; an input without
+  V_1 makes this block the first, whatever its index).
   """
 
   cfg: "ModelConfig"  # noqa: F821
@@ -66,6 +72,12 @@ class Block(nn.Module):
     c = self.cfg
     placement = PLACEMENTS[c.norm_placement]
     depth = self.depth(layer)
+    first_values = None
+    if c.value_residual and isinstance(x, tuple):
+      x, first_values = x
+    x = placement.enter(c, x)
+    first = True if first_values is None else depth.layer == 0
+    carried = {}  # the V_1 the self-attention returns
     site = Site(
         self,
         depth,
@@ -81,14 +93,22 @@ class Block(nn.Module):
     # what each query may attend is the mask's (modules/masks.py; the Stack sets the pattern),
     # the block's `causal` only where a caller passes none
     window = self.window(depth.layer, is_causal(mask, self.causal))
-    sublayers = [
-        (
-            "self_attn",
-            lambda h: Attention(causal=self.causal, name="self_attn", **kw, **parts("self_attn"))(
-                h, mask=mask, positions=positions, bias=bias, window=window
-            ),
-        )
-    ]
+
+    def self_attn(h):
+      attention = Attention(
+          causal=self.causal,
+          name="self_attn",
+          value_residual=c.value_residual,
+          **kw,
+          **parts("self_attn"),
+      )
+      args = dict(mask=mask, positions=positions, bias=bias, window=window)
+      if not c.value_residual:
+        return attention(h, **args)
+      y, carried["first_values"] = attention(h, first_values=first_values, first=first, **args)
+      return y
+
+    sublayers = [("self_attn", self_attn)]
     if self.cross:
       sublayers.append(
           (
@@ -104,8 +124,11 @@ class Block(nn.Module):
       ffn = FeedForward(c, name="ffn", deterministic=self.deterministic, **parts("ffn"))
     sublayers.append(("ffn", ffn))
     x = placement.block(site, x, sublayers)
-    x = nn.with_logical_constraint(x, ("act_batch", "act_length", "act_embed"))
+    names = ("act_batch", "act_length") + (None,) * (x.ndim - 3) + ("act_embed",)
+    x = nn.with_logical_constraint(x, names)
     self.sow("intermediates", "residual_rms", jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
+    if c.value_residual:
+      x = (x, carried["first_values"])
     return (x, None) if self.scanned else x
 
 
@@ -114,7 +137,10 @@ class Stack(nn.Module):
   every parameter with a leading `layers` axis, the block index a scanned input), with the
   config's remat policy. `role` tells the blocks which stack of an encoder-decoder they are in
   (norm placements whose constants depend on both depths read it). A position scheme's score
-  bias (modules/positions.py) is made here, once, and every block's self-attention adds it."""
+  bias (modules/positions.py) is made here, once, and every block's self-attention adds it.
+  The stream enters the blocks as the placement carries it (n copies for hyper-connections) and
+  leaves as [B, T, D]; with model.value_residual the carry also holds the first block's values
+  (under nn.scan: zeros of their shape before the first block, which does not read them)."""
 
   cfg: "ModelConfig"  # noqa: F821
   num_layers: int
@@ -145,6 +171,11 @@ class Stack(nn.Module):
     if mask is None or isinstance(mask, AttentionMask):  # the stack's pattern, as data
       mask = with_pattern(mask, self.causal or is_causal(mask))
     args = (mask, positions, context, context_mask, bias)
+    placement = PLACEMENTS[c.norm_placement]
+    x = placement.enter(c, x)  # n copies of the stream for hyper-connections
+    if c.value_residual:  # (stream, V_1): the first block replaces these zeros with its values
+      B, T = x.shape[:2]
+      x = (x, jnp.zeros((B, T, c.kv_heads, c.head_width), dtype_of(c.dtype)))
     if c.scan_layers:
       body = nn.scan(
           block,
@@ -163,10 +194,12 @@ class Stack(nn.Module):
       )
       layers = jnp.arange(self.num_layers, dtype=jnp.int32)
       x, _ = body(moe=c.is_moe_layer(0), scanned=True, name="layers", **kw)(x, *args, layers)
-      return x
-    for i in range(self.num_layers):
-      x = block(moe=c.is_moe_layer(i), layer=i, name=f"layer_{i}", **kw)(x, *args)
-    return x
+    else:
+      for i in range(self.num_layers):
+        x = block(moe=c.is_moe_layer(i), layer=i, name=f"layer_{i}", **kw)(x, *args)
+    if c.value_residual:
+      x, _ = x
+    return placement.leave(c, x)
 
 
 def scan_to_loop(tree):

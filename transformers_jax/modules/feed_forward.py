@@ -21,7 +21,8 @@ from transformers_jax.modules.common import (
     zeros,
 )
 from transformers_jax.modules.norms import Norm
-from transformers_jax.modules.placement_base import FFN_MID_NORM
+from transformers_jax.modules.placement_base import FFN_MID_NORM, FFN_SCALES
+from transformers_jax.modules.placements.ngpt import FFN_SCALE, scaled_gain
 from transformers_jax.modules.moe_ragged import ragged_moe
 from transformers_jax.modules.splash import target_platform
 
@@ -29,7 +30,9 @@ from transformers_jax.modules.splash import target_platform
 class FeedForward(nn.Module):
   """D -> F -> D. Gated variants (swiglu, geglu) multiply act(x W0) by x W1 before narrowing.
   A norm placement may set the projections' initialisers (`init_rules`, as in Attention) and add a
-  norm on the hidden activations before `wo` (`features`: placement_base.FFN_MID_NORM)."""
+  norm on the hidden activations before `wo` (`features`: placement_base.FFN_MID_NORM), or
+  nGPT's scales (FFN_SCALES): the gate's input x W0 (a non-gated FFN's x W_i) times s_v sqrt(D)
+  (`gate_gain`), the gated one's x W1 times s_u (`up_gain`); placements/ngpt.py."""
 
   cfg: "ModelConfig"  # noqa: F821
   init_rules: tuple = ()
@@ -42,16 +45,25 @@ class FeedForward(nn.Module):
     act = activation(c.activation)
     rules = dict(self.init_rules)
     lora_x = adapter_dropout(c, self.deterministic)
+
+    def scaled(h, name, factor):  # nGPT's s_v sqrt(D) and s_u (FFN_SCALES)
+      if FFN_SCALES not in self.features:
+        return h
+      s = scaled_gain(self, c, name, (c.ff_width,), FFN_SCALE, ("mlp",))
+      return h * (s * factor).astype(h.dtype)
+
     if c.gated:
       gate, up = (
           DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
-      h = act(checkpoint_name(h0, "mlpwi_0")) * checkpoint_name(h1, "mlpwi_1")
+      gate = scaled(checkpoint_name(h0, "mlpwi_0"), "gate_gain", c.d_model**0.5)
+      h = act(gate) * scaled(checkpoint_name(h1, "mlpwi_1"), "up_gain", 1.0)
     else:
       wi = DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
-      h = act(checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi"))
+      h = checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi")
+      h = act(scaled(h, "gate_gain", c.d_model**0.5))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
       h = Norm(c, axis="mlp", name="mid_norm")(h)

@@ -19,13 +19,27 @@ import math
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
 # Features a placement can ask the sublayers for (Attention and FeedForward read them):
 QKV_NORM = "qkv_norm"  # a norm on the whole query, key and value projections (HybridNorm)
 ATTENTION_OUT_NORM = "attention_out_norm"  # a norm on the heads' output before `out` (Sub-LN)
 HEAD_GAIN = "head_gain"  # a learned gain per head before `out`, initialised to 1 (NormFormer)
 FFN_MID_NORM = "ffn_mid_norm"  # a norm on the hidden activations before `wo` (NormFormer, Sub-LN)
-FEATURES = (QKV_NORM, ATTENTION_OUT_NORM, HEAD_GAIN, FFN_MID_NORM)
+# queries and keys of each head put on the unit sphere (after any rotation), the queries scaled
+# by a learned gain per head and width, the scores by sqrt(head_dim) rather than its inverse (nGPT)
+QK_SPHERE = "qk_sphere"
+FFN_SCALES = "ffn_scales"  # learned gains on the FFN's hidden projections (nGPT's s_u, s_v)
+LOGIT_GAIN = "logit_gain"  # a learned gain per vocabulary entry on the logits (nGPT's s_z)
+FEATURES = (
+    QKV_NORM,
+    ATTENTION_OUT_NORM,
+    HEAD_GAIN,
+    FFN_MID_NORM,
+    QK_SPHERE,
+    FFN_SCALES,
+    LOGIT_GAIN,
+)
 
 # Projections an initialisation rule can name, per sublayer kind.
 ATTENTION_PROJECTIONS = ("query", "key", "value", "out")
@@ -64,8 +78,9 @@ class Site:
     """A norm of the config's kind (`model.norm`) named `name` in the block."""
     return self._make_norm(name)
 
-  def gain(self, name: str, shape: tuple[int, ...], value: float):
-    """A learned gain `name` (must end in `_gain`) of `shape`, initialised to `value`."""
+  def gain(self, name: str, shape: tuple[int, ...], value):
+    """A learned gain `name` (must end in `_gain`) of `shape`, initialised to `value` (a number,
+    or an array broadcast to `shape`; under nn.scan it may depend on the traced block index)."""
     assert name.endswith("_gain"), name
     names = ("embed",) if shape == (self.cfg.d_model,) else (None,) * len(shape)
     return self.block.gain_param(name, shape, value, names)
@@ -114,6 +129,39 @@ class Placement:
   paper_init: str = "gpt2"
   paper_init_source: str = ""
   embed_norm: bool = False  # a norm right after the embeddings, whatever model.embed_norm says
+  # the model fields (of PLACEMENT_FIELDS) this placement reads; the others must keep their
+  # defaults (validation refuses a setting nothing reads)
+  reads: tuple[str, ...] = ()
+
+  def streams(self, cfg) -> int:
+    """How many copies of the residual stream the blocks carry: 1 ([B, T, D]), or n > 1 for
+    hyper-connections ([B, T, n, D], `enter` and `leave` convert)."""
+    del cfg
+    return 1
+
+  def enter(self, cfg, x):
+    """The stack's input [B, T, D] as the blocks carry it (a stream already entered is left as
+    it is)."""
+    n = self.streams(cfg)
+    if n == 1 or x.ndim == 4:
+      return x
+    return jnp.broadcast_to(x[..., None, :], (*x.shape[:-1], n, x.shape[-1]))
+
+  def leave(self, cfg, x):
+    """The last block's output back to [B, T, D]: the n streams summed."""
+    return x.sum(-2) if self.streams(cfg) > 1 else x
+
+  def constraint(self, cfg) -> Callable | None:
+    """A function params -> params that the training update applies after every optimizer step
+    (and `models.initializer` once to the initial parameters), or None. It receives one model's
+    parameters as plain arrays, blocks looped or scanned (a `layers` axis first)."""
+    del cfg
+    return None
+
+  def config_problem(self, cfg) -> tuple[str, str, str] | None:
+    """(field, value, fix) of a setting this placement cannot work with, or None."""
+    del cfg
+    return None
 
   def block(self, site: Site, x, sublayers: list[Sublayer]):
     for name, fn in sublayers:
@@ -144,10 +192,21 @@ class Placement:
     return self.arg_default if cfg.norm_placement_arg is None else cfg.norm_placement_arg
 
 
+# Model fields that only some placements read (`Placement.reads`), with their defaults.
+PLACEMENT_FIELDS = {"residual_streams": 4, "hyper_dynamic": False}
+
+
 def config_problem(c, placement: Placement) -> tuple[str, str, str] | None:
   """(field, value, fix) of the first setting `placement` cannot work with, or None."""
   if placement.unavailable:
     return "norm_placement", repr(c.norm_placement), placement.unavailable
+  for field, default in PLACEMENT_FIELDS.items():
+    if getattr(c, field) != default and field not in placement.reads:
+      fix = f"norm_placement={c.norm_placement} does not read it: leave it at {default}"
+      return field, repr(getattr(c, field)), fix
+  own = placement.config_problem(c)
+  if own:
+    return own
   arg = c.norm_placement_arg
   if arg is not None and not placement.arg_meaning:
     fix = f"norm_placement={c.norm_placement} takes no argument: leave it unset (None)"

@@ -11,7 +11,7 @@ import optax
 from flax import linen as nn
 
 from transformers_jax.machine import parallel
-from transformers_jax.models import build_model, lora
+from transformers_jax.models import build_model, lora, parameter_constraint
 from transformers_jax.train import optim
 from transformers_jax.train.state import on_device
 
@@ -83,7 +83,12 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
   population vmaps it over its members (train/members.py). `optimizer(hparams)` is the optax
   transformation for those hyperparameters (optim.HPARAMS: Python numbers, or a member's traced
   scalars); `grad_shardings` pins the accumulated gradients of micro-batches to the parameters'
-  layout; `frozen` is the Task's (Task.frozen_runs), shared by every micro-batch and member."""
+  layout; `frozen` is the Task's (Task.frozen_runs), shared by every micro-batch and member.
+
+  After optax's update the model's parameter constraint, where the config declares one
+  (models.parameter_constraint: a placement's `constraint`, e.g. nGPT's unit-norm weights),
+  maps the new parameters back onto its manifold: every driver, and each member of a
+  population, runs this one body, so all of them apply it after every step."""
   loss_fn = make_loss_fn(
       task,
       model_cfg,
@@ -92,6 +97,7 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
       moe_router_z_weight=config.moe_router_z_weight,
   )
   accum = config.grad_accum_steps
+  constrain = parameter_constraint(model_cfg)  # params -> params after each step, or None
   # What is differentiated and updated: every parameter, or with LoRA the adapters only (the
   # rest enters the loss as a constant and gets neither gradients nor optimizer state).
   trained_of = lambda p: lora.trainable(p, model_cfg)  # noqa: E731
@@ -132,6 +138,8 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
     grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
     updates, opt_state = optimizer(hparams).update(grads, opt_state, trained)
     params = lora.with_trainable(params, optax.apply_updates(trained, updates), model_cfg)
+    if constrain is not None:
+      params = constrain(params)
     metrics = task.metrics(sums, weight)
     metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
     if "aux" in sums:

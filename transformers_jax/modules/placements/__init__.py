@@ -6,7 +6,8 @@ stack of L blocks. For an encoder-decoder, N_enc and M_dec are the two stacks' d
 
 Adding a placement: write a `Placement` subclass in one of this package's modules (its
 `sublayer` or `block`, plus any of `projection_init`, `token_embedding_std`, `profile`,
-`features`, `final_norm`, `arg_*`, `paper_init`) and add it to PLACEMENTS below. Everything else
+`features`, `final_norm`, `arg_*`, `paper_init`, `streams`, `constraint`, `config_problem`)
+and add it to PLACEMENTS below. Everything else
 (config validation, the four families, scan and remat, decoding, counting, the tests that run
 every placement) reads this table.
 """
@@ -30,8 +31,8 @@ from transformers_jax.modules.placements.norm_sites import (
     SubLN,
     magneto_gain,
 )
+from transformers_jax.modules.placements.ngpt import NGPT
 from transformers_jax.modules.placements.residual_scales import (
-    NGPT,
     SUBLAYER_ORDER,
     Admin,
     DeepNorm,
@@ -42,6 +43,11 @@ from transformers_jax.modules.placements.residual_scales import (
     cait_epsilon,
     deepnet_constants,
     tfixup_scale,
+)
+from transformers_jax.modules.placements.streams import (
+    HyperConnections,
+    ManifoldHyperConnections,
+    sinkhorn,
 )
 
 PLACEMENTS: dict[str, Placement] = {
@@ -65,6 +71,8 @@ PLACEMENTS: dict[str, Placement] = {
     "parallel": Parallel(),
     "mixln": MixLN(),
     "ngpt": NGPT(),
+    "hyper": HyperConnections(),
+    "mhc": ManifoldHyperConnections(),
 }
 
 __all__ = [
@@ -73,5 +81,6 @@ __all__ = [
     "cait_epsilon",
     "deepnet_constants",
     "magneto_gain",
+    "sinkhorn",
     "tfixup_scale",
 ]

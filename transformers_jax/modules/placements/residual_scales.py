@@ -179,17 +179,3 @@ class TFixup(Placement):
     name = "decoder" if "decoder" in depths else "encoder"
     layers, other, role = depths[name]
     return cfg.d_model**-0.5 * tfixup_scale(cfg, Depth(0, layers, role, other))
-
-
-class NGPT(Placement):
-  """nGPT (Loshchilov et al. 2024), the normalised Transformer, is not built: it needs every
-  weight matrix's rows renormalised to unit norm after each optimizer step and learned
-  eigen learning rates on the residual updates; the trainer has no per-step weight hook yet.
-  Validation refuses it with that reason."""
-
-  unavailable = (
-      "nGPT needs every weight row renormalised to unit length after each optimizer step "
-      "(a per-step weight hook the trainer does not have) and eigen learning rates on the "
-      "residual updates: not built; the closest built schemes are norm_placement=reordered or "
-      "sandwich with model.qk_norm=True"
-  )
