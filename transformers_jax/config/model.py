@@ -39,7 +39,7 @@ class ModelConfig:
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
   position_offset: int = 0  # learned: table rows before position 0, never looked up (BART: 2)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
-  positions: str = "learned"  # the position scheme (modules/positions.py says what each does)
+  positions: str = "learned"  # the position scheme (modules/positions/ says what each does)
   rope_theta: float = 10000.0  # RoPE base wavelength
   # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
   rope_scaling: str = ""
