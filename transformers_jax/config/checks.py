@@ -9,13 +9,14 @@ import numbers
 
 from transformers_jax.modules import feed_forward, inits, lora, remat, scores
 from transformers_jax.modules.common import ACTIVATIONS
+from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
 POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
-NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
+NORMS = tuple(NORM_KINDS)  # modules/norm_kinds.py: each one's formula
 FEED_FORWARDS = ("dense", "moe")
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
@@ -39,7 +40,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       "positions": POSITIONS,
       "norm_placement": tuple(PLACEMENTS),
       "init": tuple(inits.INITS),
-      "norm": NORMS,
+      "norm": tuple(NORM_KINDS),
       "activation": tuple(ACTIVATIONS),
       "feed_forward": FEED_FORWARDS,
       "moe_impl": MOE_IMPLS,
@@ -154,8 +155,6 @@ def validate(c) -> None:
     _fail("num_classes", str(c.num_classes), "a classifier head needs num_classes >= 1")
   if c.family == "vit" and c.embed_scale_learned:
     _fail("embed_scale_learned", "True", "a ViT has no token embeddings to scale: set False")
-  if c.dyt_alpha <= 0 or (c.dyt_alpha_attention is not None and c.dyt_alpha_attention <= 0):
-    _fail("dyt_alpha", str(c.dyt_alpha), "DyT's alpha_0 values must be positive")
   if c.family == "vit":
     if c.patch_size < 1 or c.image_size < 1:
       _fail("patch_size", str(c.patch_size), "image_size and patch_size must be positive")
@@ -169,6 +168,7 @@ def validate(c) -> None:
       lora.config_problem,
       remat.config_problem,
       position_scheme(c).config_problem,
+      NORM_KINDS[c.norm].config_problem,
       feed_forward.config_problem,
       scores.config_problem,
   )

@@ -14,6 +14,7 @@ import ml_collections
 
 from transformers_jax.config.checks import HEADS, validate
 from transformers_jax.modules.common import ACTIVATIONS
+from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placements import PLACEMENTS
 
 
@@ -51,7 +52,7 @@ class ModelConfig:
   # The placement's constant (mixln: post-LN fraction alpha; layerscale: lambda's initial
   # value); None = the paper's value. Placements without one refuse a value.
   norm_placement_arg: float | None = None
-  norm: str = "layernorm"  # the norm every placement uses (modules/norms.py)
+  norm: str = "layernorm"  # the norm every placement uses (modules/norm_kinds.py)
   dyt_alpha: float = 0.5  # dyt: alpha's initial value (Zhu et al. 2025: 0.5)
   # dyt: alpha's initial value in the norms before attention; None = dyt_alpha (the DyT paper's
   # LLM recipe sets the two apart by width, e.g. 0.8 and 0.2 for LLaMA 7B)
@@ -60,7 +61,8 @@ class ModelConfig:
   qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
   norm_scale: bool = True  # learned scale (gamma) in every norm
   norm_unit_offset: bool = False  # the scale is stored as w and applied as 1 + w (Gemma)
-  norm_bias: bool | None = None  # learned shift (beta); None = on for layernorm and dyt only
+  # learned shift (beta); None = the norm kind's default (the + beta of its formula)
+  norm_bias: bool | None = None
   final_norm: bool | None = None  # norm after the last block; None = the placement's default
   embed_norm: bool = False  # norm right after the embeddings (BERT)
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
@@ -153,7 +155,7 @@ class ModelConfig:
 
   @property
   def has_norm_bias(self) -> bool:
-    return (self.norm in ("layernorm", "dyt")) if self.norm_bias is None else self.norm_bias
+    return NORM_KINDS[self.norm].bias_by_default if self.norm_bias is None else self.norm_bias
 
   @property
   def has_final_norm(self) -> bool:
