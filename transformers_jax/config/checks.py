@@ -8,7 +8,7 @@ import math
 import numbers
 
 from transformers_jax.modules import feed_forward, inits, lora, remat, scores
-from transformers_jax.modules.common import ACTIVATIONS
+from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from transformers_jax.config.checks import HEADS, validate
-from transformers_jax.modules.common import ACTIVATIONS
+from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placements import PLACEMENTS
 
@@ -68,7 +68,7 @@ class ModelConfig:
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
   # a learned scalar times the token embeddings, initialised to sqrt(d_model) (DyT's LLM recipe)
   embed_scale_learned: bool = False
-  # the feed-forward non-linearity; the *glu ones are gated (modules/common.py)
+  # the feed-forward non-linearity; the *glu ones are gated (modules/activations.py)
   activation: str = "gelu"
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
@@ -173,7 +173,7 @@ class ModelConfig:
 
   @property
   def gated(self) -> bool:
-    return ACTIVATIONS[self.activation][2]
+    return ACTIVATIONS[self.activation].gated
 
   @property
   def num_patches(self) -> int:
