@@ -17,7 +17,7 @@ from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
 POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
 NORMS = tuple(NORM_KINDS)  # modules/norm_kinds.py: each one's formula
-FEED_FORWARDS = ("dense", "moe")
+FEED_FORWARDS = tuple(feed_forward.FEED_FORWARDS)  # modules/feed_forward.py: what each is
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
 REMAT_POLICIES = remat.POLICIES  # modules/remat.py says what each keeps
@@ -42,7 +42,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       "init": tuple(inits.INITS),
       "norm": tuple(NORM_KINDS),
       "activation": tuple(ACTIVATIONS),
-      "feed_forward": FEED_FORWARDS,
+      "feed_forward": tuple(feed_forward.FEED_FORWARDS),
       "moe_impl": MOE_IMPLS,
       "attention_impl": ATTENTION_IMPLS,
       "context_strategy": ("all_gather", "ring"),
@@ -177,9 +177,3 @@ def validate(c) -> None:
       _fail(*problem)
   if c.stack_embeddings and not (c.family == "encoder_decoder" and c.share_embeddings):
     _fail("stack_embeddings", "True", "only an encoder_decoder with share_embeddings=True")
-  if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
-    _fail(
-        "moe_every",
-        str(c.moe_every),
-        "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
-    )

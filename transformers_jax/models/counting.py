@@ -30,6 +30,7 @@ from transformers_jax.models import as_model_config, param_shapes
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
 from transformers_jax.modules import lora
+from transformers_jax.modules.feed_forward import FEED_FORWARDS
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import position_scheme
 
@@ -142,19 +143,6 @@ def _attention(c: ModelConfig) -> int:
   return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D)
 
 
-def _ffn_dense(c: ModelConfig) -> int:
-  D, F, b = c.d_model, c.ff_width, int(c.use_bias)
-  n_in = 2 if c.gated else 1
-  return n_in * (D * F + b * F) + F * D + b * D
-
-
-def _ffn(c: ModelConfig, moe: bool, active: bool = False) -> int:
-  if not moe:
-    return _ffn_dense(c)
-  experts = c.top_k if active else c.num_experts
-  return c.d_model * c.num_experts + experts * _ffn_dense(c)
-
-
 @functools.cache
 def block_placement_params(c: ModelConfig, cross: bool) -> dict[str, int]:
   """The `norms` and `gains` of one Block, as the norm placement builds them: read off the
@@ -182,7 +170,9 @@ def _lora(c: ModelConfig, cross: bool) -> int:
 def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
   out = {
       "attention": layers * _attention(c) * (2 if cross else 1),
-      "feed_forward": sum(_ffn(c, c.is_moe_layer(i), active) for i in range(layers)),
+      "feed_forward": sum(
+          FEED_FORWARDS[c.feed_forward].params(c, i, active) for i in range(layers)
+      ),
       "lora": layers * _lora(c, cross),
   }
   for component, n in block_placement_params(c, cross).items():
