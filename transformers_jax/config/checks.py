@@ -15,9 +15,10 @@ from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
-POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
-NORMS = tuple(NORM_KINDS)  # modules/norm_kinds.py: each one's formula
-FEED_FORWARDS = tuple(feed_forward.FEED_FORWARDS)  # modules/feed_forward.py: what each is
+# The registries' names as they stood at import (choices() reads the registries themselves).
+POSITIONS = tuple(POSITION_SCHEMES)
+NORMS = tuple(NORM_KINDS)
+FEED_FORWARDS = tuple(feed_forward.FEED_FORWARDS)
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
 REMAT_POLICIES = remat.POLICIES  # modules/remat.py says what each keeps
@@ -31,18 +32,34 @@ HEADS = {
 POOLS = ("cls", "mean")
 
 
+def registries() -> dict[str, dict]:
+  """Each model field whose names are a registry's keys, and the registry, as it stands: every
+  entry is the one place its name, its one-line summary (common.summary_of), its own checks and
+  its parameters are defined."""
+  return {
+      "positions": POSITION_SCHEMES,  # modules/positions/
+      "norm_placement": PLACEMENTS,  # modules/placements/
+      "init": inits.INITS,  # modules/inits.py
+      "norm": NORM_KINDS,  # modules/norms.py, modules/norm_kinds.py
+      "activation": ACTIVATIONS,  # modules/activations.py
+      "feed_forward": feed_forward.FEED_FORWARDS,  # modules/feed_forward.py
+  }
+
+
 def choices() -> dict[str, tuple[str, ...]]:
   """Each model field that takes one of a fixed set of names, and the names: the registries'
-  (placements, initialisations, position schemes, activations, remat policies) read as they
-  stand, so the checks, --config_help and docs/config.md list every entry and no stale one."""
+  (placements, initialisations, position schemes, norm kinds, activations, feed-forward kinds,
+  remat policies) read as they stand, so the checks, --config_help and docs/config.md list every
+  entry and no stale one."""
+  named = {field: tuple(registry) for field, registry in registries().items()}
   return {
       "family": FAMILIES,
-      "positions": POSITIONS,
-      "norm_placement": tuple(PLACEMENTS),
-      "init": tuple(inits.INITS),
-      "norm": tuple(NORM_KINDS),
-      "activation": tuple(ACTIVATIONS),
-      "feed_forward": tuple(feed_forward.FEED_FORWARDS),
+      "positions": named["positions"],
+      "norm_placement": named["norm_placement"],
+      "init": named["init"],
+      "norm": named["norm"],
+      "activation": named["activation"],
+      "feed_forward": named["feed_forward"],
       "moe_impl": MOE_IMPLS,
       "attention_impl": ATTENTION_IMPLS,
       "context_strategy": ("all_gather", "ring"),

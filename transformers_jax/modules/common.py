@@ -1,4 +1,5 @@
-"""Small helpers shared by the modules: dtypes, initialisers with logical axis names."""
+"""Small helpers shared by the modules: dtypes, initialisers with logical axis names, registry
+entries' summaries."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from transformers_jax.modules import inits, lora
 # the activations' registry (modules/activations.py), which the modules also take from here
 from transformers_jax.modules.activations import ACTIVATIONS as ACTIVATIONS
 from transformers_jax.modules.activations import activation as activation
+
+
+def summary_of(entry) -> str:
+  """A registry entry's one-line description (--config_help, docs/config.md and
+  docs/architecture.md show it): its `summary`, else the first paragraph of its class's
+  docstring on one line."""
+  own = getattr(entry, "summary", "")
+  if own:
+    return own
+  doc = type(entry).__doc__ or ""
+  return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def soft_cap(x, cap: float):
