@@ -18,6 +18,18 @@ def test_the_generated_reference_is_current():
   )
 
 
+@pytest.mark.parametrize("page", config_reference.SECTION_PAGES)
+def test_the_registries_lists_in_the_docs_are_current(page):
+  """README.md's and docs/architecture.md's lists of placements, position schemes, norm kinds,
+  activations, objectives ... are the registries' (their marked sections)."""
+  written = (ROOT / page).read_text()
+  assert "<!-- registry:" in written or "<!-- names:" in written
+  assert written == config_reference.fill_sections(written), (
+      f"{page}'s registry lists are out of date: regenerate them with "
+      f"`{config_reference.REGENERATE_SECTIONS}`"
+  )
+
+
 @pytest.mark.parametrize("name", PRESET_FILES)
 def test_every_field_of_every_preset_has_a_default_and_a_meaning(name):
   module = load_config_module(str(ROOT / "experiments" / f"{name}.py"))

@@ -1,4 +1,4 @@
-"""Position schemes (modules/positions.py) as one object each: T5's relative bias and ALiBi as
+"""Position schemes (modules/positions/) as one object each: T5's relative bias and ALiBi as
 score biases that every attention path takes (einsum, the fused call, flash per block with the
 table's gradient, the KV cache, the context axis gathered or passed around a ring), their
 formulas, their parameter counts, and what is refused."""
@@ -241,9 +241,14 @@ def test_relative_positions_make_scores_shift_invariant():
 
 
 def test_the_registry_names_every_scheme_and_splash_refuses_a_bias():
-  names = {"sinusoidal", "sinusoidal_halves", "learned", "rope", "t5", "alibi", "none"}
-  assert set(POSITION_SCHEMES) == names
-  for positions in ("t5", "alibi"):
+  """The choices validation takes are the registry's, and every scheme with a score bias (T5's
+  and ALiBi among them) is refused with splash."""
+  from transformers_jax.config import choices
+
+  assert choices()["positions"] == tuple(POSITION_SCHEMES)
+  biased = [name for name, scheme in POSITION_SCHEMES.items() if scheme.has_score_bias]
+  assert {"t5", "alibi"} <= set(biased)
+  for positions in biased:
     with pytest.raises(ValueError, match="model.attention_impl='splash'.*use flash"):
       ModelConfig(positions=positions, attention_impl="splash", attention_block_q=128)
   with pytest.raises(ValueError, match="model.relative_max_distance=8"):

@@ -7,7 +7,12 @@ read with ast and tokenize, so there is one copy of each meaning. docs/config.md
     python -m transformers_jax.config_reference --out docs/config.md
 
 and `--config_help` (on every command that takes --config) prints the same list for one config,
-with its values beside the defaults.
+with its values beside the defaults. The registries' entries (position schemes, placements,
+norm kinds, activations, objectives ...) are listed from the registries themselves, each with
+its one-line summary; the same lists fill the marked sections of README.md and
+docs/architecture.md:
+
+    python -m transformers_jax.config_reference --sections
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import ast
 import inspect
 import io
+import pathlib
+import re
 import sys
 import textwrap
 import tokenize
@@ -23,10 +30,14 @@ from typing import Any
 from transformers_jax import config as config_lib
 from transformers_jax import train_config
 from transformers_jax.data.fields import add_data_fields
+from transformers_jax.modules.common import summary_of
 from transformers_jax.tasks import TASKS, registry_lines
 
 DOC_PATH = "docs/config.md"
 REGENERATE = f"python -m transformers_jax.config_reference --out {DOC_PATH}"
+# the pages whose marked sections list the registries' entries (fill_sections)
+SECTION_PAGES = ("README.md", "docs/architecture.md")
+REGENERATE_SECTIONS = "python -m transformers_jax.config_reference --sections"
 
 
 def _comments(source: str) -> tuple[dict[int, str], dict[int, str]]:
@@ -187,7 +198,18 @@ def help_text(config, name: str = "") -> str:
     lines.append(f"  {field} = {_shown(value)}{changed}")
     if meaning and where == field:
       lines.append(f"      {meaning}")
+    if field.startswith("model."):  # (the objectives are listed above)
+      lines += [f"        {n}: {summary}" for n, summary in entry_summaries(field).items()]
   return "\n".join(lines)
+
+
+def entry_summaries(field: str) -> dict[str, str]:
+  """{name: one-line summary} of the registry behind `field` (`model.positions`, `task`, ...),
+  in the registry's order; empty for a field that no registry backs."""
+  if field == "task":
+    return {name: summary_of(task) for name, task in TASKS.items()}
+  registry = config_lib.registries().get(field.removeprefix("model."), {})
+  return {name: summary_of(entry) for name, entry in registry.items()}
 
 
 def _cell(text: str) -> str:
@@ -217,7 +239,44 @@ def markdown() -> str:
       out.append(f"| `{where}.*` | | {_cell(meaning)} |")
     shown = meaning if where == field else f"see `{where}.*`"
     out.append(f"| `{field}` | `{_cell(_shown(default))}` | {_cell(shown)} |")
-  return "\n".join(out) + "\n"
+  out += ["", "## The names a field takes from a registry", ""]
+  for field in ["task"] + [f"model.{f}" for f in config_lib.registries()]:
+    out += [f"`{field}`:", "", entry_table(field), ""]
+  return "\n".join(out[:-1]) + "\n"
+
+
+def entry_table(field: str) -> str:
+  """A markdown table of the registry behind `field`: each name and its summary (objectives:
+  with the families and heads they train)."""
+  if field == "task":
+    rows = ["| name | trains | what it is |", "|---|---|---|"]
+    for name, task in TASKS.items():
+      trains = ", ".join(task.families) or "any family"
+      trains += f" (head {', '.join(task.heads)})" if task.heads else ""
+      rows.append(f"| `{name}` | {_cell(trains)} | {_cell(summary_of(task))} |")
+    return "\n".join(rows)
+  rows = ["| name | what it is |", "|---|---|"]
+  rows += [f"| `{n}` | {_cell(summary)} |" for n, summary in entry_summaries(field).items()]
+  return "\n".join(rows)
+
+
+# <!-- registry:FIELD --> ... <!-- /registry:FIELD -->: the table of FIELD's registry (lines of
+# their own); <!-- names:FIELD -->...<!-- /names:FIELD -->: its names in a sentence.
+_SECTION = re.compile(r"<!-- (registry|names):([\w.]+) -->(.*?)<!-- /\1:\2 -->", re.S)
+
+
+def fill_sections(text: str) -> str:
+  """`text` with every marked section holding its registry's entries as they stand."""
+
+  def fill(match):
+    kind, field = match.group(1), match.group(2)
+    if kind == "names":
+      body = ", ".join(f"`{name}`" for name in entry_summaries(field))
+    else:
+      body = f"\n{entry_table(field)}\n"
+    return f"<!-- {kind}:{field} -->{body}<!-- /{kind}:{field} -->"
+
+  return _SECTION.sub(fill, text)
 
 
 def main(argv: list[str]) -> int:
@@ -225,8 +284,15 @@ def main(argv: list[str]) -> int:
     with open(argv[1], "w") as f:
       f.write(markdown())
     return 0
+  if argv == ["--sections"]:  # from the checkout's root
+    for page in map(pathlib.Path, SECTION_PAGES):
+      page.write_text(fill_sections(page.read_text()))
+    return 0
   if argv:
-    print(f"error: unexpected arguments {argv}: give --out FILE, or none", file=sys.stderr)
+    print(
+        f"error: unexpected arguments {argv}: give --out FILE, --sections, or none",
+        file=sys.stderr,
+    )
     return 2
   sys.stdout.write(markdown())
   return 0

@@ -15,6 +15,7 @@ from transformers_jax.config.checks import (
     POSITIONS,
     REMAT_POLICIES,
     choices,
+    registries,
     validate,
 )
 from transformers_jax.config.files import load_config_module, model_config_dict
@@ -35,6 +36,7 @@ __all__ = [
     "REMAT_POLICIES",
     "ModelConfig",
     "choices",
+    "registries",
     "load_config_module",
     "model_config_dict",
     "validate",

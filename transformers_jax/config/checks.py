@@ -8,15 +8,17 @@ import math
 import numbers
 
 from transformers_jax.modules import feed_forward, inits, lora, remat, scores
-from transformers_jax.modules.common import ACTIVATIONS
+from transformers_jax.modules.activations import ACTIVATIONS
+from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import POSITION_SCHEMES, position_scheme
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "vit")
-POSITIONS = tuple(POSITION_SCHEMES)  # modules/positions.py: what each one does
-NORMS = ("layernorm", "rmsnorm", "scalenorm", "dyt")
-FEED_FORWARDS = ("dense", "moe")
+# The registries' names as they stood at import (choices() reads the registries themselves).
+POSITIONS = tuple(POSITION_SCHEMES)
+NORMS = tuple(NORM_KINDS)
+FEED_FORWARDS = tuple(feed_forward.FEED_FORWARDS)
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "fused", "cudnn", "einsum", "flash", "splash")
 REMAT_POLICIES = remat.POLICIES  # modules/remat.py says what each keeps
@@ -30,18 +32,34 @@ HEADS = {
 POOLS = ("cls", "mean")
 
 
+def registries() -> dict[str, dict]:
+  """Each model field whose names are a registry's keys, and the registry, as it stands: every
+  entry is the one place its name, its one-line summary (common.summary_of), its own checks and
+  its parameters are defined."""
+  return {
+      "positions": POSITION_SCHEMES,  # modules/positions/
+      "norm_placement": PLACEMENTS,  # modules/placements/
+      "init": inits.INITS,  # modules/inits.py
+      "norm": NORM_KINDS,  # modules/norms.py, modules/norm_kinds.py
+      "activation": ACTIVATIONS,  # modules/activations.py
+      "feed_forward": feed_forward.FEED_FORWARDS,  # modules/feed_forward.py
+  }
+
+
 def choices() -> dict[str, tuple[str, ...]]:
   """Each model field that takes one of a fixed set of names, and the names: the registries'
-  (placements, initialisations, position schemes, activations, remat policies) read as they
-  stand, so the checks, --config_help and docs/config.md list every entry and no stale one."""
+  (placements, initialisations, position schemes, norm kinds, activations, feed-forward kinds,
+  remat policies) read as they stand, so the checks, --config_help and docs/config.md list every
+  entry and no stale one."""
+  named = {field: tuple(registry) for field, registry in registries().items()}
   return {
       "family": FAMILIES,
-      "positions": POSITIONS,
-      "norm_placement": tuple(PLACEMENTS),
-      "init": tuple(inits.INITS),
-      "norm": NORMS,
-      "activation": tuple(ACTIVATIONS),
-      "feed_forward": FEED_FORWARDS,
+      "positions": named["positions"],
+      "norm_placement": named["norm_placement"],
+      "init": named["init"],
+      "norm": named["norm"],
+      "activation": named["activation"],
+      "feed_forward": named["feed_forward"],
       "moe_impl": MOE_IMPLS,
       "attention_impl": ATTENTION_IMPLS,
       "context_strategy": ("all_gather", "ring"),
@@ -155,8 +173,6 @@ def validate(c) -> None:
     _fail("num_classes", str(c.num_classes), "a classifier head needs num_classes >= 1")
   if c.family == "vit" and c.embed_scale_learned:
     _fail("embed_scale_learned", "True", "a ViT has no token embeddings to scale: set False")
-  if c.dyt_alpha <= 0 or (c.dyt_alpha_attention is not None and c.dyt_alpha_attention <= 0):
-    _fail("dyt_alpha", str(c.dyt_alpha), "DyT's alpha_0 values must be positive")
   if c.family == "vit":
     if c.patch_size < 1 or c.image_size < 1:
       _fail("patch_size", str(c.patch_size), "image_size and patch_size must be positive")
@@ -170,6 +186,7 @@ def validate(c) -> None:
       lora.config_problem,
       remat.config_problem,
       position_scheme(c).config_problem,
+      NORM_KINDS[c.norm].config_problem,
       feed_forward.config_problem,
       scores.config_problem,
   )
@@ -178,9 +195,3 @@ def validate(c) -> None:
       _fail(*problem)
   if c.stack_embeddings and not (c.family == "encoder_decoder" and c.share_embeddings):
     _fail("stack_embeddings", "True", "only an encoder_decoder with share_embeddings=True")
-  if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:
-    _fail(
-        "moe_every",
-        str(c.moe_every),
-        "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False",
-    )

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 import ml_collections
 
 from transformers_jax.config.checks import HEADS, validate
-from transformers_jax.modules.common import ACTIVATIONS
+from transformers_jax.modules.activations import ACTIVATIONS
+from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placements import PLACEMENTS
 
 
@@ -39,7 +40,7 @@ class ModelConfig:
   max_len: int = 128  # longest sequence (learned-position table size; RoPE/sinusoid range)
   position_offset: int = 0  # learned: table rows before position 0, never looked up (BART: 2)
   type_vocab_size: int = 0  # token-type (segment) embeddings, BERT uses 2; 0 = none
-  positions: str = "learned"  # the position scheme (modules/positions.py says what each does)
+  positions: str = "learned"  # the position scheme (modules/positions/ says what each does)
   rope_theta: float = 10000.0  # RoPE base wavelength
   # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
   rope_scaling: str = ""
@@ -60,7 +61,7 @@ class ModelConfig:
   # every self-attention after a stack's first mixes its values with the first block's,
   # V_n <- l1 V_n + l2 V_1, l1 and l2 learned per block from 0.5 (ResFormer, Zhou et al. 2024)
   value_residual: bool = False
-  norm: str = "layernorm"  # the norm every placement uses (modules/norms.py)
+  norm: str = "layernorm"  # the norm every placement uses (modules/norm_kinds.py)
   dyt_alpha: float = 0.5  # dyt: alpha's initial value (Zhu et al. 2025: 0.5)
   # dyt: alpha's initial value in the norms before attention; None = dyt_alpha (the DyT paper's
   # LLM recipe sets the two apart by width, e.g. 0.8 and 0.2 for LLaMA 7B)
@@ -69,13 +70,14 @@ class ModelConfig:
   qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
   norm_scale: bool = True  # learned scale (gamma) in every norm
   norm_unit_offset: bool = False  # the scale is stored as w and applied as 1 + w (Gemma)
-  norm_bias: bool | None = None  # learned shift (beta); None = on for layernorm and dyt only
+  # learned shift (beta); None = the norm kind's default (the + beta of its formula)
+  norm_bias: bool | None = None
   final_norm: bool | None = None  # norm after the last block; None = the placement's default
   embed_norm: bool = False  # norm right after the embeddings (BERT)
   embed_scale: bool = False  # multiply token embeddings by sqrt(d_model) (2017 Transformer)
   # a learned scalar times the token embeddings, initialised to sqrt(d_model) (DyT's LLM recipe)
   embed_scale_learned: bool = False
-  # the feed-forward non-linearity; the *glu ones are gated (modules/common.py)
+  # the feed-forward non-linearity; the *glu ones are gated (modules/activations.py)
   activation: str = "gelu"
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
@@ -162,7 +164,7 @@ class ModelConfig:
 
   @property
   def has_norm_bias(self) -> bool:
-    return (self.norm in ("layernorm", "dyt")) if self.norm_bias is None else self.norm_bias
+    return NORM_KINDS[self.norm].bias_by_default if self.norm_bias is None else self.norm_bias
 
   @property
   def has_final_norm(self) -> bool:
@@ -180,7 +182,7 @@ class ModelConfig:
 
   @property
   def gated(self) -> bool:
-    return ACTIVATIONS[self.activation][2]
+    return ACTIVATIONS[self.activation].gated
 
   @property
   def num_patches(self) -> int:

@@ -31,7 +31,9 @@ from transformers_jax.models.common import has_logit_gain
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
 from transformers_jax.modules import lora
+from transformers_jax.modules.feed_forward import FEED_FORWARDS
 from transformers_jax.modules.norms import Norm
+from transformers_jax.modules.positions import position_scheme
 
 COMPONENTS = (
     "token_embedding",
@@ -71,7 +73,7 @@ def component_of(path: tuple[str, ...]) -> str:
     return "lora"
   if path[0] in HEAD_MODULES:
     return "head"
-  if path[-1] == "relative_bias":  # T5's relative-position bias table (modules/positions.py)
+  if path[-1].endswith("_bias"):  # a position scheme's score-bias weights (positions/base.py)
     return "position_bias"
   if any(p.endswith("_gain") for p in path):  # a norm placement's learned gains
     return "gains"
@@ -144,19 +146,6 @@ def _attention(c: ModelConfig) -> int:
   return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D)
 
 
-def _ffn_dense(c: ModelConfig) -> int:
-  D, F, b = c.d_model, c.ff_width, int(c.use_bias)
-  n_in = 2 if c.gated else 1
-  return n_in * (D * F + b * F) + F * D + b * D
-
-
-def _ffn(c: ModelConfig, moe: bool, active: bool = False) -> int:
-  if not moe:
-    return _ffn_dense(c)
-  experts = c.top_k if active else c.num_experts
-  return c.d_model * c.num_experts + experts * _ffn_dense(c)
-
-
 @functools.cache
 def block_placement_params(c: ModelConfig, cross: bool) -> dict[str, int]:
   """The `norms` and `gains` of one Block, as the norm placement builds them: read off the
@@ -184,7 +173,9 @@ def _lora(c: ModelConfig, cross: bool) -> int:
 def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
   out = {
       "attention": layers * _attention(c) * (2 if cross else 1),
-      "feed_forward": sum(_ffn(c, c.is_moe_layer(i), active) for i in range(layers)),
+      "feed_forward": sum(
+          FEED_FORWARDS[c.feed_forward].params(c, i, active) for i in range(layers)
+      ),
       "lora": layers * _lora(c, cross),
   }
   for component, n in block_placement_params(c, cross).items():
@@ -204,8 +195,8 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   else:
     out["token_embedding"] = embedders * V * D
   stack_embedders = 2 if c.stack_embeddings else embedders  # BART: positions and norm per stack
-  if c.positions == "learned":
-    out["position_embedding"] = stack_embedders * (c.seq_len_max + c.position_offset) * D
+  scheme = position_scheme(c)  # its own counts, read off its shapes
+  out["position_embedding"] = stack_embedders * scheme.embedding_params(c)
   out["type_embedding"] = stack_embedders * c.type_vocab_size * D
   out["norms"] = stack_embedders * _norm(c) * int(c.has_embed_norm)
   if c.embed_scale_learned and c.family != "vit":  # one learned scalar per token embedder
@@ -213,12 +204,13 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   if c.family == "encoder_decoder":
     stacks = [_stack(c, c.encoder_layers, False, active), _stack(c, c.decoder_layers, True, active)]
     out["norms"] += 2 * _norm(c) * int(c.has_final_norm)
+    causal = (False, True)
   else:
     stacks = [_stack(c, c.num_layers, False, active)]
     out["norms"] += _norm(c) * int(c.has_final_norm)
-  if c.positions == "t5":  # one relative-bias table per stack, shared by its layers
-    for s in stacks:
-      s["position_bias"] = c.relative_buckets * c.num_heads
+    causal = (c.family == "decoder",)
+  for s, stack_causal in zip(stacks, causal):  # a score bias's weights, once per stack
+    s["position_bias"] = scheme.bias_params(c, stack_causal)
   for s in stacks:
     for k, v in s.items():
       out[k] += v

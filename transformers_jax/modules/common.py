@@ -1,8 +1,8 @@
-"""Small helpers shared by the modules: dtypes, initialisers with logical axis names, activations."""
+"""Small helpers shared by the modules: dtypes, initialisers with logical axis names, registry
+entries' summaries."""
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -12,17 +12,20 @@ from flax import linen as nn
 
 from transformers_jax.modules import inits, lora
 
-# The FFN's non-linearity: name -> (the jax.nn function, its keyword arguments, gated). A gated
-# FFN (GLU variants) multiplies the function of one projection by a second projection.
-ACTIVATIONS = {
-    "relu": ("relu", {}, False),
-    "gelu": ("gelu", {"approximate": False}, False),
-    "gelu_tanh": ("gelu", {"approximate": True}, False),
-    "silu": ("silu", {}, False),  # Marian ("swish")
-    "swiglu": ("silu", {}, True),
-    "geglu": ("gelu", {"approximate": False}, True),
-    "geglu_tanh": ("gelu", {"approximate": True}, True),  # Gemma, T5 v1.1 ("gated-gelu")
-}
+# the activations' registry (modules/activations.py), which the modules also take from here
+from transformers_jax.modules.activations import ACTIVATIONS as ACTIVATIONS
+from transformers_jax.modules.activations import activation as activation
+
+
+def summary_of(entry) -> str:
+  """A registry entry's one-line description (--config_help, docs/config.md and
+  docs/architecture.md show it): its `summary`, else the first paragraph of its class's
+  docstring on one line."""
+  own = getattr(entry, "summary", "")
+  if own:
+    return own
+  doc = type(entry).__doc__ or ""
+  return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def soft_cap(x, cap: float):
@@ -60,13 +63,6 @@ def kernel_init(cfg, rule, names: tuple[str | None, ...], **axes):
   initialisation's default (modules/inits.py; model.init=gpt2: normal(model.init_std))."""
   rule = inits.default_rule(cfg) if rule is None else rule
   return nn.with_logical_partitioning(rule.initializer(**axes), names)
-
-
-def activation(name: str):
-  """The pointwise non-linearity of a non-gated FFN, or the gate's non-linearity when gated
-  (ACTIVATIONS)."""
-  function, kwargs, _ = ACTIVATIONS[name]
-  return functools.partial(getattr(jax.nn, function), **kwargs)
 
 
 def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, rule=None):

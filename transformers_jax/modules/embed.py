@@ -15,9 +15,9 @@ from transformers_jax.modules.positions import position_scheme
 class Embedder(nn.Module):
   """tokens [B, T] (or already-embedded vectors, e.g. ViT patches) -> residual stream [B, T, D].
 
-  Adds what the position scheme adds to embeddings (modules/positions.py: learned or sinusoidal
-  positions; the others act inside attention), token types, then the optional embedding norm
-  (BERT) and dropout. `attend` is the tied unembedding x E^T. With `tokens=False` it has no
+  Adds what the position scheme adds to embeddings (modules/positions/: a learned table or
+  fixed sinusoids; the others act inside attention), token types, then the optional embedding
+  norm (BERT) and dropout. `attend` is the tied unembedding x E^T. With `tokens=False` it has no
   token table and is always given `embedded` (BART's encoder: its own positions and norm over the
   token table the decoder's embedder holds).
   """

@@ -71,19 +71,61 @@ class FeedForward(nn.Module):
     return checkpoint_name(apply_projection(h, wo(h.shape[-1]), 1, lora_x(h)), "mlpwo")
 
 
+class FeedForwardKind:
+  """Base class of a `model.feed_forward` entry."""
+
+  summary = ""  # one line on what it is (--config_help, docs/config.md, docs/architecture.md)
+
+  def params(self, c, layer: int, active: bool = False) -> int:
+    """Parameters of block `layer`'s feed-forward sublayer (`active`: those one token uses)."""
+    raise NotImplementedError
+
+  def config_problem(self, c) -> tuple[str, str, str] | None:
+    """(field, value, fix) of the first setting of this kind's that cannot work, or None."""
+    del c
+    return None
+
+
+class Dense(FeedForwardKind):
+  summary = "D -> F -> D through the activation (two input projections when it is gated)"
+
+  def params(self, c, layer, active=False):
+    D, F, b = c.d_model, c.ff_width, int(c.use_bias)
+    n_in = 2 if c.gated else 1
+    return n_in * (D * F + b * F) + F * D + b * D
+
+
+class Experts(Dense):
+  summary = "a router sends each token to top_k of num_experts dense FFNs, every moe_every-th block"
+
+  def params(self, c, layer, active=False):
+    dense = super().params(c, layer)  # one expert's, or the whole FFN of a dense block
+    if not c.is_moe_layer(layer):
+      return dense
+    return c.d_model * c.num_experts + (c.top_k if active else c.num_experts) * dense
+
+  def config_problem(self, c):
+    if c.num_experts < 1:
+      return "num_experts", str(c.num_experts), "must be a positive integer"
+    if not 1 <= c.top_k <= c.num_experts:
+      return "top_k", str(c.top_k), f"must be in [1, num_experts={c.num_experts}]"
+    if c.capacity_factor <= 0:
+      return "capacity_factor", str(c.capacity_factor), "must be positive"
+    if c.moe_every < 1:
+      return "moe_every", str(c.moe_every), "must be a positive integer"
+    if c.scan_layers and c.moe_every != 1:
+      fix = "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False"
+      return "moe_every", str(c.moe_every), fix
+    return None
+
+
+# Every feed-forward kind, one entry each: `model.feed_forward=NAME` picks it.
+FEED_FORWARDS: dict[str, FeedForwardKind] = {"dense": Dense(), "moe": Experts()}
+
+
 def config_problem(c) -> tuple[str, str, str] | None:
   """(field, value, fix) of a feed-forward setting that cannot work, or None."""
-  if c.feed_forward != "moe":
-    return None
-  if c.num_experts < 1:
-    return "num_experts", str(c.num_experts), "must be a positive integer"
-  if not 1 <= c.top_k <= c.num_experts:
-    return "top_k", str(c.top_k), f"must be in [1, num_experts={c.num_experts}]"
-  if c.capacity_factor <= 0:
-    return "capacity_factor", str(c.capacity_factor), "must be positive"
-  if c.moe_every < 1:
-    return "moe_every", str(c.moe_every), "must be a positive integer"
-  return None
+  return FEED_FORWARDS[c.feed_forward].config_problem(c)
 
 
 def route(router_probs, top_k: int, capacity: int):

@@ -1,15 +1,7 @@
 """Initialisations `model.init` picks, one entry each: what every weight matrix, embedding table
-and block projection starts from. A norm placement's own rules (DeepNet's beta, T-Fixup's
-scales, Magneto's gamma: `Placement.projection_init`) apply on top of any of them, since they
-are part of the scheme.
-
-gpt2      every weight N(0, model.init_std) (GPT-2 / BERT: 0.02)
-xavier    every weight Xavier normal over its fan-in and fan-out (Glorot & Bengio 2010; the 2017
-          Transformer and fairseq), embedding tables N(0, d_model^-1/2)
-megatron  gpt2's, with the attention output and feed-forward output projections of a stack of L
-          blocks at N(0, init_std / sqrt(2L)) (GPT-2's scaled residual init, Megatron-LM)
-paper     the placement's own: its entry's `paper_init`, one of the above (docs/norm_zoo.md
-          lists them with their sources)
+and block projection starts from (each entry's `summary`; docs/architecture.md lists them). A
+norm placement's own rules (DeepNet's beta, T-Fixup's scales, Magneto's gamma:
+`Placement.projection_init`) apply on top of any of them, since they are part of the scheme.
 """
 
 from __future__ import annotations
@@ -44,6 +36,9 @@ class Initialisation:
 
 
 class Xavier(Initialisation):
+  """Every weight Xavier normal over its fan-in and fan-out (Glorot & Bengio 2010; the 2017
+  Transformer and fairseq), embedding tables N(0, d_model^-1/2)."""
+
   summary = "Xavier normal weights, N(0, d_model^-1/2) embeddings (2017 Transformer, fairseq)"
 
   def default(self, cfg) -> Init:
@@ -54,6 +49,9 @@ class Xavier(Initialisation):
 
 
 class Megatron(Initialisation):
+  """gpt2's, with the attention output and feed-forward output projections of a stack of L
+  blocks at N(0, init_std / sqrt(2L)) (GPT-2's scaled residual init, Megatron-LM)."""
+
   summary = "gpt2's, with each block's output projections at init_std / sqrt(2 L) (Megatron-LM)"
 
   def projections(self, cfg, depth, sublayer):
@@ -62,6 +60,9 @@ class Megatron(Initialisation):
 
 
 class Paper(Initialisation):
+  """The placement's own: its entry's `paper_init`, one of the others (docs/norm_zoo.md lists
+  them with their sources)."""
+
   summary = "the norm placement's own paper's (its registry entry's paper_init)"
 
   def of(self, cfg) -> Initialisation:

@@ -1,32 +1,30 @@
-"""The norms `model.norm` picks: LayerNorm, RMSNorm, ScaleNorm and DyT, statistics in float32."""
+"""The norm every placement, final norm and embedding norm uses (`model.norm`): the `Norm`
+module and the registry of norm kinds whose formulas it applies (modules/norm_kinds.py)."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
-from transformers_jax.modules.common import constant, dtype_of, ones, zeros
+from transformers_jax.modules.common import dtype_of, ones, zeros
+from transformers_jax.modules.norm_kinds import DyT, LayerNorm, NormKind, RMSNorm, ScaleNorm
 from transformers_jax.modules.placements import PLACEMENTS
 
-# the names of the norms that feed attention (DyT's per-site alpha_0: model.dyt_alpha_attention)
-ATTENTION_INPUTS = ("self_attn_norm", "cross_attn_norm", "input_norm")
+# Every norm kind, one entry each: `model.norm=NAME` picks it wherever a norm sits.
+NORM_KINDS: dict[str, NormKind] = {
+    "layernorm": LayerNorm(),
+    "rmsnorm": RMSNorm(),
+    "scalenorm": ScaleNorm(),
+    "dyt": DyT(),
+}
 
 
 class Norm(nn.Module):
-  """Over the last axis of x (D features):
-    layernorm: (x - mean) / sqrt(var + eps) * gamma + beta
-    rmsnorm:   x / sqrt(mean(x^2) + eps) * gamma (+ beta with model.norm_bias)
-    scalenorm: g * x / sqrt(sum(x^2) + eps), one learned scalar g initialised to sqrt(D)
-               (Nguyen & Salazar 2019; `model.norm_scale=False` keeps g at sqrt(D))
-    dyt:       gamma * tanh(alpha * x) + beta, alpha a learned scalar initialised to
-               model.dyt_alpha (0.5; model.dyt_alpha_attention in the norms before attention),
-               DyT (Zhu et al. 2025): no statistics at all
-  gamma (`scale`) with `model.norm_scale`, beta (`bias`) with `model.norm_bias` (default: on
-  for layernorm and dyt). flax's own RMSNorm has no bias option, which the ablations need.
-  """
+  """Over the last axis of x (D features), statistics in float32: the kind's formula
+  (NORM_KINDS[model.norm].normalise, with any parameters of its own), times gamma (`scale`)
+  with `model.norm_scale` where the kind takes the shared gain, plus beta (`bias`) with
+  `model.norm_bias` (unset: the kind's default)."""
 
   cfg: "ModelConfig"  # noqa: F821
   axis: str | None = "embed"  # logical name of the normalised feature axis (parameter sharding)
@@ -34,26 +32,12 @@ class Norm(nn.Module):
   @nn.compact
   def __call__(self, x):
     c = self.cfg
-    xf = x.astype(jnp.float32)
+    kind = NORM_KINDS[c.norm]
     features, pdt = x.shape[-1], dtype_of(c.param_dtype)
-    if c.norm == "dyt":
-      alpha0 = c.dyt_alpha
-      if c.dyt_alpha_attention is not None and (self.name or "").startswith(ATTENTION_INPUTS):
-        alpha0 = c.dyt_alpha_attention
-      alpha = self.param("alpha", constant(alpha0, ()), (), pdt)
-      y = jnp.tanh(alpha.astype(jnp.float32) * xf)
-    elif c.norm == "scalenorm":
-      g = float(np.sqrt(features))
-      if c.norm_scale:
-        g = self.param("scale", constant(g, ()), (), pdt).astype(jnp.float32)
-      y = g * xf * jax.lax.rsqrt(jnp.sum(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
-    else:
-      if c.norm == "layernorm":
-        xf = xf - xf.mean(-1, keepdims=True)
-      y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)
-    if c.norm_scale and c.norm != "scalenorm" and c.norm_unit_offset:  # Gemma stores w, uses 1 + w
+    y = kind.normalise(self, c, x.astype(jnp.float32))
+    if c.norm_scale and kind.vector_scale and c.norm_unit_offset:  # Gemma stores w, uses 1 + w
       y = y * (1.0 + self.param("scale", zeros((self.axis,)), (features,), pdt).astype(y.dtype))
-    elif c.norm_scale and c.norm != "scalenorm":
+    elif c.norm_scale and kind.vector_scale:
       y = y * self.param("scale", ones((self.axis,)), (features,), pdt)
     if c.has_norm_bias:
       y = y + self.param("bias", zeros((self.axis,)), (features,), pdt)
@@ -101,7 +85,4 @@ def unread_norm_fields(cfg) -> list[tuple[str, str, str]]:
     )
     fix = "leave it out, or pick a placement with norms (--config_help lists them)"
     return [(f, why, fix) for f, default in NORM_FIELDS.items() if getattr(cfg, f) != default]
-  if cfg.norm == "scalenorm" and cfg.norm_unit_offset:
-    why = "scalenorm's gain is one scalar initialised to sqrt(d_model), stored as it is used"
-    return [("norm_unit_offset", why, "leave it False, or use norm=rmsnorm (Gemma's)")]
-  return []
+  return NORM_KINDS[cfg.norm].unread_fields(cfg)

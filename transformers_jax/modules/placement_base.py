@@ -115,6 +115,7 @@ class Placement:
   residual sublayer at a time) or `block` (schemes that wire the block as a whole), and set the
   class attributes that apply."""
 
+  summary: str = ""  # one line on what it is (--config_help, docs/config.md, docs/architecture.md)
   final_norm: bool = False  # whether `model.final_norm=None` puts a norm after the last block
   features: tuple[str, ...] = ()  # FEATURES the sublayers add for this placement
   # `model.norm_placement_arg`: what it means here ("" = this placement takes none) and its

@@ -1,16 +1,8 @@
 """Training objectives as objects: the registry, and which one a run trains with.
 
-lm              decoder-only          next-token prediction on text
-mlm             encoder, head=mlm     masked LM (80/10/10 mask/random/keep)
-classify_text   encoder, classifier   one label per text
-classify_image  vit, classifier       one label per image
-seq2seq         encoder_decoder       teacher forcing; greedy BLEU at evaluation
-span_corruption encoder_decoder       T5 span corruption of text (pre-training)
-distill         decoder, encoder mlm  knowledge distillation from a teacher run
-prefix_lm       decoder-only          prefix LM: bidirectional over a random prefix
-
-`--config.task=NAME` picks one by name (`--config_help` lists them); "" takes the model's own
-(task_for). A new objective is its module and one line below (docs/objectives.md).
+`--config.task=NAME` picks one by name (`--config_help` lists them with their summaries,
+docs/architecture.md with the families they train); "" takes the model's own (task_for). A new
+objective is its module and one line below (docs/objectives.md).
 """
 
 from __future__ import annotations

@@ -229,6 +229,12 @@ class Task:
     variables["frozen"][name]. Empty for most objectives."""
     return {}
 
+  def synthetic_frozen(self, model_cfg, config, seed: int = 0) -> dict:
+    """What `outputs` reads as variables["frozen"] when no run gives it (a synthetic batch's
+    step: benchmarks, the tests that run every objective): {name: parameters}, empty for most
+    objectives."""
+    return {}
+
   def batch_shapes(self, model_cfg, config) -> dict[str, tuple[tuple[int, ...], Any]]:
     """{key: (shape, dtype)} of one global batch."""
     raise NotImplementedError

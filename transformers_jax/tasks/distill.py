@@ -139,6 +139,15 @@ class Distillation(Task):
     )
     return {"teacher": config.distill.teacher}
 
+  def synthetic_frozen(self, model_cfg, config, seed=0):
+    """A teacher of the student's own model, freshly initialised."""
+    from flax import linen as nn
+
+    from transformers_jax.models import initializer
+
+    self.teacher_model_cfg = model_cfg
+    return {"teacher": nn.unbox(initializer(model_cfg)(jax.random.PRNGKey(seed)))}
+
   def outputs(self, model, variables, batch, rngs, mutable):
     from transformers_jax.models import build_model
 

@@ -5,11 +5,11 @@ feed-forward), N a norm of the config's kind (`model.norm`), l the block's 0-bas
 stack of L blocks. For an encoder-decoder, N_enc and M_dec are the two stacks' depths.
 
 Adding a placement: write a `Placement` subclass in one of this package's modules (its
-`sublayer` or `block`, plus any of `projection_init`, `token_embedding_std`, `profile`,
-`features`, `final_norm`, `arg_*`, `paper_init`, `streams`, `constraint`, `config_problem`)
-and add it to PLACEMENTS below. Everything else
-(config validation, the four families, scan and remat, decoding, counting, the tests that run
-every placement) reads this table.
+`summary` and `sublayer` or `block`, plus any of `projection_init`, `token_embedding_std`,
+`profile`, `features`, `final_norm`, `arg_*`, `paper_init`, `streams`, `constraint`,
+`config_problem`) and add it to PLACEMENTS below. Everything else (config validation, the four
+families, scan and remat, decoding, counting, --config_help and the docs' lists, the tests that
+run every placement) reads this table.
 """
 
 from __future__ import annotations

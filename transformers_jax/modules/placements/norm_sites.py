@@ -23,6 +23,7 @@ from transformers_jax.modules.placement_base import (
 class Pre(Placement):
   """x + f(N(x)) — pre-LN (Xiong et al. 2020; GPT-2, ViT)."""
 
+  summary = "x + f(N(x)): pre-LN (Xiong et al. 2020; GPT-2, ViT)"
   final_norm = True
   paper_init = "megatron"
   paper_init_source = "GPT-2 (Radford et al. 2019): residual projections scaled by 1/sqrt(N)"
@@ -34,6 +35,7 @@ class Pre(Placement):
 class Post(Placement):
   """N(x + f(x)) — post-LN, the 2017 Transformer and BERT."""
 
+  summary = "N(x + f(x)): post-LN (the 2017 Transformer, BERT)"
   paper_init = "xavier"
   paper_init_source = "the 2017 Transformer's tensor2tensor and fairseq: Xavier, embeddings d^-1/2"
 
@@ -45,6 +47,7 @@ class Sandwich(Placement):
   """x + N_out(f(N_in(x))) — CogView's sandwich LN, Gemma 2's pre+post norm; with
   `model.embed_norm=True` it is Peri-LN (Kim et al. 2025)."""
 
+  summary = "x + N_out(f(N_in(x))): sandwich LN (CogView; Gemma 2's pre+post norm)"
   final_norm = True
 
   def sublayer(self, site, x, name, fn):
@@ -56,6 +59,9 @@ class Peri(Sandwich):
   """Peri-LN (Kim et al. 2025): the sandwich x + N_out(f(N_in(x))), a norm on the embeddings'
   output and a final norm. Init: Megatron-LM's, the framework the paper trained with."""
 
+  summary = (
+      "Peri-LN (Kim et al. 2025): the sandwich, plus a norm on the embeddings and a final norm"
+  )
   embed_norm = True
   paper_init = "megatron"
   paper_init_source = "Kim et al. 2025 trained with Megatron-LM (its scaled output init)"
@@ -64,6 +70,7 @@ class Peri(Sandwich):
 class NoNorm(Placement):
   """x + f(x) — no norm at all."""
 
+  summary = "x + f(x): no norm at all"
   uses_norms = False
 
   def sublayer(self, site, x, name, fn):
@@ -74,6 +81,7 @@ class Reordered(Placement):
   """x + N(f(x)) — OLMo 2's reordered norm (with model.qk_norm), Swin Transformer v2's
   res-post-norm."""
 
+  summary = "x + N(f(x)): OLMo 2's reordered norm, Swin Transformer v2's res-post-norm"
   final_norm = True
   paper_init_source = "OLMo 2 (2024): every weight N(0, 0.02)"
 
@@ -86,6 +94,7 @@ class NormFormer(Placement):
   learned gain per head (initialised to 1) before the out projection; feed-forward
   x + W_o N_mid(act(W_i N(x)))."""
 
+  summary = "pre-LN plus a norm after attention, per-head gains and a mid-FFN norm (NormFormer)"
   final_norm = True
   features = (HEAD_GAIN, FFN_MID_NORM)
   paper_init_source = "Shleifer et al. 2021 (fairseq's GPT-3 replication): N(0, 0.02)"
@@ -103,6 +112,7 @@ class HybridNorm(Placement):
   residual stream itself (the authors' released OLMo configuration: ffn_residual_after_norm);
   the base model's final norm kept. Init: Megatron's (their configs' init_fn)."""
 
+  summary = "QKV norm inside attention, N(y) + f(N(y)) around the FFN (HybridNorm, 2025)"
   final_norm = True
   features = (QKV_NORM,)
   paper_init = "megatron"
@@ -131,6 +141,7 @@ class SubLN(Placement):
   x + W_o N(act(W_i N(x))); Xavier normal init with gain `magneto_gain` on the feed-forward,
   value and out projections, gain 1 on query and key."""
 
+  summary = "Sub-LN (Magneto): pre-LN plus a norm before each output projection, Magneto's init"
   final_norm = True
   features = (ATTENTION_OUT_NORM, FFN_MID_NORM)
   paper_init = "xavier"
@@ -148,6 +159,7 @@ class B2T(Placement):
   h <- N(h + f(h)) for every sublayer but the last, whose norm also takes the block's input:
   N(h + f(h) + x)."""
 
+  summary = "post-LN with a bottom-to-top connection of the block's input (Takase et al. 2023)"
   paper_init = "xavier"
   paper_init_source = "Takase et al. 2023 trained in fairseq: Xavier uniform"
 
@@ -166,6 +178,7 @@ class Scaled(Placement):
   pre-LN with the norm's output scaled by the inverse square root of the block's 1-based
   depth."""
 
+  summary = "x + f(N(x) / sqrt(l + 1)): LayerNorm Scaling (Sun et al. 2025)"
   final_norm = True
   paper_init_source = "Sun et al. 2025 (LLaMA-style models): N(0, 0.02), no scaled init"
 
@@ -179,6 +192,7 @@ class Parallel(Placement):
   """x + sum_i f_i(N(x)): every sublayer of the block reads one norm of the block's input and
   their outputs are added together (GPT-J, PaLM, ViT-22B)."""
 
+  summary = "x + sum_i f_i(N(x)): parallel sublayers on one norm (GPT-J, PaLM, ViT-22B)"
   final_norm = True
 
   def block(self, site, x, sublayers):
@@ -191,6 +205,7 @@ class MixLN(Placement):
   """Mix-LN (Li et al. 2024): post-LN N(x + f(x)) in the first floor(alpha L) blocks of a
   stack, pre-LN x + f(N(x)) in the rest; alpha = 0.25 by default."""
 
+  summary = "Mix-LN (Li et al. 2024): post-LN in the first alpha L blocks, pre-LN in the rest"
   final_norm = True
   arg_meaning = "alpha, the fraction of blocks that are post-LN"
   arg_default = 0.25

@@ -39,6 +39,7 @@ class DeepNorm(Placement):
   Init: Xavier normal with gain beta on the feed-forward, value and out projections, gain 1 on
   query and key (the paper's pseudo-code)."""
 
+  summary = "N(alpha x + f(x)) with DeepNet's alpha, beta and init (Wang et al. 2022)"
   paper_init = "xavier"
   paper_init_source = "Wang et al. 2022, Figure 2's pseudo-code (fairseq): Xavier normal"
 
@@ -58,6 +59,9 @@ class Admin(Placement):
   and f_j the j-th sublayer's branch output (sublayers in order: blocks, and within a block
   self-attention, cross-attention, feed-forward)."""
 
+  summary = (
+      "N(omega x + f(x)), omega a learned gain set by a profiling pass (Admin, Liu et al. 2020)"
+  )
   profiled = True
   paper_init = "xavier"
   paper_init_source = "Liu et al. 2020 trained in fairseq: Xavier uniform, embeddings d^-1/2"
@@ -109,6 +113,7 @@ class ReZero(Placement):
   x_i + alpha_i F(x_i) with F the whole layer, as the authors' transformer layer has one
   `resweight` for its attention and its feed-forward."""
 
+  summary = "x + alpha f(x), one learned alpha per block initialised to 0, no norms (ReZero)"
   uses_norms = False
   paper_init = "xavier"
   paper_init_source = "Bachlechner et al. 2020's transformer: PyTorch's Xavier uniform"
@@ -122,6 +127,8 @@ class ReZero(Placement):
 
 class ReZeroSublayer(ReZero):
   """ReZero with one alpha per sublayer (each initialised to 0) instead of one per block."""
+
+  summary = "ReZero with one alpha per sublayer instead of one per block"
 
   def block(self, site, x, sublayers):
     for name, fn in sublayers:
@@ -140,6 +147,7 @@ class LayerScale(Placement):
   """x + diag(lambda) f(N(x)), lambda a learned [D] gain per sublayer initialised to epsilon —
   LayerScale (CaiT, Touvron et al. 2021); epsilon by the stack's depth (`cait_epsilon`)."""
 
+  summary = "x + diag(lambda) f(N(x)), lambda a learned gain initialised to epsilon (CaiT)"
   final_norm = True
   arg_meaning = "lambda's initial value (default: CaiT's rule by depth)"
   paper_init_source = "CaiT (DeiT's recipe): truncated normal, std 0.02"
@@ -163,6 +171,7 @@ class TFixup(Placement):
   every projection; the value, out and feed-forward projections scaled by `tfixup_scale`; token
   embeddings N(0, d^-1/2) times the decoder's factor (the encoder's in an encoder-only model)."""
 
+  summary = "x + f(x) with no norm and T-Fixup's initialisation (Huang et al. 2020)"
   uses_norms = False
   paper_init = "xavier"
   paper_init_source = "Huang et al. 2020: Xavier uniform under its scales (its own rules)"
