@@ -142,7 +142,7 @@ def _attention(c: ModelConfig) -> int:
 
 
 def _ffn_dense(c: ModelConfig) -> int:
-  D, F, b = c.d_model, c.ff_width, int(c.use_bias)
+  D, F, b = c.d_model, c.ff_width, int(c.has_ffn_bias)
   n_in = 2 if c.gated else 1
   return n_in * (D * F + b * F) + F * D + b * D
 
@@ -207,15 +207,21 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   out["norms"] = stack_embedders * _norm(c) * int(c.has_embed_norm)
   if c.embed_scale_learned and c.family != "vit":  # one learned scalar per token embedder
     out["gains"] = stack_embedders
-  if c.family == "encoder_decoder":
-    stacks = [_stack(c, c.encoder_layers, False, active), _stack(c, c.decoder_layers, True, active)]
+  if c.family == "encoder_decoder":  # the decoder may have its own heads and width
+    decoder = c.stack_config("decoder")
+    stacks = [
+        _stack(c, c.encoder_layers, False, active),
+        _stack(decoder, c.decoder_layers, True, active),
+    ]
+    heads = [c.num_heads, decoder.num_heads]
     out["norms"] += 2 * _norm(c) * int(c.has_final_norm)
   else:
     stacks = [_stack(c, c.num_layers, False, active)]
+    heads = [c.num_heads]
     out["norms"] += _norm(c) * int(c.has_final_norm)
   if c.positions == "t5":  # one relative-bias table per stack, shared by its layers
-    for s in stacks:
-      s["position_bias"] = c.relative_buckets * c.num_heads
+    for s, h in zip(stacks, heads):
+      s["position_bias"] = c.relative_buckets * h
   for s in stacks:
     for k, v in s.items():
       out[k] += v
@@ -269,7 +275,9 @@ def flops_per_token(cfg, seq_len: int | None = None) -> int:
   T = seq_len or c.seq_len_max
   HK = c.num_heads * c.head_width
   if c.family == "encoder_decoder":
-    attn = HK * T * (c.encoder_layers + 2 * c.decoder_layers)  # self + cross (source length T)
+    decoder = c.stack_config("decoder")
+    HK_dec = decoder.num_heads * decoder.head_width
+    attn = T * (HK * c.encoder_layers + 2 * HK_dec * c.decoder_layers)  # self + cross (over T)
   else:
     attn = HK * T * c.num_layers
   return 6 * matmul_params_per_token(c) + 12 * attn

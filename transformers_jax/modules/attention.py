@@ -30,7 +30,7 @@ from transformers_jax.modules.masks import AttentionMask, as_dense, is_causal, w
 from transformers_jax.modules.norms import Norm, norm_over_heads
 from transformers_jax.modules.scores import dense_mask, max_attention_logit, whole_bias
 from transformers_jax.modules.placement_base import ATTENTION_OUT_NORM, HEAD_GAIN, QKV_NORM
-from transformers_jax.modules.positions import position_scheme
+from transformers_jax.modules.positions import apply_rope, position_scheme
 from transformers_jax.modules.splash import splash_attention, target_platform
 
 # `auto` on a CPU (or a GPU computing in float32) takes flash from this many queries or keys on:
@@ -186,6 +186,20 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, ca
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
+def qk_norm(c, x, name: str):
+  """Queries' or keys' norm x [B, T, N, K] (model.qk_norm_kind): per head over head_dim with one
+  gain vector (head), over the whole projection N*K (full), or per head without parameters
+  (l2: x / RMS(x))."""
+  if c.qk_norm_kind == "full":
+    return norm_over_heads(c, x, name)
+  if c.qk_norm_kind == "l2":
+    xf = x.astype(jnp.float32)
+    return (xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)).astype(
+        x.dtype
+    )
+  return Norm(c, axis="head_dim", name=name)(x)
+
+
 class Attention(nn.Module):
   """Projections q, k, v, out; RoPE on self-attention; a key/value cache when `decode`.
 
@@ -208,9 +222,12 @@ class Attention(nn.Module):
   features: tuple[str, ...] = ()
 
   @nn.compact
-  def __call__(self, x, context=None, mask=None, positions=None, bias=None, window=None):
+  def __call__(
+      self, x, context=None, mask=None, positions=None, bias=None, window=None, layer=None
+  ):
     """`bias`: a position scheme's ScoreBias, `window`: a sliding window (int, or traced under
-    a scan over layers), both for self-attention only."""
+    a scan over layers), both for self-attention only; `layer`: the block's LayerAttention
+    (modules/layer_types.py: its chunks and RoPE frequencies), None for the defaults."""
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
@@ -230,8 +247,8 @@ class Attention(nn.Module):
       (q,) = fused_dense(c, x, [query(D)], lora_x(x))
     q = checkpoint_name(q, "query_proj")  # the names remat policies keep (modules/remat.py)
     q = nn.with_logical_constraint(q, ("act_batch", "act_length", "act_heads", None))
-    if c.qk_norm:  # normalise each head's queries and keys over head_dim
-      q = Norm(c, axis="head_dim", name="query_norm")(q)
+    if c.qk_norm:  # normalise the queries and keys (model.qk_norm_kind says over what)
+      q = qk_norm(c, q, "query_norm")
     if QKV_NORM in self.features:
       q = norm_over_heads(c, q, "query_proj_norm")
     if not c.scale_scores:  # every path divides q.k by sqrt(K): T5 wants q.k as it is
@@ -242,7 +259,7 @@ class Attention(nn.Module):
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
       if c.qk_norm:
-        k = Norm(c, axis="head_dim", name="key_norm")(k)
+        k = qk_norm(c, k, "key_norm")
       if QKV_NORM in self.features:
         k, v = norm_over_heads(c, k, "key_proj_norm"), norm_over_heads(c, v, "value_proj_norm")
       return k, v
@@ -255,23 +272,27 @@ class Attention(nn.Module):
 
     # the pattern (modules/masks.py) is the mask's; a dense mask or None: the module's `causal`
     pattern = mask if isinstance(mask, AttentionMask) else AttentionMask(causal=self.causal)
+    chunk = getattr(layer, "chunk", None)
     if self.decode:  # the cache paths take dense masks (over cache slots), the pattern apart
       mask = as_dense(mask)
     else:
-      mask = with_window(mask, window)
+      mask = with_window(mask, window, chunk)
     if self.decode and is_cross:  # keys/values of the context, projected once
       cross = cross_cached(self, project, context)
       out = attend_cache(q, *cross, mask, softcap=c.attention_softcap)
     else:
       k, v = project(context if is_cross else x)
-      if not is_cross:  # the position scheme's rotation (RoPE), if it has one
+      inv_freq = getattr(layer, "inv_freq", None)
+      if not is_cross and inv_freq is not None:  # this block's own RoPE frequencies (or none)
+        q, k = (apply_rope(y, positions, inv_freq=inv_freq) for y in (q, k))
+      elif not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
+      cache_args = (mask, bias, window, pattern, chunk, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        cached = write_cache(self, k, v, mask, bias, window, pattern)
-        out = attend_cache(q, *cached, c.attention_softcap)
+        out = attend_cache(q, *write_cache(self, k, v, *cache_args), c.attention_softcap)
       else:
         if self.decode:
-          write_cache(self, k, v, mask, bias, window, pattern)  # init: shape the cache
+          write_cache(self, k, v, *cache_args)  # init: shape the cache
         causal = pattern.causal and not is_cross
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:

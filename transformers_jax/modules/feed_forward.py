@@ -42,20 +42,27 @@ class FeedForward(nn.Module):
     act = activation(c.activation)
     rules = dict(self.init_rules)
     lora_x = adapter_dropout(c, self.deterministic)
+    bias = c.has_ffn_bias  # model.ffn_bias, or use_bias
     if c.gated:
       gate, up = (
-          DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
+          DenseWeights(
+              c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), bias, name=name
+          )
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
       h = act(checkpoint_name(h0, "mlpwi_0")) * checkpoint_name(h1, "mlpwi_1")
     else:
-      wi = DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
+      wi = DenseWeights(
+          c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), bias, name="wi"
+      )
       h = act(checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi"))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
       h = Norm(c, axis="mlp", name="mid_norm")(h)
-    wo = DenseWeights(c, (c.d_model,), ("mlp", "embed"), ("embed",), rules.get("wo"), name="wo")
+    wo = DenseWeights(
+        c, (c.d_model,), ("mlp", "embed"), ("embed",), rules.get("wo"), bias, name="wo"
+    )
     return checkpoint_name(apply_projection(h, wo(h.shape[-1]), 1, lora_x(h)), "mlpwo")
 
 
@@ -135,14 +142,14 @@ class MoE(nn.Module):
 
     weights = {
         "wi": weight("wi", (E, D, F), ("experts", "embed", "mlp")),
-        **({"bi": bias("bi", (E, 1, F), ("experts", None, "mlp"))} if c.use_bias else {}),
+        **({"bi": bias("bi", (E, 1, F), ("experts", None, "mlp"))} if c.has_ffn_bias else {}),
     }
     if c.gated:
       weights["wi_1"] = weight("wi_1", (E, D, F), ("experts", "embed", "mlp"))
-      if c.use_bias:
+      if c.has_ffn_bias:
         weights["bi_1"] = bias("bi_1", (E, 1, F), ("experts", None, "mlp"))
     weights["wo"] = weight("wo", (E, F, D), ("experts", "mlp", "embed"))
-    if c.use_bias:
+    if c.has_ffn_bias:
       weights["bo"] = bias("bo", (E, 1, D), ("experts", None, "embed"))
 
     if c.moe_impl == "ragged":
