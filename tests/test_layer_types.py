@@ -51,8 +51,8 @@ def test_each_layer_type_is_the_model_it_stands_for():
 
 def test_a_period_of_layer_types_runs_alike_looped_scanned_and_in_every_attention_impl():
   """Four blocks over a period of three (sliding at its own RoPE base, chunked, NoPE): the
-  scanned stack (windows, chunks and frequencies traced) equals the looped one, and einsum,
-  flash (blocks of 8 queries and keys) and the fused call agree."""
+  scanned stack (windows, chunks and frequencies traced; rematerialised) equals the looped one,
+  and einsum, flash (blocks of 8 queries and keys) and the fused call agree."""
   kw = dict(SMALL, num_layers=4, layer_types="sliding,chunked,nope", num_kv_heads=2)
   c = ModelConfig(**kw, sliding_window=3, attention_chunk=4, rope_local_theta=50.0)
   params = init(c)
@@ -60,7 +60,7 @@ def test_a_period_of_layer_types_runs_alike_looped_scanned_and_in_every_attentio
   want = logits(c.replace(attention_impl="einsum"), params)
   flash = dict(attention_impl="flash", attention_block_q=8, attention_block_kv=8)
   for changes, p in [
-      (dict(scan_layers=True, attention_impl="einsum"), loop_to_scan(params)),
+      (dict(scan_layers=True, attention_impl="einsum", remat="full"), loop_to_scan(params)),
       (dict(scan_layers=True, **flash), loop_to_scan(params)),
       (dict(attention_impl="fused"), params),
   ]:

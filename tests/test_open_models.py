@@ -386,3 +386,56 @@ def test_vit_22b_has_its_bias_pattern_and_one_norm_per_parallel_block(experiment
   assert {"bias"} <= set(block["ffn"]["wi"]) and {"bias"} <= set(block["ffn"]["wo"])
   assert [k for k in block if "norm" in k] == ["input_norm"]
   assert set(block["input_norm"]) == {"scale"}
+
+
+@pytest.mark.parametrize(
+    "name,changes,said",
+    [
+        ("phi3", {"rope_parameters.partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),
+        ("phi3", {"rope_parameters.rope_type": "longrope"}, "RoPE scaling 'longrope'"),
+        ("olmo3", {"rope_parameters.full_attention.rope_type": "yarn"}, "RoPE scaling 'yarn'"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+        (
+            "gemma3",
+            {"rope_parameters.sliding_attention": dict(rope_type="linear", factor=2.0)},
+            "the sliding layers' RoPE scaling 'linear'",
+        ),
+        ("qwen3", {"layer_types": ["full_attention"]}, "layer_types lists 1 layers"),
+        ("smollm3", {"layer_types": ["chunked_attention"] * 4}, "without RoPE"),
+        ("olmo3", {"layer_types": ["local_attention"] * 4}, "'local_attention'"),
+    ],
+)
+def test_what_the_blocks_cannot_hold_is_one_line_naming_the_config_key(
+    name, changes, said, tmp_path
+):
+  import json
+
+  from transformers_jax.interop import UnsupportedArchitecture, load_hf
+
+  config = json.loads((FIXTURES / name / "config.json").read_text())
+  for dotted, value in changes.items():
+    *path, key = dotted.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    node[key] = value
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UnsupportedArchitecture, match=said) as refused:
+    load_hf(tmp_path)
+  assert "\n" not in str(refused.value)
+
+
+def test_an_export_the_architecture_cannot_hold_is_refused_naming_the_field(tmp_path):
+  """Gemma 3 in transformers has no attention soft-capping; Qwen3 has no NoPE layers; Phi-3 is
+  written only when asked for (its tensors hold Llama's blocks)."""
+  from transformers_jax.interop import UnsupportedConfig, load_hf, save_hf
+
+  fields, params = load_hf(FIXTURES / "gemma3")
+  with pytest.raises(UnsupportedConfig, match="model.attention_softcap=5.0 as Gemma3ForCausalLM"):
+    save_hf(tmp_path / "a", dict(fields, attention_softcap=5.0), params)
+  fields, params = load_hf(FIXTURES / "smollm3")
+  with pytest.raises(UnsupportedConfig, match="layer_types='full,nope' as Qwen3ForCausalLM"):
+    save_hf(tmp_path / "b", dict(fields, qk_norm=True, ffn_bias=False), params, "Qwen3ForCausalLM")
+  fields, params = load_hf(FIXTURES / "phi3")
+  assert save_hf(tmp_path / "c", fields, params) == "MistralForCausalLM"
+  assert save_hf(tmp_path / "d", fields, params, "Phi3ForCausalLM") == "Phi3ForCausalLM"
