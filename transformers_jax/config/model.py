@@ -98,9 +98,9 @@ class ModelConfig:
   # Mistral 7B v0.1: 4,096)
   sliding_window: int = 0
   sliding_every: int = 1  # with sliding_window: only blocks 0, n, 2n, … slide (Gemma 2: 2)
-  # each block's attention and rotation (modules/layer_types.py): a comma-separated period
-  # repeated over the blocks, e.g. sliding,sliding,sliding,sliding,sliding,full (Gemma 3) or
-  # full,full,full,nope (SmolLM3); "" = sliding_window / sliding_every decide
+  # each block's attention and rotation: a comma-separated period of modules/layer_types.py's
+  # entries repeated over the blocks, e.g. sliding,sliding,sliding,sliding,sliding,full (Gemma 3)
+  # or full,full,full,nope (SmolLM3); "" = sliding_window / sliding_every decide
   layer_types: str = ""
   # RoPE base of the sliding layers, which then take no rope_scaling (Gemma 3: 10,000 beside
   # the global layers' 1,000,000); 0 = as the other layers
