@@ -72,9 +72,7 @@ class Strategy:
       if not 0 <= t < vocab_size:
         raise ValueError(f"stop token {t} is outside the vocabulary [0, {vocab_size})")
     if not -1 <= self.forced_eos < vocab_size:
-      raise ValueError(
-          f"forced_eos_id={self.forced_eos} is outside the vocabulary [0, {vocab_size})"
-      )
+      raise ValueError(f"forced_eos_id={self.forced_eos}: outside the vocabulary [0, {vocab_size})")
 
 
 @dataclasses.dataclass
@@ -355,9 +353,8 @@ def translate(
   sampling. The target starts with `bos_id` and ends at `eos_id`, or after `max_new_tokens`
   (default: the longest source + 50, as in the paper), at most model.max_len. Sources are
   right-padded to `source_len` (default: the longest; pass a fixed length to compile once for
-  batches of varying lengths). `forced_eos_id`: the last of the max_new_tokens is this token
-  in every row that has not ended (transformers' forced_eos_token_id, which Marian's and
-  BART's configs set: their generate ends a row that reaches max_new_tokens with it).
+  batches of varying lengths). `forced_eos_id`: the last of the max_new_tokens is this token in
+  every row not ended (transformers' forced_eos_token_id, which Marian's and BART's set).
   """
   cfg = as_model_config(cfg)
   _family(cfg, "encoder_decoder", "translate", "generate")
