@@ -32,6 +32,11 @@ FILES = (
     "t5",
     "bart",
     "marian",
+    "qwen3",
+    "gemma3",
+    "olmo",
+    "phi3",
+    "smollm3",
 )
 
 

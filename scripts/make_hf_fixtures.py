@@ -160,7 +160,116 @@ GEMMA2 = dict(
     attn_logit_softcapping=5.0,
     final_logit_softcapping=20.0,
 )
+# The dense open models of issue 45, with values their releases never use: odd vocabularies,
+# other GQA ratios and RoPE bases, windows (3 and 4) shorter than the 10-token input and the
+# 5 + 8 generated positions. Qwen3: q/k biases and norms, 12-wide heads, sliding layers from
+# max_window_layers on; SmolLM3: NoPE on every second layer, MQA, biases on the MLP only;
+# Gemma 3: sliding and full layers over a period of 3 (which 4 layers do not fill), RoPE bases
+# 500 (sliding) and 50,000 with linear scaling (full); OLMo 2: reordered norms, q/k norms over
+# the whole projection with GQA; OLMo 3: every fourth layer full, RoPE bases per layer type,
+# attention biases; Phi-3: fused projections and a sliding window on every layer. Llama with
+# attention and MLP biases, which transformers' LlamaConfig allows.
+OPEN = dict(initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+QWEN3 = dict(
+    OPEN,
+    vocab_size=101,
+    hidden_size=48,
+    intermediate_size=72,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=12,
+    max_position_embeddings=64,
+    rope_parameters=dict(rope_type="default", rope_theta=2000.0),
+    use_sliding_window=True,
+    sliding_window=3,
+    max_window_layers=1,
+    attention_bias=True,
+)
+SMOLLM3 = dict(
+    OPEN,
+    vocab_size=113,
+    hidden_size=32,
+    intermediate_size=56,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+    rope_parameters=dict(rope_type="default", rope_theta=30000.0),
+    no_rope_layer_interval=2,
+    mlp_bias=True,
+)
+GEMMA3 = dict(
+    OPEN,
+    vocab_size=131,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    query_pre_attn_scalar=20,
+    sliding_window=3,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={
+        "full_attention": dict(rope_type="linear", factor=4.0, rope_theta=50000.0),
+        "sliding_attention": dict(rope_type="default", rope_theta=500.0),
+    },
+)
+OLMO2 = dict(
+    OPEN,
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=56,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_parameters=dict(rope_type="default", rope_theta=7000.0),
+)
+OLMO3 = dict(
+    OPEN,
+    vocab_size=89,
+    hidden_size=48,
+    intermediate_size=40,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=3,
+    max_position_embeddings=64,
+    sliding_window=3,
+    attention_bias=True,
+    rope_parameters={
+        "full_attention": dict(rope_type="default", rope_theta=40000.0),
+        "sliding_attention": dict(rope_type="default", rope_theta=800.0),
+    },
+)
+PHI3 = dict(
+    OPEN,
+    vocab_size=123,
+    hidden_size=48,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    original_max_position_embeddings=64,
+    sliding_window=4,
+    rope_parameters=dict(rope_type="default", rope_theta=3000.0, partial_rotary_factor=1.0),
+)
+LLAMA_BIAS = dict(LLAMA, vocab_size=83, attention_bias=True, mlp_bias=True, rope_parameters=None)
+OPEN_MODELS = {  # fixture: (config class, model class, config)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", SMOLLM3),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", OLMO2),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", OLMO3),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", PHI3),
+    "llama_bias": ("LlamaConfig", "LlamaForCausalLM", LLAMA_BIAS),
+}
 DECODERS = {
+    **{name: config for name, (_, _, config) in OPEN_MODELS.items()},
     "gpt2": GPT2,
     "gemma2": GEMMA2,
     "llama": LLAMA,
@@ -228,6 +337,10 @@ BART = dict(
     forced_eos_token_id=None,
 )
 T5_TIED = dict(T5, feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=2)
+# Marian whose stacks differ (4 encoder heads over 2 in the decoder, FFN 48 over 40), generated
+# as transformers' generate does by default: its forced_eos_token_id (0) ends a row that
+# reaches max_new_tokens
+MARIAN_SHAPES = dict(MARIAN, decoder_attention_heads=2, decoder_ffn_dim=40, decoder_layers=2)
 
 
 FLAGS = cli.ScriptFlags(__doc__)
@@ -273,11 +386,15 @@ def build(name: str):
     model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**GEMMA2))
   elif name == "qwen2":
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN2))
+  elif name in OPEN_MODELS:
+    config_class, model_class, config = OPEN_MODELS[name]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
   elif name in ("t5", "t5_tied"):
     config = transformers.T5Config(**(T5 if name == "t5" else T5_TIED))
     model = transformers.T5ForConditionalGeneration(config)
-  elif name == "marian":
-    model = transformers.MarianMTModel(transformers.MarianConfig(**MARIAN))
+  elif name in ("marian", "marian_shapes"):
+    config = MARIAN if name == "marian" else MARIAN_SHAPES
+    model = transformers.MarianMTModel(transformers.MarianConfig(**config))
   elif name == "bart":
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(**BART))
   elif name in ("vit", "vit_classifier"):
@@ -293,7 +410,9 @@ def build(name: str):
   # a random T5, Gemma, Marian or BART this small keeps repeating one token unless shaken
   # harder (the encoder-decoders: and with another draw, whose greedy tokens vary)
   shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith("gemma") else 0.05
+  shake = 0.4 if name in ("olmo2", "olmo3", "smollm3", "qwen3") else shake
   shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
+  shake, draw = {"marian_shapes": (0.3, 2)}.get(name, (shake, draw))
   perturb(model, SEED + draw, shake)
   return model.eval()
 
@@ -306,7 +425,7 @@ def inputs(name: str) -> dict[str, np.ndarray]:
         "tokens": rng.integers(0, vocab, (2, 10)).astype(np.int32),
         "prompt": rng.integers(0, vocab, (1, 5)).astype(np.int32),
     }
-  if name.startswith("t5") or name in ("marian", "bart"):
+  if name.startswith("t5") or name in ("marian", "bart", "marian_shapes"):
     src = rng.integers(2, T5["vocab_size"], (2, 9)).astype(np.int32)
     src_mask = np.ones((2, 9), np.int32)
     src_mask[1, 6:] = 0  # the second source is padded after 6 tokens
@@ -341,6 +460,11 @@ def run(name: str, model, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
           pad_token_id=0,
       )
       out["greedy"] = generated[:, x["prompt"].shape[1] :]
+    elif name == "marian_shapes":  # generate as its config says (forced_eos_token_id)
+      o = model(input_ids=t["src"], attention_mask=t["src_mask"], decoder_input_ids=t["tgt"])
+      out["logits"] = o.logits
+      generated = model.generate(t["source"], max_new_tokens=8, do_sample=False, num_beams=1)
+      out["greedy"] = generated[:, 1:]
     elif name.startswith("t5") or name in ("marian", "bart"):
       o = model(input_ids=t["src"], attention_mask=t["src_mask"], decoder_input_ids=t["tgt"])
       out["logits"] = o.logits
@@ -442,7 +566,8 @@ def main(argv=None):
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
-  names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied")
+  names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied", "marian_shapes")
+  names += tuple(OPEN_MODELS)
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")

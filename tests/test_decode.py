@@ -74,6 +74,25 @@ def run(cfg, params, inputs, max_new, **kw):
         # with ALiBi's bias read at the positions the slots hold
         ("decoder", dict(positions="rope", sliding_window=3, sliding_every=2)),
         ("decoder", dict(positions="alibi", sliding_window=3, num_kv_heads=2, scan_layers=True)),
+        # per-layer patterns (model.layer_types), looped: rings of 4 (chunks, by each row's own
+        # positions) and 3 slots (a window, RoPE at its own base), q/k norms over the whole
+        # projection; scanned: NoPE beside chunks of 3 (both traced), parameterless q/k norms
+        (
+            "decoder",
+            dict(positions="rope", layer_types="chunked,sliding", attention_chunk=4)
+            | dict(sliding_window=3, rope_local_theta=50.0, qk_norm=True, qk_norm_kind="full"),
+        ),
+        (
+            "decoder",
+            dict(positions="rope", layer_types="nope,chunked", attention_chunk=3, num_kv_heads=2)
+            | dict(qk_norm=True, qk_norm_kind="l2", scan_layers=True),
+        ),
+        # the decoder stack with its own heads and feed-forward width
+        ("encoder_decoder", dict(positions="rope", decoder_num_heads=2, decoder_d_ff=24)),
+        # a window of one position (a ring of one slot) with GQA: each query sees itself only
+        # (transformers' cached generate keeps a key too many there and parts from its own
+        # forward pass from the second new token on; scripts/check_open_models.py)
+        ("decoder", dict(positions="rope", sliding_window=1, num_kv_heads=2)),
     ],
 )
 def test_cached_logits_equal_full_forward_at_every_step(family, extra):

@@ -1,4 +1,5 @@
-"""Today's open models as presets (experiments/llama.py, mistral.py, qwen2.py, t5.py, mixtral.py):
+"""Today's open models as presets (experiments/llama.py, mistral.py, qwen2.py, t5.py, mixtral.py,
+qwen3.py, gemma3.py, olmo.py, phi3.py, smollm3.py):
 every released checkpoint's exact parameter count, and the pieces that made them expressible
 or that their functions need: q/k/v-only biases, unscaled attention scores, the scaled tied
 unembedding, the tanh-GeGLU and plain SiLU feed-forwards, and Llama 3.1's RoPE scaling."""
@@ -62,6 +63,24 @@ PUBLISHED = {
     ("bart", "base"): 139_420_416,
     ("bart", "large"): 406_291_456,
     ("marian", "en-de"): 73_886_208,
+    # transformers' own model classes built from the released configs on the meta device
+    ("qwen3", "0.6b"): 596_049_920,
+    ("qwen3", "1.7b"): 1_720_574_976,
+    ("qwen3", "4b"): 4_022_468_096,
+    ("qwen3", "8b"): 8_190_735_360,
+    ("qwen3", "14b"): 14_768_307_200,
+    ("qwen3", "32b"): 32_762_123_264,
+    ("gemma3", "1b"): 999_885_952,
+    ("gemma3", "4b"): 3_880_263_168,  # the text model alone (so 12b and 27b)
+    ("gemma3", "12b"): 11_766_034_176,
+    ("gemma3", "27b"): 27_009_346_304,
+    ("olmo", "2-7b"): 7_298_617_344,
+    ("olmo", "2-13b"): 13_716_198_400,
+    ("olmo", "2-32b"): 32_234_279_936,
+    ("phi3", "3-mini"): 3_821_079_552,
+    ("phi3", "3-medium"): 13_960_238_080,
+    ("phi3", "4"): 14_659_507_200,
+    ("smollm3", "3b"): 3_075_098_624,
 }
 
 
@@ -167,7 +186,11 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"])
+DECODERS = ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"]
+DECODERS += ["qwen3", "smollm3", "gemma3", "olmo2", "olmo3", "phi3", "llama_bias"]
+
+
+@pytest.mark.parametrize("name", DECODERS)
 def test_imported_decoders_continue_greedily_as_transformers_generate(name):
   """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
   tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,
@@ -240,6 +263,35 @@ def test_imported_encoder_decoders_translate_greedily_as_transformers_generate(n
   got = np.asarray(out.tokens)[0, : out.lengths[0]]
   assert len(got) >= 4
   np.testing.assert_array_equal(got, want[: len(got)])
+
+
+def test_marian_ends_a_full_row_with_its_forced_eos_as_transformers_generate(tmp_path):
+  """transformers' generate ends a row that reaches max_new_tokens with config.json's
+  forced_eos_token_id (MarianConfig's default: 0, its end id): translate's forced_eos_id does
+  the same, and a converted run (generate --source_ids) reads it from config.json. The fixture's
+  stacks differ (4 encoder heads, 2 in the decoder; feed-forward 48 and 40 wide)."""
+  import json
+  import shutil
+
+  from transformers_jax import decode
+  from transformers_jax.interop import load_hf
+  from transformers_jax.run_folder.runs import Run
+
+  fields, params = load_hf(FIXTURES / "marian_shapes")
+  assert (fields["decoder_num_heads"], fields["decoder_d_ff"]) == (2, 40)
+  config = json.loads((FIXTURES / "marian_shapes" / "config.json").read_text())
+  with np.load(FIXTURES / "marian_shapes" / "reference.npz") as ref:
+    source, want = ref["source"], ref["greedy"][0]
+  assert len(want) == 8 and want[-1] == config["forced_eos_token_id"] == 0
+  start, end = config["decoder_start_token_id"], config["eos_token_id"]
+  out = decode.translate(
+      ModelConfig(**fields), params, [list(source[0])], start, end, 8, beam_size=0, forced_eos_id=0
+  )
+  np.testing.assert_array_equal(out.tokens[0], want)
+  assert out.lengths[0] == 7 and out.stopped[0]
+  (tmp_path / "run").mkdir()
+  shutil.copy(FIXTURES / "marian_shapes" / "config.json", tmp_path / "run" / "hf_config.json")
+  assert Run(tmp_path / "run").hf_forced_eos_id() == 0
 
 
 def test_t5_reads_an_untied_head_from_the_tensors_and_the_start_ids_from_config(tmp_path):
@@ -334,3 +386,56 @@ def test_vit_22b_has_its_bias_pattern_and_one_norm_per_parallel_block(experiment
   assert {"bias"} <= set(block["ffn"]["wi"]) and {"bias"} <= set(block["ffn"]["wo"])
   assert [k for k in block if "norm" in k] == ["input_norm"]
   assert set(block["input_norm"]) == {"scale"}
+
+
+@pytest.mark.parametrize(
+    "name,changes,said",
+    [
+        ("phi3", {"rope_parameters.partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),
+        ("phi3", {"rope_parameters.rope_type": "longrope"}, "RoPE scaling 'longrope'"),
+        ("olmo3", {"rope_parameters.full_attention.rope_type": "yarn"}, "RoPE scaling 'yarn'"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+        (
+            "gemma3",
+            {"rope_parameters.sliding_attention": dict(rope_type="linear", factor=2.0)},
+            "the sliding layers' RoPE scaling 'linear'",
+        ),
+        ("qwen3", {"layer_types": ["full_attention"]}, "layer_types lists 1 layers"),
+        ("smollm3", {"layer_types": ["chunked_attention"] * 4}, "without RoPE"),
+        ("olmo3", {"layer_types": ["local_attention"] * 4}, "'local_attention'"),
+    ],
+)
+def test_what_the_blocks_cannot_hold_is_one_line_naming_the_config_key(
+    name, changes, said, tmp_path
+):
+  import json
+
+  from transformers_jax.interop import UnsupportedArchitecture, load_hf
+
+  config = json.loads((FIXTURES / name / "config.json").read_text())
+  for dotted, value in changes.items():
+    *path, key = dotted.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    node[key] = value
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UnsupportedArchitecture, match=said) as refused:
+    load_hf(tmp_path)
+  assert "\n" not in str(refused.value)
+
+
+def test_an_export_the_architecture_cannot_hold_is_refused_naming_the_field(tmp_path):
+  """Gemma 3 in transformers has no attention soft-capping; Qwen3 has no NoPE layers; Phi-3 is
+  written only when asked for (its tensors hold Llama's blocks)."""
+  from transformers_jax.interop import UnsupportedConfig, load_hf, save_hf
+
+  fields, params = load_hf(FIXTURES / "gemma3")
+  with pytest.raises(UnsupportedConfig, match="model.attention_softcap=5.0 as Gemma3ForCausalLM"):
+    save_hf(tmp_path / "a", dict(fields, attention_softcap=5.0), params)
+  fields, params = load_hf(FIXTURES / "smollm3")
+  with pytest.raises(UnsupportedConfig, match="layer_types='full,nope' as Qwen3ForCausalLM"):
+    save_hf(tmp_path / "b", dict(fields, qk_norm=True, ffn_bias=False), params, "Qwen3ForCausalLM")
+  fields, params = load_hf(FIXTURES / "phi3")
+  assert save_hf(tmp_path / "c", fields, params) == "MistralForCausalLM"
+  assert save_hf(tmp_path / "d", fields, params, "Phi3ForCausalLM") == "Phi3ForCausalLM"

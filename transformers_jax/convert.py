@@ -296,6 +296,7 @@ def export_hf(
     raise UserError(f"{run.path} has no config.json: pass a run directory")
   _check_target(run.path, pathlib.Path(target), overwrite)
   model_cfg = run.model_config()
+  architecture = architecture or run.hf_architecture(model_cfg)  # as converted, where it fits
   params, step = run.load_params(member=member)
   if member is not None:  # say which model is exported
     from transformers_jax.train.members import chosen

@@ -137,7 +137,10 @@ def main(argv):
       raise UserError("--stop_ids: the encoder-decoder stops at the tokenizer's eos")
     beam = FLAGS.beam_size if FLAGS.beam_size is not None else (0 if sampling_flags else 4)
     new = FLAGS.max_new_tokens if FLAGS["max_new_tokens"].present else None
-    out = decode.translate(cfg, params, [source], *start_end, new, beam_size=beam, **common)
+    forced = Run(FLAGS.workdir).hf_forced_eos_id() if tok is None else None
+    out = decode.translate(
+        cfg, params, [source], *start_end, new, beam_size=beam, forced_eos_id=forced, **common
+    )
   else:
     raise UserError(
         f"a model.family={cfg.family} model does not generate text: use a "

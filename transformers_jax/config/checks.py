@@ -7,7 +7,7 @@ import dataclasses
 import math
 import numbers
 
-from transformers_jax.modules import feed_forward, inits, lora, remat, scores
+from transformers_jax.modules import feed_forward, inits, layer_types, lora, remat, scores
 from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
@@ -30,6 +30,7 @@ HEADS = {
     "vit": ("classifier", "pooler", "none"),
 }
 POOLS = ("cls", "mean")
+QK_NORM_KINDS = ("head", "full", "l2")
 
 
 def registries() -> dict[str, dict]:
@@ -67,6 +68,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       "dtype": DTYPES,
       "param_dtype": DTYPES,
       "pool": POOLS,
+      "qk_norm_kind": QK_NORM_KINDS,
   }
 
 
@@ -108,6 +110,20 @@ def _check_types(c) -> None:
       _fail(f.name, repr(value), f"must be {want}")
 
 
+def _check_heads(c, heads: int, prefix: str = "") -> None:
+  """`heads` query heads (a stack's: the decoder's own with prefix decoder_) divide d_model and
+  split into the kv heads."""
+  if c.head_dim is None and c.d_model % heads:
+    _fail(
+        prefix + "num_heads",
+        str(heads),
+        f"must divide d_model={c.d_model} (or set model.head_dim explicitly)",
+    )
+  kv = heads if c.num_kv_heads is None else c.num_kv_heads
+  if heads % kv:
+    _fail("num_kv_heads", str(kv), f"must divide {prefix}num_heads={heads}")
+
+
 def validate(c) -> None:
   """Raise ValueError naming the field and the fix; called on construction, before tracing."""
   _check_types(c)
@@ -133,18 +149,21 @@ def validate(c) -> None:
         f"{c.attention_impl} attention has no attention dropout: set it to 0 or use "
         "model.attention_impl=einsum",
     )
-  for field in ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff"):
+  sized = ("num_encoder_layers", "num_decoder_layers", "num_kv_heads", "head_dim", "d_ff")
+  for field in sized + ("decoder_num_heads", "decoder_d_ff"):
     value = getattr(c, field)
     if value is not None and value < 1:
       _fail(field, str(value), "must be a positive integer or None (derived)")
-  if c.head_dim is None and c.d_model % c.num_heads:
-    _fail(
-        "num_heads",
-        str(c.num_heads),
-        f"must divide d_model={c.d_model} (or set model.head_dim explicitly)",
-    )
-  if c.num_heads % c.kv_heads:
-    _fail("num_kv_heads", str(c.kv_heads), f"must divide num_heads={c.num_heads}")
+  for field in ("decoder_num_heads", "decoder_d_ff"):
+    if getattr(c, field) is not None and c.family != "encoder_decoder":
+      _fail(
+          field, str(getattr(c, field)), "only an encoder_decoder has a decoder stack: leave None"
+      )
+  if c.decoder_num_heads is not None:
+    _check_heads(c, c.decoder_num_heads, "decoder_")
+  _check_heads(c, c.num_heads)
+  if c.qk_norm_kind != "head" and not c.qk_norm:
+    _fail("qk_norm_kind", repr(c.qk_norm_kind), "only q/k norms read it: set qk_norm=True")
   if c.family != "vit" and c.vocab_size < 1:
     _fail("vocab_size", str(c.vocab_size), "must be a positive integer")
   if c.vocab_size > MAX_VOCAB:
@@ -189,6 +208,7 @@ def validate(c) -> None:
       NORM_KINDS[c.norm].config_problem,
       feed_forward.config_problem,
       scores.config_problem,
+      layer_types.config_problem,
   )
   for problem in (check(c) for check in checks):
     if problem:

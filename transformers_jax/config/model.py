@@ -28,9 +28,12 @@ class ModelConfig:
   num_decoder_layers: int | None = None  # encoder_decoder only; None = num_layers
   d_model: int = 64  # width of the residual stream (D)
   num_heads: int = 4  # query heads (H)
+  # encoder_decoder: the decoder stack's query heads (BART and Marian may differ); None = num_heads
+  decoder_num_heads: int | None = None
   num_kv_heads: int | None = None  # key/value heads (G); None = num_heads (MHA); 1 = MQA
   head_dim: int | None = None  # per-head width (K); None = d_model // num_heads
   d_ff: int | None = None  # feed-forward hidden width (F); None = 4 * d_model
+  decoder_d_ff: int | None = None  # encoder_decoder: the decoder stack's F; None = d_ff
   vocab_size: int = 256  # token vocabulary (V); unused by vit
   # Embedding rows and logits are padded to a multiple of this, so that the vocabulary splits
   # evenly over tensor-parallel devices (Megatron and nanoGPT pad GPT-2's 50,257 to 50,304 with
@@ -67,7 +70,11 @@ class ModelConfig:
   # LLM recipe sets the two apart by width, e.g. 0.8 and 0.2 for LLaMA 7B)
   dyt_alpha_attention: float | None = None
   norm_eps: float = 1e-5  # epsilon inside the norm's square root
-  qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on each head's queries and keys
+  qk_norm: bool = False  # `norm` (layernorm | rmsnorm) on the queries and keys
+  # qk_norm's extent: head (each head's over head_dim, one gain vector shared by the heads: Qwen3,
+  # Gemma 3) | full (the whole projection, H*K and G*K wide: OLMo 2) | l2 (each head's over
+  # head_dim, RMS without gains: Llama 4)
+  qk_norm_kind: str = "head"
   norm_scale: bool = True  # learned scale (gamma) in every norm
   norm_unit_offset: bool = False  # the scale is stored as w and applied as 1 + w (Gemma)
   # learned shift (beta); None = the norm kind's default (the + beta of its formula)
@@ -80,6 +87,9 @@ class ModelConfig:
   # the feed-forward non-linearity; the *glu ones are gated (modules/activations.py)
   activation: str = "gelu"
   use_bias: bool = True  # biases in attention and feed-forward projections
+  ffn_bias: bool | None = (
+      None  # biases in the feed-forward only (Llama's mlp_bias); None = use_bias
+  )
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2); None = use_bias
   scale_scores: bool = True  # attention scores q.k / sqrt(head_dim); False = q.k (T5)
   score_scale_width: int = 0  # scores q.k / sqrt(this), not sqrt(head_dim) (Gemma 2 27B: 144)
@@ -99,6 +109,14 @@ class ModelConfig:
   # Mistral 7B v0.1: 4,096)
   sliding_window: int = 0
   sliding_every: int = 1  # with sliding_window: only blocks 0, n, 2n, … slide (Gemma 2: 2)
+  # each block's attention and rotation: a comma-separated period of modules/layer_types.py's
+  # entries repeated over the blocks, e.g. sliding,sliding,sliding,sliding,sliding,full (Gemma 3)
+  # or full,full,full,nope (SmolLM3); "" = sliding_window / sliding_every decide
+  layer_types: str = ""
+  # RoPE base of the sliding layers, which then take no rope_scaling (Gemma 3: 10,000 beside
+  # the global layers' 1,000,000); 0 = as the other layers
+  rope_local_theta: float = 0.0
+  attention_chunk: int = 0  # chunked layers: a query sees its own chunk of this many positions
   attention_softcap: float = 0.0  # attention scores s -> cap tanh(s / cap) (Gemma 2: 50); 0 = off
   logit_softcap: float = 0.0  # output logits z -> cap tanh(z / cap) (Gemma 2: 30); 0 = off
   feed_forward: str = "dense"  # a dense feed-forward network, or a mixture of experts
@@ -153,6 +171,22 @@ class ModelConfig:
   @property
   def ff_width(self) -> int:
     return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+  @property
+  def has_ffn_bias(self) -> bool:
+    return self.use_bias if self.ffn_bias is None else self.ffn_bias
+
+  def stack_config(self, role: str) -> "ModelConfig":
+    """The config a stack's blocks read: an encoder_decoder's decoder with its own heads and
+    feed-forward width (decoder_num_heads, decoder_d_ff), every other stack this config."""
+    if role != "decoder" or (self.decoder_num_heads is None and self.decoder_d_ff is None):
+      return self
+    return self.replace(
+        num_heads=self.decoder_num_heads or self.num_heads,
+        d_ff=self.decoder_d_ff or self.d_ff,
+        decoder_num_heads=None,
+        decoder_d_ff=None,
+    )
 
   @property
   def encoder_layers(self) -> int:

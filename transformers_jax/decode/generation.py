@@ -25,7 +25,7 @@ import numpy as np
 
 from transformers_jax.decode.beam import beam_loop
 from transformers_jax.decode.cache import gather_rows, init_cache, repeat_rows
-from transformers_jax.decode.sampling import sample_loop
+from transformers_jax.decode.sampling import force_last_token, sample_loop
 from transformers_jax.models import as_model_config, build_model
 
 
@@ -43,6 +43,9 @@ class Strategy:
   pad_id: int = 0  # fills a row after it has ended
   return_logits: bool = False  # greedy/sampling: also return the logits of every step
   prompt_is_prefix: bool = False  # a prefix LM's prompt: its tokens attend each other
+  # the last of max_new_tokens is this token in every row still going (transformers'
+  # forced_eos_token_id: Marian's and BART's configs set it); -1 = none
+  forced_eos: int = -1
 
   def check(self, vocab_size: int) -> None:
     if self.max_new_tokens < 1:
@@ -68,6 +71,8 @@ class Strategy:
     for t in self.stop_tokens:
       if not 0 <= t < vocab_size:
         raise ValueError(f"stop token {t} is outside the vocabulary [0, {vocab_size})")
+    if not -1 <= self.forced_eos < vocab_size:
+      raise ValueError(f"forced_eos_id={self.forced_eos}: outside the vocabulary [0, {vocab_size})")
 
 
 @dataclasses.dataclass
@@ -89,6 +94,8 @@ class Generation:
 # ----------------------------------------------------------------------------- programs
 def _search(strategy, feed, logits0, cache, batch, key):
   """Beam search or sampling from the prefill's logits0 [B, V] and cache (B rows)."""
+  if strategy.forced_eos >= 0:
+    feed, logits0 = force_last_token(strategy, feed, logits0)
   if not strategy.beam_size:
     return sample_loop(feed, logits0, cache, key, strategy)
   k = strategy.beam_size
@@ -280,6 +287,7 @@ def generate(
     return_logits: bool = False,
     mesh=None,
     prompt_is_prefix: bool = False,
+    forced_eos_id: int | None = None,
 ) -> Generation:
   """Continue each prompt (a list of token ids) of a decoder-only model.
 
@@ -289,7 +297,9 @@ def generate(
   plus the new tokens but the last fit in model.max_len). With a `mesh`, the prompts are split
   over its data axes and `params` keep their placement (`shard_params` puts them there).
   `prompt_is_prefix`: each prompt is a prefix LM's prefix (tasks/prefix_lm.py), its tokens
-  attending one another both ways; the new tokens attend causally.
+  attending one another both ways; the new tokens attend causally. `forced_eos_id`: the last
+  of the max_new_tokens is this token in every row that has not stopped (transformers'
+  forced_eos_token_id).
   """
   cfg = as_model_config(cfg)
   _family(cfg, "decoder", "generate", "translate")
@@ -306,6 +316,7 @@ def generate(
       pad_id,
       return_logits,
       prompt_is_prefix,
+      -1 if forced_eos_id is None else int(forced_eos_id),
   )
   strategy.check(cfg.vocab_size)
   tokens = np.full((len(rows), P), pad_id, np.int32)
@@ -334,6 +345,7 @@ def translate(
     source_len: int | None = None,
     return_logits: bool = False,
     mesh=None,
+    forced_eos_id: int | None = None,
 ) -> Generation:
   """Translate each source (a list of token ids) with an encoder-decoder model.
 
@@ -341,7 +353,8 @@ def translate(
   sampling. The target starts with `bos_id` and ends at `eos_id`, or after `max_new_tokens`
   (default: the longest source + 50, as in the paper), at most model.max_len. Sources are
   right-padded to `source_len` (default: the longest; pass a fixed length to compile once for
-  batches of varying lengths).
+  batches of varying lengths). `forced_eos_id`: the last of the max_new_tokens is this token in
+  every row not ended (transformers' forced_eos_token_id, which Marian's and BART's set).
   """
   cfg = as_model_config(cfg)
   _family(cfg, "encoder_decoder", "translate", "generate")
@@ -373,6 +386,7 @@ def translate(
       (int(eos_id),),
       pad,
       return_logits,
+      forced_eos=-1 if forced_eos_id is None else int(forced_eos_id),
   )
   strategy.check(cfg.vocab_size)
   src = np.full((len(rows), S), pad, np.int32)

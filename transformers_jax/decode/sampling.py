@@ -87,3 +87,18 @@ def sample_loop(feed, logits0, cache, key, strategy):
   if s.return_logits:
     out["logits"] = logits_out
   return out
+
+
+def force_last_token(strategy, feed, logits0):
+  """(feed, logits0) whose logits for the last new token allow only strategy.forced_eos."""
+  last, V = strategy.max_new_tokens - 1, logits0.shape[-1]
+  only = jnp.where(jnp.arange(V) == strategy.forced_eos, 0.0, -jnp.inf)
+
+  def forced(logits, i):  # the logits that predict new token i
+    return jnp.where(i == last, only.astype(logits.dtype), logits)
+
+  def forced_feed(cache, tokens, i):
+    logits, cache = feed(cache, tokens, i)
+    return forced(logits, i + 1), cache
+
+  return forced_feed, forced(logits0, 0)

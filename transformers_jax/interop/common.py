@@ -64,8 +64,10 @@ class Rule:
 
   kinds: copy; bias (flat <-> our bias shape); linear (torch [out, in] <-> our kernel whose first
   `n_in` axes are inputs); conv1d (GPT-2 [in, out] <-> our kernel); fused_kernel / fused_bias
-  (GPT-2 c_attn <-> query, key, value); patch (conv [D, C, P, P] <-> [P*P*C, D]); batch1
-  ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert <-> our [E, in, out]).
+  (GPT-2 c_attn <-> query, key, value); fused_linear (one torch Linear [sum of outs, in] <->
+  several kernels [in, ...]: Phi-3's qkv_proj and gate_up_proj); patch (conv [D, C, P, P] <->
+  [P*P*C, D]); batch1 ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert
+  <-> our [E, in, out]).
   `patch` holds (P, C) for the patch kind.
   """
 
@@ -91,6 +93,8 @@ def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]
     return [(math.prod(s[:n]), math.prod(s[n:]))]
   if rule.kind == "fused_kernel":
     return [(s[0], sum(math.prod(x[1:]) for x in shapes))]
+  if rule.kind == "fused_linear":
+    return [(sum(math.prod(x[1:]) for x in shapes), s[0])]
   if rule.kind == "fused_bias":
     return [(sum(math.prod(x) for x in shapes),)]
   if rule.kind == "patch":
@@ -109,8 +113,10 @@ def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[n
     return [a.reshape(shapes[0])]
   if rule.kind == "linear":
     return [a.T.reshape(shapes[0])]
-  if rule.kind in ("fused_kernel", "fused_bias"):
-    widths = [math.prod(x[1:] if rule.kind == "fused_kernel" else x) for x in shapes]
+  if rule.kind == "fused_linear":
+    a = a.T
+  if rule.kind in ("fused_kernel", "fused_bias", "fused_linear"):
+    widths = [math.prod(x if rule.kind == "fused_bias" else x[1:]) for x in shapes]
     parts = np.split(a, np.cumsum(widths)[:-1], axis=-1)
     return [p.reshape(x) for p, x in zip(parts, shapes)]
   if rule.kind == "patch":  # [D, C, P, P] -> [P (row), P (col), C, D] -> [P*P*C, D]
@@ -130,6 +136,8 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [a.reshape(math.prod(a.shape[:n]), -1)]
   if rule.kind == "fused_kernel":
     return [np.concatenate([x.reshape(x.shape[0], -1) for x in arrays], axis=-1)]
+  if rule.kind == "fused_linear":
+    return [np.concatenate([x.reshape(x.shape[0], -1) for x in arrays], axis=-1).T]
   if rule.kind == "fused_bias":
     return [np.concatenate([x.reshape(-1) for x in arrays])]
   if rule.kind == "patch":

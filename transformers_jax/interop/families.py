@@ -1,5 +1,5 @@
 """The Hugging Face architectures this project reads and writes, one Family each (interop/gpt2.py,
-bert.py, vit.py), and the parameter shapes a config implies: what reading (hf.py) and writing
+bert.py, vit.py, llama.py, qwen3.py, gemma3.py, olmo.py, phi3.py ...), and the parameter shapes a config implies: what reading (hf.py) and writing
 (hf_export.py) share."""
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
 from transformers_jax.interop.gemma import Gemma, Gemma2
+from transformers_jax.interop.gemma3 import Gemma3
 from transformers_jax.interop.llama import Llama, Mistral, Mixtral, Qwen2
 from transformers_jax.interop.marian import Marian
+from transformers_jax.interop.olmo import Olmo2, Olmo3
+from transformers_jax.interop.phi3 import Phi3
+from transformers_jax.interop.qwen3 import Qwen3, SmolLM3
 from transformers_jax.interop.t5 import T5
 from transformers_jax.interop.vit import ViT
 
@@ -29,6 +33,12 @@ FAMILIES: tuple[Family, ...] = (
     Qwen2(),
     Gemma(),
     Gemma2(),
+    Gemma3(),
+    Qwen3(),
+    SmolLM3(),
+    Olmo2(),
+    Olmo3(),
+    Phi3(),
     T5(),
     Marian(),
     Bart(),

@@ -18,6 +18,7 @@ class Gemma(Llama):
   base_prefix = {"GemmaForCausalLM": "model."}
   activation = ("geglu_tanh", "gelu_pytorch_tanh")
   gemma = True
+  biases = ()  # attention_bias and mlp_bias must be off
   defaults = dict(
       Llama.defaults,
       vocab_size=256000,
@@ -70,7 +71,8 @@ class Gemma2(Gemma):
       attn_logit_softcapping=50.0,
   )
 
-  def fields(self, hf, architecture, where):
+  def sandwich_fields(self, hf, architecture, where):
+    """Gemma's fields with Gemma 2's norms, soft-caps and score scale (Gemma 3's too)."""
     out = super().fields(hf, architecture, where)
     head_dim = out["head_dim"] or out["d_model"] // out["num_heads"]
     width = hf["query_pre_attn_scalar"]
@@ -79,6 +81,16 @@ class Gemma2(Gemma):
           f"{where}: query_pre_attn_scalar={width!r} must be a positive integer (a width whose "
           "square root divides the scores)"
       )
+    return dict(
+        out,
+        norm_placement="sandwich",
+        attention_softcap=float(hf["attn_logit_softcapping"] or 0.0),
+        logit_softcap=float(hf["final_logit_softcapping"] or 0.0),
+        score_scale_width=0 if width == head_dim else width,
+    )
+
+  def fields(self, hf, architecture, where):
+    out = self.sandwich_fields(hf, architecture, where)
     layers = hf["num_hidden_layers"]
     sliding = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     if hf.get("layer_types") not in (None, sliding):
@@ -86,15 +98,9 @@ class Gemma2(Gemma):
           f"{where}: layer_types other than sliding and full attention alternating from the "
           "first layer are not supported"
       )
-    return dict(
-        out,
-        norm_placement="sandwich",
-        sliding_window=hf["sliding_window"] or 0,
-        sliding_every=2,
-        attention_softcap=float(hf["attn_logit_softcapping"] or 0.0),
-        logit_softcap=float(hf["final_logit_softcapping"] or 0.0),
-        score_scale_width=0 if width == head_dim else width,
-    )
+    window = hf["sliding_window"] or 0  # (one that no position reaches is none)
+    window = window if window < hf["max_position_embeddings"] else 0
+    return dict(out, sliding_window=window, sliding_every=2)
 
   def hf_config(self, c, architecture):
     out = super().hf_config(c, architecture)
@@ -104,7 +110,9 @@ class Gemma2(Gemma):
     return dict(
         out,
         query_pre_attn_scalar=c.score_scale_width or c.head_width,
-        sliding_window=c.sliding_window or None,
+        # transformers builds the sliding layers' mask whatever the layers: a window no
+        # position reaches where there is none
+        sliding_window=c.sliding_window or c.max_len,
         layer_types=layer_types,
         attn_logit_softcapping=c.attention_softcap or None,
         final_logit_softcapping=c.logit_softcap or None,

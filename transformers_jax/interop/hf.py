@@ -14,7 +14,10 @@ embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vi
 token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
 LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM
 / Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE, gated feed-forward, grouped-query
-attention; interop/llama.py and gemma.py), T5ForConditionalGeneration (encoder-decoder,
+attention; interop/llama.py and gemma.py), Qwen3ForCausalLM / SmolLM3ForCausalLM /
+Gemma3ForCausalLM / Olmo2ForCausalLM / Olmo3ForCausalLM / Phi3ForCausalLM (q/k norms, per-layer
+sliding windows and NoPE layers, reordered norms, fused projections; interop/qwen3.py,
+gemma3.py, olmo.py, phi3.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py), MarianMTModel (encoder-decoder, post-LN,
 fixed sinusoids; interop/marian.py), BartForConditionalGeneration (encoder-decoder, post-LN,
 positions and embedding norm per stack; interop/bart.py).

@@ -49,11 +49,13 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       norm_scale=True,
       has_norm_bias=True,
       use_bias=True,
+      has_ffn_bias=c.use_bias,  # the feed-forward biased as the attention is
       residual=True,
       feed_forward="dense",
       embed_scale=False,
       embed_scale_learned=False,
-      qk_norm=False,  # no Hugging Face architecture here normalises queries and keys
+      qk_norm=False,  # only Qwen3, Gemma 3 and OLMo 2/3 normalise queries and keys
+      qk_norm_kind="head",
       kv_heads=c.num_heads,
       activation=tuple(ACTIVATIONS_OUT),
       qkv_bias=(None, c.use_bias),
@@ -62,6 +64,11 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       unembed_scale=False,
       norm_unit_offset=False,
       sliding_window=0,
+      layer_types="",
+      rope_local_theta=0.0,
+      attention_chunk=0,
+      decoder_num_heads=None,  # one shape for both stacks, unless BART's or Marian's
+      decoder_d_ff=None,
       attention_softcap=0.0,
       logit_softcap=0.0,
       rope_scaling="",
@@ -82,6 +89,17 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
         f"d_model / num_heads = {c.d_model / c.num_heads:g}; leave model.head_dim unset"
     )
   family.check_exportable(c, architecture)
+
+
+def exportable_as(c: ModelConfig, architecture) -> bool:
+  """Whether `c` (its LoRA adapters merged) can be written as `architecture`."""
+  if architecture not in FAMILY_OF:
+    return False
+  try:
+    _check_exportable(c.replace(lora_rank=0), architecture)
+  except UnsupportedConfig:
+    return False
+  return True
 
 
 def save_hf(

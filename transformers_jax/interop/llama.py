@@ -1,9 +1,10 @@
 """Llama (LlamaForCausalLM), Mistral (MistralForCausalLM, with its sliding window), Mixtral
 (MixtralForCausalLM, its experts) and Qwen2 (Qwen2ForCausalLM) <-> the decoder family: pre-norm
-RMSNorm, RoPE (Llama 3.1's "llama3" scaling included), SwiGLU, grouped-query attention, no
-biases but Qwen2's on q/k/v, the `lm` head untied unless tie_word_embeddings. They share their
-tensor names (Mixtral's experts apart); config.json is read both as the hub's
-files write it (`rope_theta`, `rope_scaling`) and as transformers 5.x does (`rope_parameters`).
+RMSNorm, RoPE (Llama 3.1's "llama3" and linear scaling included), SwiGLU, grouped-query
+attention, Llama's optional biases (attention_bias on q, k, v and o, mlp_bias on the
+feed-forward), Qwen2's on q/k/v, the `lm` head untied unless tie_word_embeddings. They share
+their tensor names (Mixtral's experts apart); config.json is read both as the hub's files write
+it (`rope_theta`, `rope_scaling`) and as transformers 5.x does (`rope_parameters`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from transformers_jax.interop.common import (
     get,
     require,
 )
-from transformers_jax.modules.positions import parse_rope_scaling
+from transformers_jax.modules import layer_types
+from transformers_jax.modules.positions import linear_rope_factor, parse_rope_scaling
 
 
 def _linear(hf: str, path: tuple[str, ...], bias: bool = False, n_in: int = 1) -> list[Rule]:
@@ -28,14 +30,21 @@ def _linear(hf: str, path: tuple[str, ...], bias: bool = False, n_in: int = 1) -
 def _rope(hf, where: str) -> tuple[float, str]:
   """(rope_theta, model.rope_scaling) from either way of writing them."""
   rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+  return rope_values(rope, hf.get("rope_theta", 10000.0), where)
+
+
+def rope_values(rope, theta, where: str, what: str = "RoPE scaling") -> tuple[float, str]:
+  """(theta, model.rope_scaling) of one rope_parameters entry (`theta` where it has none)."""
+  theta = float(rope.get("rope_theta", theta))
   kind = rope.get("rope_type", rope.get("type", "default"))
   if kind == "default":
     return theta, ""
+  if kind == "linear":
+    return theta, "linear:" + format(float(rope["factor"]), ".12g")
   if kind != "llama3":
     raise UnsupportedArchitecture(
-        f"{where}: RoPE scaling {kind!r} is not supported (only 'llama3', Llama 3.1's): use a "
-        "checkpoint without it"
+        f"{where}: {what} {kind!r} is not supported (only 'llama3', Llama 3.1's, and "
+        "'linear'): use a checkpoint without it"
     )
   numbers = [
       rope["factor"],
@@ -46,18 +55,40 @@ def _rope(hf, where: str) -> tuple[float, str]:
   return theta, "llama3:" + ",".join(format(float(x), ".12g") for x in numbers)
 
 
+def rope_parameters(theta: float, scaling: str) -> dict:
+  """A rope_parameters entry (transformers' names) of RoPE at `theta` with model.rope_scaling."""
+  out = dict(rope_type="default", rope_theta=theta)
+  if linear_rope_factor(scaling):
+    out.update(rope_type="linear", factor=linear_rope_factor(scaling))
+  elif scaling:
+    factor, low, high, original = parse_rope_scaling(scaling)
+    out.update(
+        rope_type="llama3",
+        factor=factor,
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=original,
+    )
+  return out
+
+
 class Llama(Family):
   model_type = "llama"
   architectures = {"LlamaForCausalLM": ("lm",)}
   base_prefix = {"LlamaForCausalLM": "model."}
   load_prefix = "model."
   qkv_bias = False  # Qwen2 has biases on q, k and v
+  # the bias switches config.json has, read and written (Llama's both; others none or one)
+  biases = ("attention_bias", "mlp_bias")
   activation = ("swiglu", "silu")  # (ours, config.json's hidden_act)
   gemma = False  # Gemma: embeddings times sqrt(d_model), norms applying 1 + w, tied
   feed_forward = "dense"  # Mixtral: moe
   # each block's norms: (Hugging Face's name, ours); pre-norm, one before each sublayer
   norms = (("input_layernorm", "self_attn_norm"), ("post_attention_layernorm", "ffn_norm"))
   explicit_head_dim = True  # config.json's head_dim may differ from hidden_size / heads
+  # the config class's special ids: one outside a smaller vocabulary is written as null
+  # (transformers refuses a padding id outside it); a converted run's tokenizer overrides them
+  token_defaults = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)
   defaults = dict(
       vocab_size=32000,
       hidden_size=4096,
@@ -82,13 +113,16 @@ class Llama(Family):
   )
 
   def check(self, hf, where):
-    require(hf, where, hidden_act=self.activation[1], attention_bias=False, mlp_bias=False)
+    require(hf, where, hidden_act=self.activation[1])
+    require(hf, where, **{k: False for k in ("attention_bias", "mlp_bias") if k not in self.biases})
 
   def fields(self, hf, architecture, where):
     self.check(hf, where)
     d, heads = hf["hidden_size"], hf["num_attention_heads"]
     theta, scaling = _rope(hf, where)
     head_dim = get(hf, "head_dim", default=d // heads)
+    attention_bias = "attention_bias" in self.biases and bool(hf.get("attention_bias"))
+    mlp_bias = "mlp_bias" in self.biases and bool(hf.get("mlp_bias"))
     return dict(
         family="decoder",
         num_layers=hf["num_hidden_layers"],
@@ -108,7 +142,8 @@ class Llama(Family):
         activation=self.activation[0],
         embed_scale=self.gemma,
         norm_unit_offset=self.gemma,
-        use_bias=False,
+        use_bias=attention_bias,  # q, k, v and o
+        ffn_bias=None if mlp_bias == attention_bias else mlp_bias,
         qkv_bias=True if self.qkv_bias else None,
         sliding_window=0,  # Mistral's own
         tie_embeddings=bool(hf["tie_word_embeddings"]),
@@ -121,14 +156,8 @@ class Llama(Family):
   def hf_config(self, c, architecture):
     rope = None
     if c.rope_scaling:
-      factor, low, high, original = parse_rope_scaling(c.rope_scaling)
-      rope = dict(
-          rope_type="llama3",
-          factor=factor,
-          low_freq_factor=low,
-          high_freq_factor=high,
-          original_max_position_embeddings=original,
-      )
+      rope = rope_parameters(c.rope_theta, c.rope_scaling)
+      del rope["rope_theta"]
     out = dict(
         vocab_size=c.vocab_size,
         hidden_size=c.d_model,
@@ -146,7 +175,13 @@ class Llama(Family):
         initializer_range=c.init_std,
         attention_dropout=c.attention_dropout,
     )
-    if not self.qkv_bias:
+    for key, default in self.token_defaults.items():
+      if default is not None and default >= c.vocab_size:
+        out[key] = None
+    if self.biases:
+      values = dict(attention_bias=c.use_bias, mlp_bias=c.has_ffn_bias)
+      out.update({k: values[k] for k in self.biases})
+    elif not self.qkv_bias:
       out.update(attention_bias=False, mlp_bias=False)
     return out
 
@@ -159,19 +194,24 @@ class Llama(Family):
       attn = ours + ("self_attn",)
       for hf_name, name in self.norms:
         rules.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
-      for hf_name, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-        rules += _linear(h + "self_attn." + hf_name, attn + (name,), bias=self.qkv_bias)
-      rules += _linear(h + "self_attn.o_proj", attn + ("out",), n_in=2)
+      rules += self.attention_rules(c, h + "self_attn.", attn)
       rules += self.ffn_rules(c, h, ours + ("ffn",))
     rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
     if not c.tie_embeddings:
       rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
     return rules
 
+  def attention_rules(self, c, h: str, attn: tuple[str, ...]) -> list[Rule]:
+    qkv_bias = c.use_bias if c.qkv_bias is None else c.qkv_bias
+    rules = []
+    for hf_name, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+      rules += _linear(h + hf_name, attn + (name,), bias=qkv_bias)
+    return rules + _linear(h + "o_proj", attn + ("out",), bias=c.use_bias, n_in=2)
+
   def ffn_rules(self, c, h: str, ffn: tuple[str, ...]) -> list[Rule]:
     rules = []
     for hf_name, name in (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo")):
-      rules += _linear(h + "mlp." + hf_name, ffn + (name,))
+      rules += _linear(h + "mlp." + hf_name, ffn + (name,), bias=c.has_ffn_bias)
     return rules
 
   def ignorable(self, c):
@@ -181,12 +221,23 @@ class Llama(Family):
     return patterns
 
   def default_architecture(self, c):
-    """A RoPE decoder is written as Llama: as Qwen2 with q/k/v biases, Gemma with (1 + w) norms,
-    Mixtral with experts, Mistral with a sliding window (or when asked for)."""
+    """A RoPE decoder is written as Llama: as Qwen2 with q/k/v biases, Gemma with (1 + w) norms
+    (Gemma 3 with q/k norms or per-layer patterns), OLMo 2 with the reordered norm (OLMo 3 with
+    sliding layers), Qwen3 with q/k norms, SmolLM3 with NoPE layers, Mixtral with experts,
+    Mistral with a sliding window (Phi-3 when asked for)."""
     if c.family != "decoder" or c.positions != "rope":
       return None
+    names = set(layer_types.names(c, c.num_layers))
     if c.norm_unit_offset:
+      if c.qk_norm or c.layer_types or c.rope_local_theta:
+        return "Gemma3ForCausalLM"
       return "Gemma2ForCausalLM" if c.norm_placement == "sandwich" else "GemmaForCausalLM"
+    if c.norm_placement == "reordered":
+      return "Olmo3ForCausalLM" if "sliding" in names else "Olmo2ForCausalLM"
+    if c.qk_norm:
+      return "Qwen3ForCausalLM"
+    if names & {"nope", "sliding_nope"}:
+      return "SmolLM3ForCausalLM"
     if c.feed_forward == "moe":
       return "MixtralForCausalLM"
     if c.sliding_window:
@@ -203,14 +254,15 @@ class Llama(Family):
         positions="rope",
         norm="rmsnorm",
         has_norm_bias=False,
-        use_bias=False,
-        qkv_bias=(True,) if self.qkv_bias else (None, False),
+        use_bias=c.use_bias if "attention_bias" in self.biases else False,
+        has_ffn_bias=c.has_ffn_bias if "mlp_bias" in self.biases else False,
+        qkv_bias=(True,) if self.qkv_bias else (None, c.use_bias),
         feed_forward=self.feed_forward,
         kv_heads=c.kv_heads,  # any grouping
         activation=self.activation[0],
         embed_scale=self.gemma,
         norm_unit_offset=self.gemma,
-        rope_scaling=c.rope_scaling,  # none or llama3, both written
+        rope_scaling=c.rope_scaling,  # none, llama3 or linear, each written
     )
 
 
@@ -226,6 +278,8 @@ class Mistral(Llama):
       rms_norm_eps=1e-6,
       sliding_window=None,
   )
+
+  biases = ()  # MistralConfig has no attention_bias or mlp_bias
 
   def check(self, hf, where):
     require(hf, where, hidden_act="silu")
@@ -251,6 +305,7 @@ class Qwen2(Llama):
   architectures = {"Qwen2ForCausalLM": ("lm",)}
   base_prefix = {"Qwen2ForCausalLM": "model."}
   qkv_bias = True
+  biases = ()
   defaults = dict(
       Llama.defaults,
       vocab_size=151936,

@@ -48,12 +48,7 @@ class Marian(Family):
 
   def fields(self, hf, architecture, where):
     require(hf, where, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
-    for key in ("attention_heads", "ffn_dim"):
-      if hf[f"encoder_{key}"] != hf[f"decoder_{key}"]:
-        raise UnsupportedArchitecture(
-            f"{where}: encoder_{key}={hf[f'encoder_{key}']} differs from decoder_{key}="
-            f"{hf[f'decoder_{key}']}: both stacks are built from one block shape"
-        )
+    heads, ffn = hf["decoder_attention_heads"], hf["decoder_ffn_dim"]
     return dict(
         family="encoder_decoder",
         num_layers=hf["encoder_layers"],
@@ -62,6 +57,9 @@ class Marian(Family):
         d_model=hf["d_model"],
         num_heads=hf["encoder_attention_heads"],
         d_ff=hf["encoder_ffn_dim"],
+        # the decoder's own heads and width where they differ (one Block class, two shapes)
+        decoder_num_heads=None if heads == hf["encoder_attention_heads"] else heads,
+        decoder_d_ff=None if ffn == hf["encoder_ffn_dim"] else ffn,
         vocab_size=hf["vocab_size"],
         max_len=hf["max_position_embeddings"],
         positions="sinusoidal_halves",
@@ -87,9 +85,9 @@ class Marian(Family):
         encoder_layers=c.encoder_layers,
         decoder_layers=c.decoder_layers,
         encoder_attention_heads=c.num_heads,
-        decoder_attention_heads=c.num_heads,
+        decoder_attention_heads=c.stack_config("decoder").num_heads,
         encoder_ffn_dim=c.ff_width,
-        decoder_ffn_dim=c.ff_width,
+        decoder_ffn_dim=c.stack_config("decoder").ff_width,
         activation_function=ACTIVATIONS_OUT[c.activation],
         scale_embedding=c.embed_scale,
         dropout=c.dropout,
@@ -104,7 +102,10 @@ class Marian(Family):
   def token_ids(self, c):
     """Marian's conventions (an export from a run with a tokenizer overrides the pad id)."""
     return dict(
-        pad_token_id=c.vocab_size - 1, decoder_start_token_id=c.vocab_size - 1, eos_token_id=0
+        pad_token_id=c.vocab_size - 1,
+        decoder_start_token_id=c.vocab_size - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,  # transformers' generate ends a row at max_new_tokens with it
     )
 
   def rules(self, c, base):
@@ -161,4 +162,6 @@ class Marian(Family):
         share_embeddings=True,
         tie_embeddings=True,
         type_vocab_size=0,
+        decoder_num_heads=c.decoder_num_heads,  # the decoder's own heads and width, any
+        decoder_d_ff=c.decoder_d_ff,
     )

@@ -201,16 +201,21 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
   out["norms"] = stack_embedders * _norm(c) * int(c.has_embed_norm)
   if c.embed_scale_learned and c.family != "vit":  # one learned scalar per token embedder
     out["gains"] = stack_embedders
-  if c.family == "encoder_decoder":
-    stacks = [_stack(c, c.encoder_layers, False, active), _stack(c, c.decoder_layers, True, active)]
+  if c.family == "encoder_decoder":  # the decoder may have its own heads and width
+    decoder = c.stack_config("decoder")
+    stacks = [
+        _stack(c, c.encoder_layers, False, active),
+        _stack(decoder, c.decoder_layers, True, active),
+    ]
     out["norms"] += 2 * _norm(c) * int(c.has_final_norm)
     causal = (False, True)
   else:
     stacks = [_stack(c, c.num_layers, False, active)]
     out["norms"] += _norm(c) * int(c.has_final_norm)
     causal = (c.family == "decoder",)
-  for s, stack_causal in zip(stacks, causal):  # a score bias's weights, once per stack
-    s["position_bias"] = scheme.bias_params(c, stack_causal)
+  configs = [c, c.stack_config("decoder")] if c.family == "encoder_decoder" else [c]
+  for s, stack_cfg, stack_causal in zip(stacks, configs, causal):  # a bias's weights per stack
+    s["position_bias"] = scheme.bias_params(stack_cfg, stack_causal)
   for s in stacks:
     for k, v in s.items():
       out[k] += v
@@ -266,7 +271,9 @@ def flops_per_token(cfg, seq_len: int | None = None) -> int:
   T = seq_len or c.seq_len_max
   HK = c.num_heads * c.head_width
   if c.family == "encoder_decoder":
-    attn = HK * T * (c.encoder_layers + 2 * c.decoder_layers)  # self + cross (source length T)
+    decoder = c.stack_config("decoder")
+    HK_dec = decoder.num_heads * decoder.head_width
+    attn = T * (HK * c.encoder_layers + 2 * HK_dec * c.decoder_layers)  # self + cross (over T)
   else:
     attn = HK * T * c.num_layers
   return 6 * matmul_params_per_token(c) + 12 * attn

@@ -45,8 +45,8 @@ class EncoderDecoder(nn.Module):
     elif c.stack_embeddings:  # the source's own positions and norm over the shared token table
       self.src_embed = Embedder(c, self.deterministic, tokens=False)
     self.encoder = Stack(c, c.encoder_layers, deterministic=self.deterministic, role="encoder")
-    self.decoder = Stack(
-        c,
+    self.decoder = Stack(  # its own heads and feed-forward width where the config gives them
+        c.stack_config("decoder"),
         c.decoder_layers,
         causal=True,
         cross=True,

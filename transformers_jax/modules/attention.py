@@ -8,6 +8,7 @@ token, what the blockwise kernels read) or a dense boolean mask broadcastable to
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
@@ -37,9 +38,23 @@ from transformers_jax.modules.placement_base import (
     QKV_NORM,
 )
 from transformers_jax.modules.placements.ngpt import sphere_query, unit
-from transformers_jax.modules.positions import position_scheme
+from transformers_jax.modules.positions import apply_rope, position_scheme
 
 __all__ = ["AUTO_FLASH_MIN_LENGTH", "Attention", "attend", "choose_impl", "max_attention_logit"]
+
+
+def qk_norm(c, x, name: str):
+  """Queries' or keys' norm x [B, T, N, K] (model.qk_norm_kind): per head over head_dim with one
+  gain vector (head), over the whole projection N*K (full), or per head without parameters
+  (l2: x / RMS(x))."""
+  if c.qk_norm_kind == "full":
+    return norm_over_heads(c, x, name)
+  if c.qk_norm_kind == "l2":
+    xf = x.astype(jnp.float32)
+    return (xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), -1, keepdims=True) + c.norm_eps)).astype(
+        x.dtype
+    )
+  return Norm(c, axis="head_dim", name=name)(x)
 
 
 class Attention(nn.Module):
@@ -76,12 +91,14 @@ class Attention(nn.Module):
       positions=None,
       bias=None,
       window=None,
+      layer=None,
       first_values=None,
       first=True,
   ):
     """`bias`: a position scheme's ScoreBias, `window`: a sliding window (int, or traced under
-    a scan over layers), both for self-attention only; `first_values` and `first`: see
-    `_value_residual`."""
+    a scan over layers), both for self-attention only; `layer`: the block's LayerAttention
+    (modules/layer_types.py: its chunks and RoPE frequencies), None for the defaults;
+    `first_values` and `first`: see `_value_residual`."""
     c = self.cfg
     H, G, K, D = c.num_heads, c.kv_heads, c.head_width, c.d_model
     is_cross = context is not None
@@ -107,8 +124,8 @@ class Attention(nn.Module):
     on_sphere = (lambda q: sphere_query(self, c, q)) if sphere else (lambda q: q)
     if sphere:
       q = unit(q)
-    if c.qk_norm:  # normalise each head's queries and keys over head_dim
-      q = Norm(c, axis="head_dim", name="query_norm")(q)
+    if c.qk_norm:  # normalise the queries and keys (model.qk_norm_kind says over what)
+      q = qk_norm(c, q, "query_norm")
     if QKV_NORM in self.features:
       q = norm_over_heads(c, q, "query_proj_norm")
     if not c.scale_scores:  # every path divides q.k by sqrt(K): T5 wants q.k as it is
@@ -119,7 +136,7 @@ class Attention(nn.Module):
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
       if c.qk_norm:
-        k = Norm(c, axis="head_dim", name="key_norm")(k)
+        k = qk_norm(c, k, "key_norm")
       if sphere:
         k = unit(k)
       if QKV_NORM in self.features:
@@ -134,26 +151,30 @@ class Attention(nn.Module):
 
     # the pattern (modules/masks.py) is the mask's; a dense mask or None: the module's `causal`
     pattern = mask if isinstance(mask, AttentionMask) else AttentionMask(causal=self.causal)
+    chunk = getattr(layer, "chunk", None)
     if self.decode:  # the cache paths take dense masks (over cache slots), the pattern apart
       mask = as_dense(mask)
     else:
-      mask = with_window(mask, window)
+      mask = with_window(mask, window, chunk)
     if self.decode and is_cross:  # keys/values of the context, projected once
       cross = cross_cached(self, project, context)
       out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap)
     else:
       k, v = project(context if is_cross else x)
-      if not is_cross:  # the position scheme's rotation (RoPE), if it has one
+      inv_freq = getattr(layer, "inv_freq", None)
+      if not is_cross and inv_freq is not None:  # this block's own RoPE frequencies (or none)
+        q, k = (apply_rope(y, positions, inv_freq=inv_freq) for y in (q, k))
+      elif not is_cross:  # the position scheme's rotation (RoPE), if it has one
         q, k = position_scheme(c).rotate(c, q, k, positions)
       if self.value_residual:
         v, first_values = self._value_residual(v, first_values, first)
       q = on_sphere(q)
+      cache_args = (mask, bias, window, pattern, chunk, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        cached = write_cache(self, k, v, mask, bias, window, pattern)
-        out = attend_cache(q, *cached, c.attention_softcap)
+        out = attend_cache(q, *write_cache(self, k, v, *cache_args), c.attention_softcap)
       else:
         if self.decode:
-          write_cache(self, k, v, mask, bias, window, pattern)  # init: shape the cache
+          write_cache(self, k, v, *cache_args)  # init: shape the cache
         causal = pattern.causal and not is_cross
         dropout_fn = None
         if c.attention_dropout > 0 and not self.deterministic:

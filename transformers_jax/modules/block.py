@@ -12,7 +12,7 @@ from transformers_jax.modules.feed_forward import FeedForward, MoE
 from transformers_jax.modules.masks import AttentionMask, is_causal, with_pattern
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
-from transformers_jax.modules import inits, remat
+from transformers_jax.modules import inits, layer_types, remat
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import position_scheme
 
@@ -47,17 +47,10 @@ class Block(nn.Module):
     return self.param(name, constant(value, names), shape, dtype_of(self.cfg.param_dtype))
 
   def window(self, index, causal: bool):
-    """This block's sliding window (model.sliding_window on every sliding_every-th block of a
-    causal pattern), None where it attends every earlier key; traced under a scan over
-    layers."""
-    c = self.cfg
-    if not (c.sliding_window and causal):
-      return None
-    if c.sliding_every == 1:
-      return c.sliding_window
-    if isinstance(index, int):
-      return c.sliding_window if index % c.sliding_every == 0 else None
-    return jnp.where(index % c.sliding_every == 0, c.sliding_window, jnp.iinfo(jnp.int32).max)
+    """This block's sliding window (modules/layer_types.py: model.sliding_window on its sliding
+    blocks of a causal pattern), None where it attends every earlier key; traced under a scan
+    over layers where the blocks differ."""
+    return layer_types.layer_attention(self.cfg, index, causal).window
 
   def depth(self, layer) -> Depth:
     c = self.cfg
@@ -92,7 +85,8 @@ class Block(nn.Module):
     kw = dict(cfg=c, deterministic=self.deterministic, decode=self.decode)
     # what each query may attend is the mask's (modules/masks.py; the Stack sets the pattern),
     # the block's `causal` only where a caller passes none
-    window = self.window(depth.layer, is_causal(mask, self.causal))
+    # and this block's own window, chunks and RoPE frequencies (model.layer_types)
+    layer = layer_types.layer_attention(c, depth.layer, is_causal(mask, self.causal))
 
     def self_attn(h):
       attention = Attention(
@@ -102,7 +96,7 @@ class Block(nn.Module):
           **kw,
           **parts("self_attn"),
       )
-      args = dict(mask=mask, positions=positions, bias=bias, window=window)
+      args = dict(mask=mask, positions=positions, bias=bias, window=layer.window, layer=layer)
       if not c.value_residual:
         return attention(h, **args)
       y, carried["first_values"] = attention(h, first_values=first_values, first=first, **args)

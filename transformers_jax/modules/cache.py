@@ -59,7 +59,9 @@ def cross_cached(module, project, context):
   return k, v
 
 
-def write_cache(module, k, v, mask, bias=None, window=None, pattern=None):
+def write_cache(
+    module, k, v, mask, bias=None, window=None, pattern=None, chunk=None, positions=None
+):
   """Write an Attention `module`'s keys/values of this call into its cache ("cache" variables)
   and return the arguments of `attend_cache`:
   the cache as it was ([B, G, S, K]) with the mask of its slots written before this call, and
@@ -69,21 +71,29 @@ def write_cache(module, k, v, mask, bias=None, window=None, pattern=None):
   over its own keys only. A query always sees its own key, so rows of padding (whose slots a
   caller's `mask` over the L positions hides) stay finite.
 
-  Without a window, or with one traced under a scan (alternating layers), the cache has one
-  slot per position (S = L, as many as the init input) and position p sits in slot p. With a
-  static sliding `window` it is a ring of S = min(L, window) slots, position p in slot p mod S:
-  a query sees only the keys fewer than `window` positions back, which the ring still holds
-  (Mistral's rolling cache; Gemma 2's local layers when layers are looped). The window, a
-  score `bias` and the caller's `mask` are evaluated at the positions the slots hold; they
-  depend only on key - query offsets, which positions keep even for left-padded rows. The
-  `pattern`'s chunks apply by position too, its prefix (a prefix LM's prompt: its tokens see
-  each other) by cache slot; its causal order is the cache's own.
+  Without a window or chunks, or with ones traced under a scan (layers that differ), the cache
+  has one slot per position (S = L, as many as the init input) and position p sits in slot p.
+  With a static sliding `window` (or `chunk`: the block's own chunks, modules/layer_types.py)
+  it is a ring of S = min(L, window) slots, position p in slot p mod S: a query sees only the
+  keys fewer than `window` positions back (the keys of its own chunk lie fewer than `chunk`
+  back), which the ring still holds (Mistral's rolling cache; Gemma 2's and 3's local layers
+  and Llama 4's chunked ones when layers are looped). The window, chunks, a score `bias` and
+  the caller's `mask` are evaluated at the positions the slots hold: a window and a bias depend
+  only on key - query offsets, which slot positions keep even for left-padded rows; chunks
+  depend on the tokens' own positions, the slot's shifted by the row's (`positions` [B, T],
+  this call's, give the shift by the last token: a left-padded row's chunks start where its tokens do). The
+  `pattern`'s prefix (a prefix LM's prompt: its tokens see each other) applies by cache slot;
+  its causal order is the cache's own.
   """
   B, T, G, K = k.shape
-  ring = isinstance(window, int)  # static: this layer keeps only its last `window` positions
+  chunk = getattr(pattern, "chunk", None) if chunk is None else chunk
+  # static: this layer keeps only the last `span` positions
+  spans = [s for s in (window, chunk) if isinstance(s, int)]
+  ring = bool(spans)
+  span = min(spans) if ring else None
   initialised = module.has_variable("cache", "cached_key")
   empty = initialised and not module.has_variable("cache", "cache_index")  # static
-  shape = (B, G, min(T, window) if ring else T, K)  # init: as many positions as the input
+  shape = (B, G, min(T, span) if ring else T, K)  # init: as many positions as the input
   ck = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
   cv = module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
   ci = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
@@ -118,12 +128,12 @@ def write_cache(module, k, v, mask, bias=None, window=None, pattern=None):
   if window is not None:
     old_mask = old_mask & (query_positions[0, :, None] - key_positions[0, None] < window)
     new_mask = new_mask & (query_positions[0, :, None] - query_positions[0, None] < window)
-  chunk = getattr(pattern, "chunk", 0)
-  if chunk:
-    old_mask = old_mask & (query_positions[0, :, None] // chunk == key_positions[0, None] // chunk)
-    new_mask = new_mask & (
-        query_positions[0, :, None] // chunk == query_positions[0, None] // chunk
-    )
+  if chunk is not None:  # by the tokens' positions: slots shifted by each row's offset
+    # (the last token's: a left-padded prompt's first positions are clamped at 0)
+    shift = 0 if positions is None else positions[:, -1:] - (start + T - 1)  # [B, 1]
+    q_chunk = ((query_positions + shift) // chunk)[:, None, :, None]  # [B or 1, 1, T, 1]
+    old_mask = old_mask & (q_chunk == ((key_positions + shift) // chunk)[:, None, None, :])
+    new_mask = new_mask & (q_chunk == ((query_positions + shift) // chunk)[:, None, None, :])
   prefix = getattr(pattern, "prefix", None)
   if prefix is not None:  # this call's keys within a row's prefix: seen by all its queries
     new_mask = new_mask | (query_positions[0, None, None, :] < prefix[:, None, None, None])

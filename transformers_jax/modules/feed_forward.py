@@ -45,6 +45,7 @@ class FeedForward(nn.Module):
     act = activation(c.activation)
     rules = dict(self.init_rules)
     lora_x = adapter_dropout(c, self.deterministic)
+    bias = c.has_ffn_bias  # model.ffn_bias, or use_bias
 
     def scaled(h, name, factor):  # nGPT's s_v sqrt(D) and s_u (FFN_SCALES)
       if FFN_SCALES not in self.features:
@@ -54,20 +55,26 @@ class FeedForward(nn.Module):
 
     if c.gated:
       gate, up = (
-          DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
+          DenseWeights(
+              c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), bias, name=name
+          )
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
       gate = scaled(checkpoint_name(h0, "mlpwi_0"), "gate_gain", c.d_model**0.5)
       h = act(gate) * scaled(checkpoint_name(h1, "mlpwi_1"), "up_gain", 1.0)
     else:
-      wi = DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
+      wi = DenseWeights(
+          c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), bias, name="wi"
+      )
       h = checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi")
       h = act(scaled(h, "gate_gain", c.d_model**0.5))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
       h = Norm(c, axis="mlp", name="mid_norm")(h)
-    wo = DenseWeights(c, (c.d_model,), ("mlp", "embed"), ("embed",), rules.get("wo"), name="wo")
+    wo = DenseWeights(
+        c, (c.d_model,), ("mlp", "embed"), ("embed",), rules.get("wo"), bias, name="wo"
+    )
     return checkpoint_name(apply_projection(h, wo(h.shape[-1]), 1, lora_x(h)), "mlpwo")
 
 
@@ -90,7 +97,7 @@ class Dense(FeedForwardKind):
   summary = "D -> F -> D through the activation (two input projections when it is gated)"
 
   def params(self, c, layer, active=False):
-    D, F, b = c.d_model, c.ff_width, int(c.use_bias)
+    D, F, b = c.d_model, c.ff_width, int(c.has_ffn_bias)
     n_in = 2 if c.gated else 1
     return n_in * (D * F + b * F) + F * D + b * D
 
@@ -189,14 +196,14 @@ class MoE(nn.Module):
 
     weights = {
         "wi": weight("wi", (E, D, F), ("experts", "embed", "mlp")),
-        **({"bi": bias("bi", (E, 1, F), ("experts", None, "mlp"))} if c.use_bias else {}),
+        **({"bi": bias("bi", (E, 1, F), ("experts", None, "mlp"))} if c.has_ffn_bias else {}),
     }
     if c.gated:
       weights["wi_1"] = weight("wi_1", (E, D, F), ("experts", "embed", "mlp"))
-      if c.use_bias:
+      if c.has_ffn_bias:
         weights["bi_1"] = bias("bi_1", (E, 1, F), ("experts", None, "mlp"))
     weights["wo"] = weight("wo", (E, F, D), ("experts", "mlp", "embed"))
-    if c.use_bias:
+    if c.has_ffn_bias:
       weights["bo"] = bias("bo", (E, 1, D), ("experts", None, "embed"))
 
     if c.moe_impl == "ragged":

@@ -51,7 +51,6 @@ class BlockShape(NamedTuple):
   by_position: bool  # causal order from the mask's positions rather than the indices
   scale: float
   softcap: float = 0.0  # scores s -> softcap tanh(s / softcap) before masking (0: off)
-  chunk: int = 0  # a query sees only the keys of its own chunk of this many positions (0: off)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -68,9 +67,10 @@ def _pad(x, axis: int, length: int, value=0):
 
 def mask_fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
   """The mask's per-token fields padded to the block multiples Tp, Sp: (query segments, key
-  segments, key validity, query positions, key positions, sliding window, prefix lengths [B]),
-  None where absent. Padded keys are invalid, so key validity exists whenever S is padded."""
-  q_seg = kv_seg = valid = q_pos = kv_pos = window = prefix = None
+  segments, key validity, query positions, key positions, sliding window, prefix lengths [B],
+  chunk), None where absent. Padded keys are invalid, so key validity exists whenever S is
+  padded."""
+  q_seg = kv_seg = valid = q_pos = kv_pos = window = prefix = chunk = None
   if isinstance(mask, AttentionMask):
     if mask.q_segments is not None:
       q_seg = _pad(mask.q_segments.astype(jnp.int32), 1, Tp)
@@ -80,18 +80,18 @@ def mask_fields(mask, B: int, T: int, S: int, Tp: int, Sp: int):
     if mask.has_positions:
       q_pos = _pad(mask.q_positions.astype(jnp.int32), 1, Tp)
       kv_pos = _pad(mask.kv_positions.astype(jnp.int32), 1, Sp, jnp.iinfo(jnp.int32).max)
-    window, prefix = mask.window, mask.prefix
+    window, prefix, chunk = mask.window, mask.prefix, mask.chunk
   elif mask is not None:
     raise TypeError("flash attention takes an AttentionMask (modules/masks.py), not a dense mask")
   if valid is None and Sp > S:
     valid = jnp.arange(Sp)[None, :] < S
-  return (q_seg, kv_seg, valid, q_pos, kv_pos, window, prefix)
+  return (q_seg, kv_seg, valid, q_pos, kv_pos, window, prefix, chunk)
 
 
 def _block_mask(st: BlockShape, fields, i0, j0):
   """Boolean [B or 1, 1, 1, block_q, block_kv] for the block pair starting at query i0 and key
   j0 (True = may attend), or None when nothing masks it."""
-  q_seg, kv_seg, valid, q_pos, kv_pos, window, prefix = fields
+  q_seg, kv_seg, valid, q_pos, kv_pos, window, prefix, chunk = fields
   bq, bk = st.block_q, st.block_kv
   out = None
 
@@ -113,16 +113,16 @@ def _block_mask(st: BlockShape, fields, i0, j0):
   if window is not None:  # keys `window` or more positions back are masked
     qp, kp = _bias_positions(st, fields, i0, j0)
     out = both(out, qp[:, :, None] - kp[:, None, :] < window)
-  if st.chunk:  # Llama 4's chunks: the query's own chunk of positions only
+  if chunk is not None:  # Llama 4's chunks: the query's own chunk of positions only
     qp, kp = _bias_positions(st, fields, i0, j0)
-    out = both(out, qp[:, :, None] // st.chunk == kp[:, None, :] // st.chunk)
+    out = both(out, qp[:, :, None] // chunk == kp[:, None, :] // chunk)
   return None if out is None else out[:, None, None]
 
 
 def _empty_by_position(st: BlockShape, fields, i0, j0):
   """Whether every pair of the block is causally masked by position (a traced bool): every key
   after every query, and none in a row's prefix."""
-  _, _, _, q_pos, kv_pos, _, prefix = fields
+  _, _, _, q_pos, kv_pos, _, prefix, _ = fields
   qp = lax.dynamic_slice_in_dim(q_pos, i0, st.block_q, axis=1)
   kp = lax.dynamic_slice_in_dim(kv_pos, j0, st.block_kv, axis=1)
   empty = jnp.min(kp) > jnp.max(qp)
@@ -184,10 +184,11 @@ def _skippable(st: BlockShape, fields, i0, j0, compute, carry):
     qp, kp = _bias_positions(st, fields, i0, j0)
     outside = jnp.min(qp) - jnp.max(kp) >= fields[5]
     empty = outside if empty is None else empty | outside
-  if st.chunk:
+  chunk = fields[7]
+  if chunk is not None:
     qp, kp = _bias_positions(st, fields, i0, j0)
-    apart = (jnp.max(kp) // st.chunk < jnp.min(qp) // st.chunk) | (
-        jnp.min(kp) // st.chunk > jnp.max(qp) // st.chunk
+    apart = (jnp.max(kp) // chunk < jnp.min(qp) // chunk) | (
+        jnp.min(kp) // chunk > jnp.max(qp) // chunk
     )
     empty = apart if empty is None else empty | apart
   if empty is not None:
@@ -339,8 +340,8 @@ def prepare(q, k, v, mask, causal: bool, block_q: int, block_kv: int, softcap: f
   bk = min(block_kv, _round_up(S, 8))
   Tp, Sp = _round_up(T, bq), _round_up(S, bk)
   by_position = isinstance(mask, AttentionMask) and mask.has_positions
-  causal, chunk = is_causal(mask, causal), getattr(mask, "chunk", 0)
-  st = BlockShape(bq, bk, causal, bool(by_position), 1.0 / float(K) ** 0.5, float(softcap), chunk)
+  causal = is_causal(mask, causal)
+  st = BlockShape(bq, bk, causal, bool(by_position), 1.0 / float(K) ** 0.5, float(softcap))
   qh = _pad(q.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4), 3, Tp)
   kh = _pad(k.transpose(0, 2, 1, 3), 2, Sp)
   vh = None if v is None else _pad(v.transpose(0, 2, 1, 3), 2, Sp)

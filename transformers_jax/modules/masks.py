@@ -48,8 +48,10 @@ class AttentionMask:
   kv_positions: jax.Array | None = None  # [B, S] int: a key's position (causal order)
   window: jax.Array | None = None  # int scalar: keys this many positions back or more are masked
   prefix: jax.Array | None = None  # [B] int: keys at positions below it are every query's
+  # int scalar: a query sees only its own chunk of this many positions (traced, as the window
+  # is, so that the layers of a scan may differ; an int given here is taken as one, 0 as none)
+  chunk: jax.Array | None = None
   causal: bool = flax.struct.field(pytree_node=False, default=False)  # no later key (see above)
-  chunk: int = flax.struct.field(pytree_node=False, default=0)  # own chunk of positions only
 
   @property
   def key_segments(self):
@@ -63,9 +65,11 @@ class AttentionMask:
   def needs_positions(self) -> bool:
     """Whether evaluating the pattern compares positions (a window, a prefix or chunks), so
     that the paths masking by index must give it index positions first."""
-    return self.window is not None or self.prefix is not None or bool(self.chunk)
+    return self.window is not None or self.prefix is not None or self.chunk is not None
 
   def __post_init__(self):
+    if isinstance(self.chunk, int):  # (flax dataclasses are frozen: set as the field's type)
+      object.__setattr__(self, "chunk", jnp.asarray(self.chunk, jnp.int32) if self.chunk else None)
     if (self.q_positions is None) != (self.kv_positions is None):
       raise ValueError("AttentionMask: give both q_positions and kv_positions, or neither")
     if self.kv_segments is not None and self.q_segments is None:
@@ -96,7 +100,7 @@ class AttentionMask:
       out = both(out, order)
     if self.window is not None and self.has_positions:
       out = both(out, q_pos - kv_pos < self.window)
-    if self.chunk and self.has_positions:
+    if self.chunk is not None and self.has_positions:
       out = both(out, q_pos // self.chunk == kv_pos // self.chunk)
     if out is not None and length is not None and out.shape[2] == 1:
       out = jnp.broadcast_to(out, out.shape[:2] + (length, out.shape[3]))
@@ -116,18 +120,25 @@ def with_pattern(mask, causal: bool, prefix=None, chunk: int = 0):
   bidirectional `prefix` ([B] ints, or None) and `chunk` (0: none). Always an AttentionMask, so
   that every block and kernel reads the pattern from it."""
   mask = mask if mask is not None else AttentionMask()
-  fields = dict(causal=bool(causal), chunk=int(chunk))
+  fields = dict(causal=bool(causal))
+  if chunk:
+    fields["chunk"] = jnp.asarray(chunk, jnp.int32)
   if prefix is not None:
     fields["prefix"] = jnp.asarray(prefix, jnp.int32)
   return mask.replace(**fields)
 
 
-def with_window(mask, window):
-  """`mask` (an AttentionMask or None) limited to a sliding `window` (None: unchanged)."""
-  if window is None:
+def with_window(mask, window, chunk=None):
+  """`mask` (an AttentionMask or None) limited to a sliding `window` and to `chunk`s (a block's
+  own, modules/layer_types.py; None: unchanged)."""
+  if window is None and chunk is None:
     return mask
   mask = mask if mask is not None else AttentionMask()
-  return mask.replace(window=jnp.asarray(window, jnp.int32))
+  if window is not None:
+    mask = mask.replace(window=jnp.asarray(window, jnp.int32))
+  if chunk is not None:
+    mask = mask.replace(chunk=jnp.asarray(chunk, jnp.int32))
+  return mask
 
 
 def as_dense(mask, causal: bool = False):

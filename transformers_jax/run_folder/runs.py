@@ -86,16 +86,33 @@ class Run:
 
     return load_tokenizer(self.tokenizer_path) if self.tokenizer_path.is_file() else None
 
-  def hf_start_and_end_ids(self) -> tuple[int, int] | None:
-    """(decoder_start_token_id, eos_token_id) of the Hugging Face model this run was converted
-    from, when its config.json gives both integers; None otherwise."""
+  def hf_saved_config(self) -> dict:
+    """config.json of the Hugging Face model this run was converted from ({} if none)."""
     try:
       saved = json.loads(self.hf_config_path.read_text())
     except (OSError, ValueError):  # none, or not JSON
-      return None
-    saved = saved if isinstance(saved, dict) else {}
-    ids = [saved.get(k) for k in ("decoder_start_token_id", "eos_token_id")]
+      return {}
+    return saved if isinstance(saved, dict) else {}
+
+  def hf_start_and_end_ids(self) -> tuple[int, int] | None:
+    """(decoder_start_token_id, eos_token_id) of the Hugging Face model this run was converted
+    from, when its config.json gives both integers; None otherwise."""
+    ids = [self.hf_saved_config().get(k) for k in ("decoder_start_token_id", "eos_token_id")]
     return tuple(ids) if all(isinstance(i, int) and i >= 0 for i in ids) else None
+
+  def hf_forced_eos_id(self) -> int | None:
+    """forced_eos_token_id of the Hugging Face model this run was converted from (the token
+    transformers' generate ends a row with when it reaches max_new_tokens), or None."""
+    value = self.hf_saved_config().get("forced_eos_token_id")
+    return value if isinstance(value, int) and value >= 0 else None
+
+  def hf_architecture(self, model) -> str | None:
+    """The architecture this run was converted from, where `model` (its ModelConfig) can be
+    written as it (Phi-3's fused tensors are Llama's blocks: only this tells them apart)."""
+    from transformers_jax.interop.hf_export import exportable_as
+
+    names = self.hf_saved_config().get("architectures") or [""]
+    return names[0] if exportable_as(model, names[0]) else None
 
   # ------------------------------------------------------------------ settings history
   @property

@@ -27,6 +27,7 @@ from transformers_jax.modules.positions.relative_bias import RelativeBias, relat
 from transformers_jax.modules.positions.rotary import (
     Rotary,
     apply_rope,
+    linear_rope_factor,
     parse_rope_scaling,
     rope_angles,
     rope_frequencies,
@@ -56,6 +57,7 @@ __all__ = [
     "apply_rope",
     "bias_param",
     "index_positions",
+    "linear_rope_factor",
     "parse_rope_scaling",
     "position_scheme",
     "relative_bucket",

@@ -11,8 +11,8 @@ from transformers_jax.modules.positions.base import PositionScheme
 
 def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
   """model.rope_scaling "llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH" -> the four numbers (None for
-  ""); ValueError for anything else."""
-  if not text:
+  "" and for "linear:FACTOR"); ValueError for anything else."""
+  if not text or linear_rope_factor(text):
     return None
   kind, _, numbers = text.partition(":")
   parts = numbers.split(",")
@@ -24,11 +24,27 @@ def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
   return factor, low, high, int(original)
 
 
+def linear_rope_factor(text: str) -> float:
+  """model.rope_scaling "linear:FACTOR" (positions divided by FACTOR >= 1: Gemma 3's global
+  layers, 8) -> FACTOR; 0.0 for any other setting."""
+  kind, _, number = text.partition(":")
+  if kind != "linear":
+    return 0.0
+  try:
+    factor = float(number)
+  except ValueError:
+    return 0.0
+  return factor if factor >= 1 and np.isfinite(factor) else 0.0
+
+
 def rope_frequencies(head_dim: int, theta: float, scaling: str = "") -> np.ndarray:
   """theta^(-2i/head_dim), i < head_dim/2, with Llama 3.1's scaling ("llama3:8,1,4,8192"):
   wavelengths shorter than ORIGINAL/HIGH are kept, those longer than ORIGINAL/LOW are divided
-  by FACTOR (slowed down), and those between are blended linearly in ORIGINAL / wavelength."""
+  by FACTOR (slowed down), and those between are blended linearly in ORIGINAL / wavelength;
+  or with linear scaling ("linear:8"), every frequency divided by FACTOR."""
   inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  if linear_rope_factor(scaling):
+    return (inv_freq / linear_rope_factor(scaling)).astype(np.float32)
   parsed = parse_rope_scaling(scaling)
   if parsed is not None:
     factor, low, high, original = parsed
@@ -39,18 +55,21 @@ def rope_frequencies(head_dim: int, theta: float, scaling: str = "") -> np.ndarr
   return inv_freq.astype(np.float32)
 
 
-def rope_angles(positions, head_dim: int, theta: float, scaling: str = ""):
-  """Angles [..., head_dim/2]: position * frequency i (rope_frequencies)."""
-  return positions.astype(jnp.float32)[..., None] * rope_frequencies(head_dim, theta, scaling)
+def rope_angles(positions, head_dim: int, theta: float, scaling: str = "", inv_freq=None):
+  """Angles [..., head_dim/2]: position * frequency i (rope_frequencies, or `inv_freq`)."""
+  if inv_freq is None:
+    inv_freq = rope_frequencies(head_dim, theta, scaling)
+  return positions.astype(jnp.float32)[..., None] * inv_freq
 
 
-def apply_rope(x, positions, theta: float, scaling: str = ""):
-  """Rotate feature pairs (i, i + K/2) of x [B, T, N, K] by angle(position, i).
+def apply_rope(x, positions, theta: float = 10000.0, scaling: str = "", inv_freq=None):
+  """Rotate feature pairs (i, i + K/2) of x [B, T, N, K] by angle(position, i); `inv_freq`
+  [K/2] (a layer's own frequencies, maybe traced) replaces those of theta and scaling.
 
   The half-split pairing (as in GPT-NeoX and LLaMA) rather than adjacent pairs: the two are the
   same rotation up to a fixed permutation of features, so q.k depends only on the offset either way.
   """
-  angles = rope_angles(positions, x.shape[-1], theta, scaling)[:, :, None, :]  # [B, T, 1, K/2]
+  angles = rope_angles(positions, x.shape[-1], theta, scaling, inv_freq)[:, :, None, :]
   sin, cos = jnp.sin(angles), jnp.cos(angles)
   xf = x.astype(jnp.float32)
   x1, x2 = jnp.split(xf, 2, axis=-1)
@@ -74,6 +93,9 @@ class Rotary(PositionScheme):
     try:
       parse_rope_scaling(c.rope_scaling)
     except ValueError:
-      fix = "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192) or ''"
+      fix = (
+          "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192), "
+          "linear:FACTOR (Gemma 3: linear:8) or ''"
+      )
       return "rope_scaling", repr(c.rope_scaling), fix
     return super().config_problem(c)
