@@ -30,22 +30,37 @@ PLACEMENTS = ("pre", "mixln", "scaled", "sandwich", "post")
 DEPTHS = (12, 24)
 
 
+# The second round (rows named "-own"): each scheme at its own best rate in the depth-12 LM zoo
+# (experiments/results/norm_zoo/lm) rather than pre-LN's, 4 seeds, from its paper's
+# initialisation (`model.init=paper`: Megatron's for pre-LN and Peri-LN, N(0, 0.02) for Mix-LN
+# and LN Scaling, Xavier for post-LN), Peri-LN with its embedding norm (`peri`).
+OWN_RATES = {"pre": 1e-2, "mixln": 1e-2, "scaled": 1e-2, "peri": 3e-2, "post": 3e-3}
+OWN_SEEDS = 4
+
+
 def populations(scale: bool = False) -> list[dict]:
   common = {**_zoo.COMMON, "eval_every": 250, **(_zoo.SCALE if scale else {})}
   steps = common["steps"]
-  return [
-      {
-          "name": f"{placement}-L{depth}",
-          "overrides": {
-              **common,
-              "checkpoint_every": steps,
-              "model.norm_placement": placement,
-              "model.num_layers": depth,
-              "population.seeds": SEEDS,
-              "population.learning_rates": repr((LEARNING_RATE,)),
-              "population.warmup_steps": repr((steps // 10,)),
-          },
-      }
-      for depth in DEPTHS
-      for placement in PLACEMENTS
+
+  def entry(name, placement, depth, rate, seeds, extra):
+    return {
+        "name": name,
+        "overrides": {
+            **common,
+            **extra,
+            "checkpoint_every": steps,
+            "model.norm_placement": placement,
+            "model.num_layers": depth,
+            "population.seeds": seeds,
+            "population.learning_rates": repr((rate,)),
+            "population.warmup_steps": repr((steps // 10,)),
+        },
+    }
+
+  first = [entry(f"{p}-L{d}", p, d, LEARNING_RATE, SEEDS, {}) for d in DEPTHS for p in PLACEMENTS]
+  own = [
+      entry(f"{p}-L{d}-own", p, d, rate, OWN_SEEDS, {"model.init": "paper"})
+      for d in DEPTHS
+      for p, rate in OWN_RATES.items()
   ]
+  return first + own
