@@ -62,6 +62,13 @@ flags.DEFINE_float(
     "initialisation, about 1/sqrt(d_model) for these square layers.",
     flag_values=FLAGS,
 )
+flags.DEFINE_string(
+    "init",
+    "",
+    "model.init for every model ('' = the sweeps', gpt2): xavier is Xiong et al.'s setting, "
+    "paper each placement's own paper's.",
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool("report_only", False, "Rewrite table and plot from the jsonl.", flag_values=FLAGS)
 
 # every built norm placement (modules/placements/), pre/post/sandwich in their usual colours
@@ -102,6 +109,7 @@ def task_config(
     d_model: int,
     batch_size: int,
     init_std: float = 0.0,
+    init: str = "",
 ):
   """The model `task`'s sweep trains (its BASE with its COMMON fields) at this placement and
   depth, layers scanned, on a batch of `batch_size` rows of seed `seed`'s stream."""
@@ -121,6 +129,8 @@ def task_config(
     overrides["model.d_model"] = d_model
   if init_std:
     overrides["model.init_std"] = init_std
+  if init:
+    overrides["model.init"] = init
   config.update_from_flattened_dict(overrides)
   return config
 
@@ -163,6 +173,7 @@ def probe(
     batch_size: int,
     data_dir,
     init_std: float = 0.0,
+    init: str = "",
 ):
   """One record per seed: per-layer gradient norms at initialisation."""
   import jax
@@ -172,7 +183,7 @@ def probe(
   from transformers_jax.train import step as step_lib
   from transformers_jax.train.setup import Setup
 
-  config = task_config(task, placement, depth, 0, d_model, batch_size, init_std)
+  config = task_config(task, placement, depth, 0, d_model, batch_size, init_std, init)
   config.data.cache_dir = str(data_dir)
   config.eval_batches = 1  # the held-out set is not used; the smallest one is built
   setup = Setup(config)
@@ -204,6 +215,7 @@ def probe(
             "seed": seed,
             "d_model": setup.model_cfg.d_model,
             "init_std": setup.model_cfg.init_std,
+            "init": setup.model_cfg.init,
             "loss": round(float(loss), 5),
             "grad_norm": {
                 stack: {g: [float(f"{v:.5g}") for v in vals.tolist()] for g, vals in groups.items()}
@@ -265,7 +277,8 @@ def write_table(records, out: pathlib.Path) -> None:
   models = ", ".join(
       sorted(
           {
-              f"{r['task']}: d_model {r['d_model']}, init std {r.get('init_std', 0.02):g}"
+              f"{r['task']}: d_model {r['d_model']}, init {r.get('init', 'gpt2')}, "
+              f"std {r.get('init_std', 0.02):g}"
               for r in records
           }
       )
@@ -357,7 +370,7 @@ def main(argv=None) -> int:
         for p in FLAGS.placements:
           for d in depths:
             args = (FLAGS.seeds, FLAGS.d_model, FLAGS.batch_size, out / "data" / task)
-            for r in probe(task, p, d, *args, init_std=FLAGS.init_std):
+            for r in probe(task, p, d, *args, init_std=FLAGS.init_std, init=FLAGS.init):
               f.write(json.dumps(r) + "\n")
             f.flush()
             print(f"{task} {p} L={d}: {time.perf_counter() - t0:.0f} s so far", flush=True)
