@@ -218,6 +218,68 @@ def init_scale(out: pathlib.Path) -> list[str]:
   return lines
 
 
+def steps_to_target(records: dict, names: list[str], label: str) -> list[str]:
+  """Each population's best configuration and the first evaluation at which its seed-mean
+  held-out loss reaches the worst of their best losses (a loss every one of them reaches)."""
+  names = [n for n in names if n in records and "eval_losses" in records[n]["members"][0]]
+  if len(names) < 2:
+    return []
+  best = {n: best_config(records[n]) for n in names}
+  target = max(mean(v) for _, v in best.values())
+  lines = []
+  for n in names:
+    evals, curve = seed_mean_curve(records[n], best[n][0])
+    lines.append(
+        f"| {label} | {n} at LR {best[n][0][0]:g}, warmup {best[n][0][1]} | final "
+        f"{band(best[n][1])}; first evaluation at or below {target:.3f}: step "
+        f"{first_step_at(evals, curve, target)} |"
+    )
+  return lines
+
+
+def best_rows(records: dict, names: list[str], label: str) -> list[str]:
+  lines = []
+  for n in names:
+    if n in records:
+      at, values = best_config(records[n])
+      diverged = sum(bool(m.get("diverged")) for m in records[n]["members"])
+      lines.append(
+          f"| {label} | {n} | best loss {band(values)} at LR {at[0]:g}, warmup {at[1]}; "
+          f"{diverged}/{len(records[n]['members'])} diverged |"
+      )
+  return lines
+
+
+def paper_settings(out: pathlib.Path) -> list[str]:
+  """The second round: each claim in its paper's own setting (docs/norm_zoo.md lists the
+  commands), beside the first zoo's GPT-2-init rows."""
+  lm, paper = records_of(out / "lm"), records_of(out / "lm_paper_init")
+  translation = records_of(out / "translation_paper_init", "translation")
+  rows = best_rows(paper, ["post-paper-L12", "deepnorm-paper-L12", "pre-paper-L12"], "DeepNet")
+  rows += best_rows(
+      translation, ["post-paper-L12+12", "deepnorm-paper-L12+12", "pre-paper-L12+12"], "DeepNet"
+  )
+  rows += best_rows(paper, ["admin-paper-L12", "post-paper-L12"], "Admin")
+  rows += best_rows(translation, ["admin-paper-L12+12", "post-paper-L12+12"], "Admin")
+  rezero = records_of(out / "rezero")
+  rows += steps_to_target(rezero, ["rezero-xavier-L12", "post-xavier-L12"], "ReZero")
+  rows += steps_to_target(rezero, ["rezero-xavier-L12", "pre-xavier-L12"], "ReZero")
+  rows += best_rows(rezero, ["rezero_sublayer-xavier-L12"], "ReZero")
+  dyt = records_of(out / "dyt_lm")
+  rows += best_rows(dyt, list(dyt), "DyT (LLM recipe)")
+  for n in ("pre-paper-L12", "peri-paper-L12"):
+    if n in paper:
+      at, _ = best_config(paper[n])
+      ms = [m for m in paper[n]["members"] if (m["learning_rate"], m["warmup_steps"]) == at]
+      rows.append(f"| Peri-LN | {n} (best LR {at[0]:g}) | {residual_growth(ms)} |")
+  rows += best_rows(paper, ["hybrid-paper-L12", "pre-paper-L12"], "HybridNorm")
+  rows += best_rows(lm, ["olmo2-L12", "reordered-L12"], "OLMo 2")
+  streams = records_of(out / "streams")
+  for n in ("hyper-L12", "hyper-dynamic-L12", "mhc-L12", "ngpt-L12", "pre-value_residual-L12"):
+    rows += steps_to_target(streams, [n, "pre-L12"], n.split("-L")[0])
+  return rows
+
+
 def cost(out: pathlib.Path) -> str:
   """The training CPU time of every population under OUT, from its populations.jsonl line."""
   folders = sorted(p.parent for p in out.glob("*/populations.jsonl"))
@@ -250,7 +312,7 @@ def main(argv=None) -> int:
   report.write_table(zoo, out, FLAGS.margin, title=title, heading="Norm zoo")
   report.write_bleu(zoo, out, heading="Norm zoo")
   rows = deepnet(out) + admin(out) + rezero(lm) + depth_use(out) + peri_ln(lm) + dyt(lm, out)
-  rows += init_scale(out)
+  rows += init_scale(out) + paper_settings(out)
   (out / "claims.md").write_text(
       "# Norm zoo: the figures each paper's claim is read from\n\n"
       "| paper | run | measured |\n|---|---|---|\n"
