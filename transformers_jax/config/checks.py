@@ -7,7 +7,7 @@ import dataclasses
 import math
 import numbers
 
-from transformers_jax.modules import feed_forward, inits, lora, remat, scores
+from transformers_jax.modules import feed_forward, glu, inits, lora, remat, scores
 from transformers_jax.modules.common import ACTIVATIONS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
@@ -171,6 +171,8 @@ def validate(c) -> None:
       remat.config_problem,
       position_scheme(c).config_problem,
       feed_forward.config_problem,
+      feed_forward.router_problem,
+      glu.config_problem,
       scores.config_problem,
   )
   for problem in (check(c) for check in checks):

@@ -141,7 +141,8 @@ def _norm(c: ModelConfig) -> int:
 def _attention(c: ModelConfig) -> int:
   D, H, G, K, b = c.d_model, c.num_heads, c.kv_heads, c.head_width, int(c.use_bias)
   bqkv = b if c.qkv_bias is None else int(c.qkv_bias)
-  return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D)
+  sinks = H * int(c.attention_sinks)  # one logit per query head (modules/sinks.py)
+  return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D) + sinks
 
 
 def _ffn_dense(c: ModelConfig) -> int:
@@ -154,7 +155,8 @@ def _ffn(c: ModelConfig, moe: bool, active: bool = False) -> int:
   if not moe:
     return _ffn_dense(c)
   experts = c.top_k if active else c.num_experts
-  return c.d_model * c.num_experts + experts * _ffn_dense(c)
+  router = (c.d_model + int(c.router_bias)) * c.num_experts
+  return router + experts * _ffn_dense(c)
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from transformers_jax.modules.placement_base import (
 )
 from transformers_jax.modules.placements.ngpt import sphere_query, unit
 from transformers_jax.modules.positions import position_scheme
+from transformers_jax.modules.sinks import sink_logits
 
 __all__ = ["AUTO_FLASH_MIN_LENGTH", "Attention", "attend", "choose_impl", "max_attention_logit"]
 
@@ -132,6 +133,7 @@ class Attention(nn.Module):
       width = source.shape[-1]
       return normed(*fused_dense(c, source, [key(width), value(width)], lora_x(source)))
 
+    sinks = sink_logits(self, c)  # [H] or None: gpt-oss's per-head logit (modules/sinks.py)
     # the pattern (modules/masks.py) is the mask's; a dense mask or None: the module's `causal`
     pattern = mask if isinstance(mask, AttentionMask) else AttentionMask(causal=self.causal)
     if self.decode:  # the cache paths take dense masks (over cache slots), the pattern apart
@@ -140,7 +142,7 @@ class Attention(nn.Module):
       mask = with_window(mask, window)
     if self.decode and is_cross:  # keys/values of the context, projected once
       cross = cross_cached(self, project, context)
-      out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap)
+      out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap, sinks=sinks)
     else:
       k, v = project(context if is_cross else x)
       if not is_cross:  # the position scheme's rotation (RoPE), if it has one
@@ -150,7 +152,7 @@ class Attention(nn.Module):
       q = on_sphere(q)
       if self.decode and self.has_variable("cache", "cached_key"):
         cached = write_cache(self, k, v, mask, bias, window, pattern)
-        out = attend_cache(q, *cached, c.attention_softcap)
+        out = attend_cache(q, *cached, c.attention_softcap, sinks)
       else:
         if self.decode:
           write_cache(self, k, v, mask, bias, window, pattern)  # init: shape the cache
@@ -184,6 +186,7 @@ class Attention(nn.Module):
             *blocks,
             bias=bias,
             softcap=c.attention_softcap,
+            sinks=sinks,
         )
     out = checkpoint_name(out, "context")
     if HEAD_GAIN in self.features:  # NormFormer: a learned gain per head, initialised to 1

@@ -22,6 +22,8 @@ ACTIVATIONS = {
     "swiglu": ("silu", {}, True),
     "geglu": ("gelu", {"approximate": False}, True),
     "geglu_tanh": ("gelu", {"approximate": True}, True),  # Gemma, T5 v1.1 ("gated-gelu")
+    # gpt-oss's experts: SwiGLU with both halves clamped and (up + 1) (modules/glu.py)
+    "swiglu_clamped": ("silu", {}, True),
 }
 
 

@@ -24,6 +24,7 @@ from flax import linen as nn
 
 from transformers_jax.modules import inits
 from transformers_jax.modules.common import dtype_of, normal
+from transformers_jax.modules.yarn import parse_yarn, yarn_frequencies
 
 
 def sinusoidal_table(length: int, d_model: int, halves: bool = False) -> np.ndarray:
@@ -45,8 +46,8 @@ def sinusoidal_table(length: int, d_model: int, halves: bool = False) -> np.ndar
 
 def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
   """model.rope_scaling "llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH" -> the four numbers (None for
-  ""); ValueError for anything else."""
-  if not text:
+  "" and for a valid "yarn:..." setting, modules/yarn.py); ValueError for anything else."""
+  if not text or parse_yarn(text):
     return None
   kind, _, numbers = text.partition(":")
   parts = numbers.split(",")
@@ -63,6 +64,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: str = "") -> np.ndarr
   wavelengths shorter than ORIGINAL/HIGH are kept, those longer than ORIGINAL/LOW are divided
   by FACTOR (slowed down), and those between are blended linearly in ORIGINAL / wavelength."""
   inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  if parse_yarn(scaling):  # YaRN's ramp between kept and stretched frequencies
+    inv_freq = yarn_frequencies(head_dim, theta, parse_yarn(scaling))
   parsed = parse_rope_scaling(scaling)
   if parsed is not None:
     factor, low, high, original = parsed
@@ -89,6 +92,8 @@ def apply_rope(x, positions, theta: float, scaling: str = ""):
   xf = x.astype(jnp.float32)
   x1, x2 = jnp.split(xf, 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  if parse_yarn(scaling):  # YaRN's attention factor, on queries and keys alike
+    out = out * parse_yarn(scaling).scale
   return out.astype(x.dtype)
 
 
@@ -260,7 +265,11 @@ class Rotary(PositionScheme):
     try:
       parse_rope_scaling(c.rope_scaling)
     except ValueError:
-      fix = "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192) or ''"
+      fix = (
+          "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192), "
+          "yarn:FACTOR,BETA_FAST,BETA_SLOW,ORIGINAL_LENGTH[,TRUNCATE[,ATTENTION_FACTOR]] "
+          "(gpt-oss: yarn:32,32,1,4096,0) or ''"
+      )
       return "rope_scaling", repr(c.rope_scaling), fix
     return None
 
