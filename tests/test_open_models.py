@@ -35,6 +35,10 @@ PUBLISHED = {
     ("mistral", "7b-v0.3"): 7_248_023_552,
     ("mixtral", "8x7b"): 46_702_792_704,
     ("mixtral", "8x22b"): 140_620_634_112,
+    ("gpt_oss", "20b"): 20_914_757_184,
+    ("gpt_oss", "120b"): 116_829_156_672,
+    ("qwen3_moe", "30b-a3b"): 30_532_122_624,
+    ("qwen3_moe", "235b-a22b"): 235_093_634_560,
     ("gemma", "2b"): 2_506_172_416,
     ("gemma", "7b"): 8_537_680_896,
     ("gemma", "2-2b"): 2_614_341_888,
@@ -167,7 +171,9 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"])
+@pytest.mark.parametrize(
+    "name", ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "gpt_oss", "qwen3_moe"]
+)
 def test_imported_decoders_continue_greedily_as_transformers_generate(name):
   """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
   tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,
