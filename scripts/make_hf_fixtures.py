@@ -160,8 +160,65 @@ GEMMA2 = dict(
     attn_logit_softcapping=5.0,
     final_logit_softcapping=20.0,
 )
+# gpt-oss: 3 blocks, a window of 3 on blocks 0 and 2 (shorter than the prompt), 6 query heads of
+# 12 over 2 key/value heads (heads x width != d_model), 5 experts of width 24, 3 routed, YaRN
+# over an original context of 16 (the 13 positions decoded stay inside it; the logits' 10 too),
+# a clamped SwiGLU whose alpha and limit (0.6: it clips these activations) are not the release's
+GPT_OSS = dict(
+    vocab_size=83,
+    hidden_size=32,
+    intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=12,
+    num_local_experts=5,
+    num_experts_per_tok=3,
+    sliding_window=3,
+    max_position_embeddings=64,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=5000.0,
+        factor=4.0,
+        beta_fast=8.0,
+        beta_slow=2.0,
+        truncate=False,
+        original_max_position_embeddings=16,
+    ),
+    swiglu_alpha=1.5,
+    swiglu_limit=0.6,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+# Qwen3-MoE: q/k norms over 16-wide heads (4 query heads, 1 key/value head over d_model 48), 6
+# experts of width 28, 2 routed with the softmax's own weights (norm_topk_prob false, unlike the
+# released models), an odd vocabulary and another RoPE base
+QWEN3_MOE = dict(
+    vocab_size=77,
+    hidden_size=48,
+    intermediate_size=40,
+    moe_intermediate_size=28,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=16,
+    num_experts=6,
+    num_experts_per_tok=2,
+    norm_topk_prob=False,
+    max_position_embeddings=64,
+    rope_parameters=dict(rope_type="default", rope_theta=20000.0),
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+)
 DECODERS = {
     "gpt2": GPT2,
+    "gpt_oss": GPT_OSS,
+    "qwen3_moe": QWEN3_MOE,
     "gemma2": GEMMA2,
     "llama": LLAMA,
     "mistral": MISTRAL,
@@ -269,6 +326,10 @@ def build(name: str):
     model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
   elif name == "gemma":
     model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**GEMMA))
+  elif name == "gpt_oss":
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**GPT_OSS))
+  elif name == "qwen3_moe":
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**QWEN3_MOE))
   elif name == "gemma2":
     model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**GEMMA2))
   elif name == "qwen2":
@@ -292,7 +353,7 @@ def build(name: str):
     raise ValueError(name)
   # a random T5, Gemma, Marian or BART this small keeps repeating one token unless shaken
   # harder (the encoder-decoders: and with another draw, whose greedy tokens vary)
-  shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith("gemma") else 0.05
+  shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith(("gemma", "qwen3")) else 0.05
   shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
   perturb(model, SEED + draw, shake)
   return model.eval()
@@ -433,6 +494,32 @@ def write_rope() -> None:
   inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
   np.savez(OUT / "rope_llama3.npz", inv_freq=inv_freq.numpy())
   print("rope_llama3     transformers' llama3 RoPE frequencies")
+  write_rope_yarn()
+
+
+def write_rope_yarn() -> None:
+  """rope_yarn.npz: transformers' YaRN frequencies and attention factors for gpt-oss's scaling
+  (factor 32 over 4,096 positions, betas 32 and 1, not truncated; theta 150,000, 64-wide heads)
+  and for the same truncated with an explicit attention factor of 1 (DeepSeek-V3's form), which
+  positions.rope_frequencies and yarn.Yarn.scale must reproduce."""
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  out = {}
+  for name, extra in (("gpt_oss", dict(truncate=False)), ("truncated", dict(attention_factor=1.0))):
+    rope = dict(
+        rope_type="yarn",
+        rope_theta=150000.0,
+        factor=32.0,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        original_max_position_embeddings=4096,
+        **extra,
+    )
+    config = transformers.GptOssConfig(head_dim=64, rope_parameters=rope)
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    out[f"{name}_inv_freq"], out[f"{name}_factor"] = inv_freq.numpy(), np.float64(factor)
+  np.savez(OUT / "rope_yarn.npz", **out)
+  print("rope_yarn       transformers' YaRN RoPE frequencies")
 
 
 def main(argv=None):
@@ -442,7 +529,7 @@ def main(argv=None):
     raise UserError('this script needs torch and transformers: pip install -e ".[hf]"')
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
-  names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied")
+  names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied", "gpt_oss", "qwen3_moe")
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")

@@ -40,6 +40,8 @@ NAMES = [
     "t5_tied",
     "marian",
     "bart",
+    "gpt_oss",
+    "qwen3_moe",
 ]
 HEADS = {
     "t5": "lm",
@@ -49,6 +51,8 @@ HEADS = {
     "gemma": "lm",
     "gemma2": "lm",
     "mixtral": "lm",
+    "gpt_oss": "lm",
+    "qwen3_moe": "lm",
     "gpt2": "lm",
     "llama": "lm",
     "mistral": "lm",
@@ -478,7 +482,7 @@ def test_the_documented_python_path_applies_every_converted_architecture(tmp_pat
   from transformers_jax.run_folder.runs import load_run
 
   names = ["gpt2", "bert", "vit_classifier", "llama", "mistral", "qwen2", "mixtral", "gemma"]
-  for name in names + ["gemma2", "t5", "marian", "bart"]:
+  for name in names + ["gemma2", "t5", "marian", "bart", "gpt_oss", "qwen3_moe"]:
     import_hf(FIXTURES / name, tmp_path / name)
     cfg, params, _, step = load_run(tmp_path / name)
     assert step == 0

@@ -16,6 +16,7 @@ from transformers_jax.interop.common import (
     require,
 )
 from transformers_jax.modules.positions import parse_rope_scaling
+from transformers_jax.modules.yarn import parse_yarn
 
 
 def _linear(hf: str, path: tuple[str, ...], bias: bool = False, n_in: int = 1) -> list[Rule]:
@@ -210,7 +211,7 @@ class Llama(Family):
         activation=self.activation[0],
         embed_scale=self.gemma,
         norm_unit_offset=self.gemma,
-        rope_scaling=c.rope_scaling,  # none or llama3, both written
+        rope_scaling=c.rope_scaling if not parse_yarn(c.rope_scaling) else "",  # none or llama3
     )
 
 
