@@ -168,7 +168,8 @@ class GptOss(Family):
         num_experts_per_tok=c.top_k,
         max_position_embeddings=c.max_len,
         rms_norm_eps=c.norm_eps,
-        sliding_window=c.sliding_window or None,
+        # transformers builds the sliding mask whether or not a layer reads it: a length it takes
+        sliding_window=c.sliding_window or c.max_len,
         layer_types=layer_types(c),
         swiglu_alpha=c.glu_alpha,
         swiglu_limit=c.glu_limit,
