@@ -279,3 +279,27 @@ def test_gpt_oss_trains_over_experts_and_context_as_on_one_device(parallel_runs,
   assert one["losses"][0] != one["losses"][-1]
   np.testing.assert_allclose(split["losses"], one["losses"], rtol=2e-5)
   assert "all-to-all" in split["collectives"]
+
+
+def test_a_gpt_oss_population_member_trains_as_its_solo_run(experiment, tmp_path):
+  """Two members (seeds) of gpt_oss.py:tiny vmapped in one step: member 0's losses are its solo
+  run's (the ragged experts, the sinks and the alternating windows under the population's
+  vmap)."""
+  from transformers_jax.train.entry import train
+
+  def config(**fields):
+    c = experiment("gpt_oss", "tiny")
+    c.update_from_flattened_dict(
+        {"steps": 2, "batch_size": 2, "seq_len": 32, "log_every": 1, "eval_every": 100}
+        | {"checkpoint_every": 100, "sample.max_new_tokens": 0, **fields}
+    )
+    return c
+
+  def losses(workdir, member=None):
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in rows if "loss" in x and x.get("member") == member]
+
+  train(config(**{"population.seeds": 2}), tmp_path / "population")
+  train(config(), tmp_path / "solo")
+  np.testing.assert_allclose(losses(tmp_path / "population", 0), losses(tmp_path / "solo"), 1e-5)
+  assert losses(tmp_path / "population", 1) != losses(tmp_path / "solo")

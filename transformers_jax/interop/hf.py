@@ -14,7 +14,9 @@ embedding norm, `pooler` / `mlm` head), ViTModel / ViTForImageClassification (vi
 token, `pooler` (or `none` when the checkpoint has no pooler) / `classifier` head),
 LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / GemmaForCausalLM
 / Gemma2ForCausalLM (decoder, pre-norm RMSNorm, RoPE, gated feed-forward, grouped-query
-attention; interop/llama.py and gemma.py), T5ForConditionalGeneration (encoder-decoder,
+attention; interop/llama.py and gemma.py), GptOssForCausalLM / Qwen3MoeForCausalLM (the same
+with experts: gpt-oss's attention sinks, biases and clamped SwiGLU, Qwen3-MoE's q/k norms;
+interop/gpt_oss.py and qwen3_moe.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py), MarianMTModel (encoder-decoder, post-LN,
 fixed sinusoids; interop/marian.py), BartForConditionalGeneration (encoder-decoder, post-LN,
 positions and embedding norm per stack; interop/bart.py).
