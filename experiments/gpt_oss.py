@@ -24,8 +24,8 @@ hub); counts those of transformers' GptOssForCausalLM built from them (the meta 
 Active: per token, the embedding table included; without it (a lookup, 579M), 3.61B and
 5.13B, the model card's figures.
 
-The released weights store the experts in MXFP4; `convert --from_hf` reads floating-point
-checkpoints (docs/interop.md). `tiny` is the test model, `cpu` trains on a CPU.
+The released weights store the experts in MXFP4, which `convert --from_hf` reads into floating
+point (docs/interop.md). `tiny` is the test model, `cpu` trains on a CPU.
 """
 
 from transformers_jax.train_config import CPU_RUN, TINY_RUN, preset_config

@@ -8,7 +8,8 @@ biases (activation swiglu_clamped, model.glu_alpha / glu_limit = swiglu_alpha / 
 Tensors: mlp.router.{weight, bias}; mlp.experts.gate_up_proj [E, D, 2F] (gate and up in
 alternate columns), gate_up_proj_bias [E, 2F], down_proj [E, F, D], down_proj_bias [E, D];
 self_attn.sinks [H]. The released files store the expert matrices in MXFP4
-(gate_up_proj_blocks / _scales): only floating-point checkpoints are read here.
+(gate_up_proj_blocks / _scales, down_proj_blocks / _scales; quantization_config mxfp4), read
+into floating-point matrices one tensor at a time (interop/mxfp4.py); exports are floating-point.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers_jax.interop.common import (
     get,
     require,
 )
+from transformers_jax.interop.mxfp4 import packed_experts
 from transformers_jax.interop.rope_scaling import read_rope, write_rope
 
 # What GptOssConfig assumes for a key config.json leaves out.
@@ -100,12 +102,11 @@ class GptOss(Family):
   )
 
   def fields(self, hf, architecture, where):
-    if hf.get("quantization_config"):
-      method = hf["quantization_config"].get("quant_method", "?")
+    method = (hf.get("quantization_config") or {}).get("quant_method")
+    if hf.get("quantization_config") and method != "mxfp4":
       raise UnsupportedArchitecture(
-          f"{where}: quantization_config ({method}) is not read: the expert weights must be "
-          "floating-point; save a dequantized copy (transformers: from_pretrained with "
-          "Mxfp4Config(dequantize=True), then save_pretrained)"
+          f"{where}: quantization_config ({method!r}) is not read (only gpt-oss's released "
+          "mxfp4 experts are): use a floating-point checkpoint"
       )
     require(hf, where, attention_bias=True)  # one use_bias: the experts' biases are always there
     layers = hf["num_hidden_layers"]
@@ -209,6 +210,9 @@ class GptOss(Family):
     if not c.tie_embeddings:
       rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
     return rules
+
+  def adjust_loaded(self, tensors, fields):
+    packed_experts(tensors)  # the released files' MXFP4 experts, dequantized as they are taken
 
   def ignorable(self, c):
     return [r"lm_head\.weight"] if c.tie_embeddings else []
