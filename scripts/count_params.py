@@ -25,6 +25,8 @@ FILES = (
     "transformer",
     "vit",
     "mixtral",
+    "gpt_oss",
+    "qwen3_moe",
     "llama",
     "mistral",
     "qwen2",

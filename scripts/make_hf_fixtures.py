@@ -14,6 +14,7 @@ zeros and ones HF initialises them to (a mapping that mixed them up would otherw
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import tempfile
@@ -268,9 +269,68 @@ OPEN_MODELS = {  # fixture: (config class, model class, config)
     "phi3": ("Phi3Config", "Phi3ForCausalLM", PHI3),
     "llama_bias": ("LlamaConfig", "LlamaForCausalLM", LLAMA_BIAS),
 }
+# gpt-oss: 3 blocks, a window of 3 on blocks 0 and 2 (shorter than the prompt), 6 query heads of
+# 12 over 2 key/value heads (heads x width != d_model), 5 experts of width 32, 3 routed, YaRN
+# over an original context of 16 (the 13 positions decoded stay inside it; the logits' 10 too),
+# a clamped SwiGLU whose alpha and limit (0.6: it clips these activations) are not the release's.
+# Its expert matrices hold values MXFP4 stores exactly, so that gpt_oss_mxfp4 (the same tensors
+# packed as the released files pack them) is the same model.
+GPT_OSS = dict(
+    vocab_size=83,
+    hidden_size=32,
+    intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=12,
+    num_local_experts=5,
+    num_experts_per_tok=3,
+    sliding_window=3,
+    max_position_embeddings=64,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=5000.0,
+        factor=4.0,
+        beta_fast=8.0,
+        beta_slow=2.0,
+        truncate=False,
+        original_max_position_embeddings=16,
+    ),
+    swiglu_alpha=1.5,
+    swiglu_limit=0.6,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+# Qwen3-MoE: q/k norms over 16-wide heads (4 query heads, 1 key/value head over d_model 48), 6
+# experts of width 28, 2 routed with the softmax's own weights (norm_topk_prob false, unlike the
+# released models), an odd vocabulary and another RoPE base
+QWEN3_MOE = dict(
+    vocab_size=77,
+    hidden_size=48,
+    intermediate_size=40,
+    moe_intermediate_size=28,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=16,
+    num_experts=6,
+    num_experts_per_tok=2,
+    norm_topk_prob=False,
+    max_position_embeddings=64,
+    rope_parameters=dict(rope_type="default", rope_theta=20000.0),
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+)
 DECODERS = {
     **{name: config for name, (_, _, config) in OPEN_MODELS.items()},
     "gpt2": GPT2,
+    "gpt_oss": GPT_OSS,
+    "qwen3_moe": QWEN3_MOE,
     "gemma2": GEMMA2,
     "llama": LLAMA,
     "mistral": MISTRAL,
@@ -366,6 +426,77 @@ def perturb(model, seed: int, scale: float = 0.05) -> None:
         p.add_(scale * torch.randn(p.shape, generator=g))
 
 
+def mxfp4_encode(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Expert matrices w [E, in, out] (in a multiple of 32) in MXFP4 as gpt-oss's files hold them:
+  blocks [E, out, in / 32, 16] uint8 (two E2M1 codes a byte, the low nibble first), scales
+  [E, out, in / 32] uint8 (a power of two per 32 inputs, biased by 127); each value rounded to
+  the nearest code under its block's scale, the smallest power of two that takes its largest."""
+  from transformers_jax.interop.mxfp4 import E2M1
+
+  x = np.swapaxes(w, 1, 2)
+  x = x.reshape(*x.shape[:2], -1, 32)
+  top = np.abs(x).max(-1)
+  exponent = np.ceil(np.log2(np.maximum(top, 1e-30) / 6)).astype(np.int32)
+  codes = np.abs((x / np.ldexp(1.0, exponent)[..., None])[..., None] - E2M1).argmin(-1)
+  codes = codes.astype(np.uint8)
+  return codes[..., 0::2] | (codes[..., 1::2] << 4), (exponent + 127).astype(np.uint8)
+
+
+def snap_to_mxfp4(model) -> None:
+  """gpt-oss's expert matrices replaced by the values their MXFP4 encoding decodes to."""
+  from transformers_jax.interop.mxfp4 import expert_matrices
+
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        p.copy_(torch.from_numpy(expert_matrices(*mxfp4_encode(p.numpy()))))
+
+
+def write_mxfp4(directory: pathlib.Path) -> pathlib.Path:
+  """gpt_oss_mxfp4: the gpt_oss fixture with its experts packed in MXFP4 and config.json's
+  quantization_config as the released files say it (the same reference outputs)."""
+  from safetensors.numpy import load_file, save_file
+
+  packed = OUT / "gpt_oss_mxfp4"
+  shutil.rmtree(packed, ignore_errors=True)
+  packed.mkdir()
+  tensors = {}
+  for name, array in load_file(directory / "model.safetensors").items():
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+      tensors[name + "_blocks"], tensors[name + "_scales"] = mxfp4_encode(array)
+    else:
+      tensors[name] = array
+  save_file(tensors, str(packed / "model.safetensors"), metadata={"format": "pt"})
+  config = json.loads((directory / "config.json").read_text())
+  keep = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+  config["quantization_config"] = dict(quant_method="mxfp4", modules_to_not_convert=keep)
+  (packed / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+  shutil.copy(directory / "reference.npz", packed / "reference.npz")
+  print("gpt_oss_mxfp4   the same, its experts in MXFP4")
+  return packed
+
+
+def check_mxfp4(packed: pathlib.Path) -> None:
+  """transformers reads gpt_oss_mxfp4 (dequantizing the experts) to the reference logits, and
+  interop/mxfp4.py decodes any bytes as transformers does."""
+  from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+  from transformers_jax.interop.mxfp4 import expert_matrices
+
+  rng = np.random.default_rng(SEED)
+  blocks = rng.integers(0, 256, (3, 5, 4, 16), dtype=np.uint8)
+  scales = rng.integers(100, 150, (3, 5, 4), dtype=np.uint8)
+  theirs = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales))
+  ours = expert_matrices(blocks, scales)
+  assert np.array_equal(ours, theirs.float().numpy()), "MXFP4 decodes unlike transformers"
+  model = transformers.GptOssForCausalLM.from_pretrained(packed).eval()
+  ref = np.load(packed / "reference.npz")
+  with torch.no_grad():
+    logits = model(torch.from_numpy(ref["tokens"].astype(np.int64))).logits.float().numpy()
+  assert np.max(np.abs(logits - ref["logits"])) < 1e-5, "transformers reads gpt_oss_mxfp4 otherwise"
+  print("gpt_oss_mxfp4   transformers reads it to the reference; MXFP4 decodes as transformers'")
+
+
 def build(name: str):
   torch.manual_seed(SEED)
   if name == "gpt2":
@@ -382,6 +513,10 @@ def build(name: str):
     model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
   elif name == "gemma":
     model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**GEMMA))
+  elif name == "gpt_oss":
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**GPT_OSS))
+  elif name == "qwen3_moe":
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**QWEN3_MOE))
   elif name == "gemma2":
     model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**GEMMA2))
   elif name == "qwen2":
@@ -409,11 +544,14 @@ def build(name: str):
     raise ValueError(name)
   # a random T5, Gemma, Marian or BART this small keeps repeating one token unless shaken
   # harder (the encoder-decoders: and with another draw, whose greedy tokens vary)
-  shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith("gemma") else 0.05
-  shake = 0.4 if name in ("olmo2", "olmo3", "smollm3", "qwen3") else shake
+  shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith(("gemma", "qwen3")) else 0.05
+  shake = 0.4 if name in ("olmo2", "olmo3", "smollm3") else shake
+  shake = 0.2 if name == "gpt_oss" else shake
   shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
   shake, draw = {"marian_shapes": (0.3, 2)}.get(name, (shake, draw))
   perturb(model, SEED + draw, shake)
+  if name == "gpt_oss":
+    snap_to_mxfp4(model)
   return model.eval()
 
 
@@ -557,6 +695,32 @@ def write_rope() -> None:
   inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
   np.savez(OUT / "rope_llama3.npz", inv_freq=inv_freq.numpy())
   print("rope_llama3     transformers' llama3 RoPE frequencies")
+  write_rope_yarn()
+
+
+def write_rope_yarn() -> None:
+  """rope_yarn.npz: transformers' YaRN frequencies and attention factors for gpt-oss's scaling
+  (factor 32 over 4,096 positions, betas 32 and 1, not truncated; theta 150,000, 64-wide heads)
+  and for the same truncated with an explicit attention factor of 1 (DeepSeek-V3's form), which
+  positions.rope_frequencies and yarn.Yarn.scale must reproduce."""
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  out = {}
+  for name, extra in (("gpt_oss", dict(truncate=False)), ("truncated", dict(attention_factor=1.0))):
+    rope = dict(
+        rope_type="yarn",
+        rope_theta=150000.0,
+        factor=32.0,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        original_max_position_embeddings=4096,
+        **extra,
+    )
+    config = transformers.GptOssConfig(head_dim=64, rope_parameters=rope)
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    out[f"{name}_inv_freq"], out[f"{name}_factor"] = inv_freq.numpy(), np.float64(factor)
+  np.savez(OUT / "rope_yarn.npz", **out)
+  print("rope_yarn       transformers' YaRN RoPE frequencies")
 
 
 def main(argv=None):
@@ -567,7 +731,7 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
   names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied", "marian_shapes")
-  names += tuple(OPEN_MODELS)
+  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe")
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")
@@ -577,6 +741,10 @@ def main(argv=None):
     directory = write(name)
     if FLAGS.check:
       check_export(name, directory)
+    if name == "gpt_oss":
+      packed = write_mxfp4(directory)
+      if FLAGS.check:
+        check_mxfp4(packed)
 
 
 if __name__ == "__main__":

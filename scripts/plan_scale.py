@@ -198,6 +198,19 @@ ROWS = [
         context=8,
         extra=["--config.model.max_len=131072"],
     ),
+    # gpt-oss-120b (116.8B: 128 clamped-SwiGLU experts of 2,880, 4 routed; attention sinks, a
+    # window of 128 on every other block) on the smallest v5p slice its float32 parameters and
+    # Adam state (1.87 TB with the gradients) fit: 32 chips, experts over 4 of them (tokens
+    # travel by all-to-all), everything over fsdp 8; one sequence of 4,096 tokens per chip
+    row(
+        "gpt-oss-120b expert 4 v5p-32",
+        "experiments/gpt_oss.py:120b",
+        "v5p:2x4x4",
+        32,
+        4096,
+        8,
+        extra=["--config.mesh.expert=4"],
+    ),
 ]
 
 
@@ -528,6 +541,8 @@ def markdown(results: list[dict]) -> str:
     mesh_text = f"{mesh.get('data', '?')}×{mesh.get('fsdp', '?')}×{mesh.get('tensor', '?')}"
     if mesh.get("context", 1) > 1:
       mesh_text += f", context {mesh['context']}"
+    if mesh.get("expert", 1) > 1:
+      mesh_text += f", expert {mesh['expert']}"
     per_seq = r["tokens_per_step"] // r["batch_size"]
     step = r.get("step_s_at_50pct_mfu")
     tflop = r.get("model_flops_per_step")

@@ -2,9 +2,11 @@
 
     python tests/moe_worker.py '{"steps": 5, "meshes": {"one": {"data": 1}, ...}}'
 
-Trains experiments/mixtral.py:tiny (ragged, dropless; one layer) on the same batches under each mesh of the
-spec (a mesh of {"data": 1} runs on one device), and reports each run's losses and the
-collectives of its compiled step. Prints one JSON object.
+Trains experiments/mixtral.py:tiny (ragged, dropless; one layer), or the spec's "config" file's
+tiny preset, with the spec's "model" fields, on the same batches under each mesh of the spec (a
+mesh of {"data": 1} runs on one device; a mesh's own "model" entry changes fields for it
+alone), and reports each run's losses and the collectives of its compiled step. Prints one
+JSON object.
 """
 
 import json
@@ -34,6 +36,8 @@ from transformers_jax.train.state import create_state  # noqa: E402
 
 
 def run(config, model_cfg, task, batches, axes):
+  axes = dict(axes)
+  model_cfg = model_cfg.replace(**axes.pop("model", {}))
   devices = jax.devices()[: math.prod(axes.values())]
   mesh = parallel.make_mesh(axes, devices)
   rules = parallel.rules()
@@ -58,7 +62,8 @@ def run(config, model_cfg, task, batches, axes):
 
 def main():
   spec = json.loads(sys.argv[1])
-  config = load_config_module(str(ROOT / "experiments" / "mixtral.py")).get_config("tiny")
+  file = spec.get("config", "mixtral.py")
+  config = load_config_module(str(ROOT / "experiments" / file)).get_config("tiny")
   config.unlock()
   config.batch_size, config.seq_len, config.model.num_layers = 8, 32, 1
   config.moe_router_z_weight = 1e-3

@@ -48,6 +48,8 @@ NAMES = [
     "phi3",
     "llama_bias",
     "marian_shapes",
+    "gpt_oss",
+    "qwen3_moe",
 ]
 HEADS = {
     "t5": "lm",
@@ -57,6 +59,8 @@ HEADS = {
     "gemma": "lm",
     "gemma2": "lm",
     "mixtral": "lm",
+    "gpt_oss": "lm",
+    "qwen3_moe": "lm",
     "gpt2": "lm",
     "llama": "lm",
     "mistral": "lm",
@@ -65,7 +69,8 @@ HEADS = {
     "bert_mlm": "mlm",
     "vit": "pooler",
     "vit_classifier": "classifier",
-    **dict.fromkeys(NAMES[-8:], "lm"),
+    **dict.fromkeys(["qwen3", "smollm3", "gemma3", "olmo2", "olmo3", "phi3"], "lm"),
+    **dict.fromkeys(["llama_bias", "marian_shapes"], "lm"),
 }
 TOL = 1e-4
 EXPORTED_AS = {"phi3": "Phi3ForCausalLM"}  # what the default architecture cannot tell
@@ -490,7 +495,7 @@ def test_the_documented_python_path_applies_every_converted_architecture(tmp_pat
   from transformers_jax.run_folder.runs import load_run
 
   names = ["gpt2", "bert", "vit_classifier", "llama", "mistral", "qwen2", "mixtral", "gemma"]
-  for name in names + ["gemma2", "t5", "marian", "bart"]:
+  for name in names + ["gemma2", "t5", "marian", "bart", "gpt_oss", "qwen3_moe"]:
     import_hf(FIXTURES / name, tmp_path / name)
     cfg, params, _, step = load_run(tmp_path / name)
     assert step == 0

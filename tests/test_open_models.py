@@ -36,6 +36,10 @@ PUBLISHED = {
     ("mistral", "7b-v0.3"): 7_248_023_552,
     ("mixtral", "8x7b"): 46_702_792_704,
     ("mixtral", "8x22b"): 140_620_634_112,
+    ("gpt_oss", "20b"): 20_914_757_184,
+    ("gpt_oss", "120b"): 116_829_156_672,
+    ("qwen3_moe", "30b-a3b"): 30_532_122_624,
+    ("qwen3_moe", "235b-a22b"): 235_093_634_560,
     ("gemma", "2b"): 2_506_172_416,
     ("gemma", "7b"): 8_537_680_896,
     ("gemma", "2-2b"): 2_614_341_888,
@@ -188,6 +192,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 DECODERS = ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"]
 DECODERS += ["qwen3", "smollm3", "gemma3", "olmo2", "olmo3", "phi3", "llama_bias"]
+DECODERS += ["gpt_oss", "qwen3_moe"]
 
 
 @pytest.mark.parametrize("name", DECODERS)

@@ -158,10 +158,10 @@ def import_hf(
   leftovers = _check_workdir(run)  # before the model is read, which can take minutes
   fields, params = load_hf(source, dtype, mesh=_import_mesh(mesh))
   fields["scan_layers"] = scan_layers
+  config = experiment_config(**fields)
+  model_cfg = ModelConfig.from_dict(config.model)  # (refuses a scan over unlike blocks first)
   if scan_layers:
     params = loop_to_scan(params)
-  config = experiment_config(**fields)
-  model_cfg = ModelConfig.from_dict(config.model)
   config.seq_len = min(config.seq_len, model_cfg.max_len)
   if leftovers:
     for name in leftovers:

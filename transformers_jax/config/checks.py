@@ -7,7 +7,7 @@ import dataclasses
 import math
 import numbers
 
-from transformers_jax.modules import feed_forward, inits, layer_types, lora, remat, scores
+from transformers_jax.modules import feed_forward, glu, inits, layer_types, lora, remat, scores
 from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
@@ -207,6 +207,8 @@ def validate(c) -> None:
       position_scheme(c).config_problem,
       NORM_KINDS[c.norm].config_problem,
       feed_forward.config_problem,
+      feed_forward.router_problem,
+      glu.config_problem,
       scores.config_problem,
       layer_types.config_problem,
   )

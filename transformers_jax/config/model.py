@@ -46,6 +46,8 @@ class ModelConfig:
   positions: str = "learned"  # the position scheme (modules/positions/ says what each does)
   rope_theta: float = 10000.0  # RoPE base wavelength
   # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
+  # | yarn:FACTOR,BETA_FAST,BETA_SLOW,ORIGINAL_LENGTH[,TRUNCATE[,ATTENTION_FACTOR]] (gpt-oss:
+  # yarn:32,32,1,4096,0; modules/yarn.py)
   rope_scaling: str = ""
   relative_buckets: int = 32  # t5: buckets of the key - query offset (one learned bias each)
   relative_max_distance: int = 128  # t5: offsets from here on share the last bucket
@@ -86,6 +88,8 @@ class ModelConfig:
   embed_scale_learned: bool = False
   # the feed-forward non-linearity; the *glu ones are gated (modules/activations.py)
   activation: str = "gelu"
+  glu_alpha: float = 1.702  # swiglu_clamped: the gate's sigmoid gain, g sigmoid(alpha g) (gpt-oss)
+  glu_limit: float = 7.0  # swiglu_clamped: gate clamped above at +limit, up to [-limit, limit]
   use_bias: bool = True  # biases in attention and feed-forward projections
   ffn_bias: bool | None = (
       None  # biases in the feed-forward only (Llama's mlp_bias); None = use_bias
@@ -118,6 +122,9 @@ class ModelConfig:
   rope_local_theta: float = 0.0
   attention_chunk: int = 0  # chunked layers: a query sees its own chunk of this many positions
   attention_softcap: float = 0.0  # attention scores s -> cap tanh(s / cap) (Gemma 2: 50); 0 = off
+  # a learned logit per query head in every softmax's denominator, as a key with value zero that
+  # every query sees: a head may attend nowhere (gpt-oss's attention sinks; modules/sinks.py)
+  attention_sinks: bool = False
   logit_softcap: float = 0.0  # output logits z -> cap tanh(z / cap) (Gemma 2: 30); 0 = off
   feed_forward: str = "dense"  # a dense feed-forward network, or a mixture of experts
   num_experts: int = 8  # moe: experts per layer (E)
@@ -128,6 +135,10 @@ class ModelConfig:
   # sorted by expert, grouped matmuls; with mesh.expert > 1 tokens travel to their experts)
   moe_impl: str = "dense"
   moe_dropless: bool = True  # ragged: compute every routing choice; False = capacity_factor drops
+  router_bias: bool = False  # moe: a learned bias on the router's logits (gpt-oss)
+  # moe: the top_k chosen probabilities renormalised to sum to 1 (Mixtral, gpt-oss; Qwen3-MoE's
+  # norm_topk_prob); False = the softmax's own, over all experts (Qwen1.5-MoE, OLMoE)
+  router_norm_topk: bool = True
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
   # encoder_decoder with share_embeddings: one token table, but each stack has its own learned

@@ -67,8 +67,9 @@ class Rule:
   (GPT-2 c_attn <-> query, key, value); fused_linear (one torch Linear [sum of outs, in] <->
   several kernels [in, ...]: Phi-3's qkv_proj and gate_up_proj); patch (conv [D, C, P, P] <->
   [P*P*C, D]); batch1 ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert
-  <-> our [E, in, out]).
-  `patch` holds (P, C) for the patch kind.
+  <-> our [E, in, out]); gate_up (gpt-oss's experts [E, in, 2F], gate and up interleaved in the
+  last axis <-> our two [E, in, F]); gate_up_bias ([E, 2F] interleaved <-> our two [E, 1, F]);
+  expert_bias ([E, W] <-> our [E, 1, W]). `patch` holds (P, C) for the patch kind.
   """
 
   kind: str
@@ -83,6 +84,9 @@ def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]
   n = rule.n_in
   if rule.kind == "experts":
     return [(s[2], s[1])] * s[0]
+  if rule.kind in ("gate_up", "gate_up_bias", "expert_bias"):
+    wide = s[:-1] + (s[-1] * (1 if rule.kind == "expert_bias" else 2),)
+    return [wide if rule.kind == "gate_up" else (wide[0], wide[-1])]
   if rule.kind == "copy":
     return [s]
   if rule.kind == "bias":
@@ -108,7 +112,12 @@ def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]
 def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[np.ndarray]:
   if rule.kind == "experts":
     return [np.stack([a.T for a in arrays])]
+  if rule.kind in ("gate_up", "gate_up_bias"):  # even columns the gate, odd ones up
+    (a,) = arrays
+    return [a[..., 0::2].reshape(shapes[0]), a[..., 1::2].reshape(shapes[1])]
   (a,) = arrays
+  if rule.kind == "expert_bias":
+    return [a.reshape(shapes[0])]
   if rule.kind in ("copy", "bias", "conv1d", "batch1"):
     return [a.reshape(shapes[0])]
   if rule.kind == "linear":
@@ -147,6 +156,12 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [a[None]]
   if rule.kind == "experts":
     return [x.T for x in a]
+  if rule.kind in ("gate_up", "gate_up_bias"):
+    gate, up = (x.reshape(x.shape[0], -1, x.shape[-1]) for x in arrays)
+    both = np.stack([gate, up], axis=-1).reshape(gate.shape[:-1] + (-1,))
+    return [both if rule.kind == "gate_up" else both[:, 0]]
+  if rule.kind == "expert_bias":
+    return [a.reshape(a.shape[0], -1)]
   raise AssertionError(rule.kind)
 
 

@@ -14,19 +14,25 @@ from transformers_jax.interop.common import Family
 from transformers_jax.interop.gpt2 import GPT2
 from transformers_jax.interop.gemma import Gemma, Gemma2
 from transformers_jax.interop.gemma3 import Gemma3
+from transformers_jax.interop.gpt_oss import GptOss
 from transformers_jax.interop.llama import Llama, Mistral, Mixtral, Qwen2
 from transformers_jax.interop.marian import Marian
 from transformers_jax.interop.olmo import Olmo2, Olmo3
 from transformers_jax.interop.phi3 import Phi3
 from transformers_jax.interop.qwen3 import Qwen3, SmolLM3
+from transformers_jax.interop.qwen3_moe import Qwen3Moe
 from transformers_jax.interop.t5 import T5
 from transformers_jax.interop.vit import ViT
 
-# One entry per Hugging Face model type; an architecture is found through its family.
+# One entry per Hugging Face model type; an architecture is found through its family (a model
+# is written as the first whose default_architecture takes it: gpt-oss and Qwen3-MoE before
+# Llama, which writes any other RoPE decoder with experts as Mixtral).
 FAMILIES: tuple[Family, ...] = (
     GPT2(),
     BERT(),
     ViT(),
+    GptOss(),
+    Qwen3Moe(),
     Llama(),
     Mistral(),
     Mixtral(),

@@ -17,7 +17,9 @@ LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM / 
 attention; interop/llama.py and gemma.py), Qwen3ForCausalLM / SmolLM3ForCausalLM /
 Gemma3ForCausalLM / Olmo2ForCausalLM / Olmo3ForCausalLM / Phi3ForCausalLM (q/k norms, per-layer
 sliding windows and NoPE layers, reordered norms, fused projections; interop/qwen3.py,
-gemma3.py, olmo.py, phi3.py), T5ForConditionalGeneration (encoder-decoder,
+gemma3.py, olmo.py, phi3.py), GptOssForCausalLM / Qwen3MoeForCausalLM (the same with experts:
+gpt-oss's attention sinks, biases and clamped SwiGLU, Qwen3-MoE's q/k norms; interop/gpt_oss.py
+and qwen3_moe.py), T5ForConditionalGeneration (encoder-decoder,
 T5's relative bias, unscaled scores; interop/t5.py), MarianMTModel (encoder-decoder, post-LN,
 fixed sinusoids; interop/marian.py), BartForConditionalGeneration (encoder-decoder, post-LN,
 positions and embedding norm per stack; interop/bart.py).

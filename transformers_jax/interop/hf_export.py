@@ -73,6 +73,9 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       logit_softcap=0.0,
       rope_scaling="",
       value_residual=False,  # no Hugging Face architecture here mixes in the first block's values
+      attention_sinks=False,  # gpt-oss's alone
+      router_bias=False,  # gpt-oss's alone
+      router_norm_topk=True,  # Mixtral's and gpt-oss's routing; Qwen3-MoE's either way
   )
   want.update(family.requirements(c, architecture))
   for field, value in want.items():

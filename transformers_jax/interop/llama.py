@@ -18,6 +18,7 @@ from transformers_jax.interop.common import (
 )
 from transformers_jax.modules import layer_types
 from transformers_jax.modules.positions import linear_rope_factor, parse_rope_scaling
+from transformers_jax.modules.yarn import parse_yarn
 
 
 def _linear(hf: str, path: tuple[str, ...], bias: bool = False, n_in: int = 1) -> list[Rule]:
@@ -262,7 +263,8 @@ class Llama(Family):
         activation=self.activation[0],
         embed_scale=self.gemma,
         norm_unit_offset=self.gemma,
-        rope_scaling=c.rope_scaling,  # none, llama3 or linear, each written
+        # none, llama3 or linear, each written; YaRN is not Llama's (gpt_oss, qwen3_moe)
+        rope_scaling=c.rope_scaling if not parse_yarn(c.rope_scaling) else "",
     )
 
 

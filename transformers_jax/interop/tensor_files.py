@@ -39,14 +39,15 @@ class TensorFiles(MutableMapping):
   """name -> numpy array over safetensors files, each tensor read from its file when taken
   (`pop`, `[name]`): opening a file reads only its header, and each read opens, copies out one
   tensor and closes the file again, so no file stays mapped into memory. Names may be set to
-  arrays in memory too (what a Family's adjust_loaded renames). `shape(name)` never reads
-  data."""
+  arrays in memory too (what a Family's adjust_loaded renames), or derived from other tensors
+  when taken (`derive`: gpt-oss's MXFP4 experts). `shape(name)` never reads data."""
 
   def __init__(self, paths: list[pathlib.Path]):
     self._where: dict[str, pathlib.Path] = {}
     self._shapes: dict[str, tuple[int, ...]] = {}
     self._held: dict[str, np.ndarray] = {}
     self._source: dict[str, str] = {}  # a renamed tensor's name in its file
+    self._derived: dict[str, tuple[tuple[int, ...], Callable[[], np.ndarray]]] = {}
     for path in paths:
       with _open(path) as f:
         for name in f.keys():
@@ -59,12 +60,39 @@ class TensorFiles(MutableMapping):
     out._shapes = {rename(k): v for k, v in self._shapes.items()}
     out._held = {rename(k): v for k, v in self._held.items()}
     out._source = {rename(k): self._source.get(k, k) for k in self._where}
+    out._derived = {rename(k): v for k, v in self._derived.items()}
     return out
 
+  def derive(self, name: str, sources: list[str], shape, make: Callable[..., np.ndarray]):
+    """Replace the tensors `sources` by `name` of `shape`: make(*their arrays) when it is taken,
+    each source read only then."""
+    readers = [self._reader(s) for s in sources]
+    for s in sources:
+      del self[s]
+    self._derived[name] = (tuple(shape), lambda: make(*(read() for read in readers)))
+
+  def _reader(self, name: str) -> Callable[[], np.ndarray]:
+    if name in self._held:
+      return lambda held=self._held[name]: held
+    path, source = self._where[name], self._source.get(name, name)
+
+    def read():
+      with _open(path) as f:
+        try:
+          return f.get_tensor(source)
+        except Exception as e:  # safetensors' own SafetensorError
+          raise UnreadableFile(path, e) from None
+
+    return read
+
   def shape(self, name: str) -> tuple[int, ...]:
+    if name in self._derived:
+      return self._derived[name][0]
     return tuple(self._held[name].shape) if name in self._held else self._shapes[name]
 
   def __getitem__(self, name: str) -> np.ndarray:
+    if name in self._derived:
+      return self._derived[name][1]()
     if name in self._held:
       return self._held[name]
     path = self._where[name]
@@ -79,20 +107,24 @@ class TensorFiles(MutableMapping):
     self._held[name] = value
 
   def __delitem__(self, name: str) -> None:
-    if name in self._held:
+    if name in self._derived:
+      del self._derived[name]
+    elif name in self._held:
       del self._held[name]
     else:
       del self._where[name]
 
   def __iter__(self) -> Iterator[str]:
+    yield from self._derived
     yield from self._held
     yield from (k for k in self._where if k not in self._held)
 
   def __len__(self) -> int:
-    return len(self._held) + sum(1 for k in self._where if k not in self._held)
+    held = len(self._held) + sum(1 for k in self._where if k not in self._held)
+    return len(self._derived) + held
 
   def __contains__(self, name) -> bool:
-    return name in self._held or name in self._where
+    return name in self._derived or name in self._held or name in self._where
 
 
 class LazyArrays(MutableMapping):

@@ -143,7 +143,8 @@ def _norm(c: ModelConfig) -> int:
 def _attention(c: ModelConfig) -> int:
   D, H, G, K, b = c.d_model, c.num_heads, c.kv_heads, c.head_width, int(c.use_bias)
   bqkv = b if c.qkv_bias is None else int(c.qkv_bias)
-  return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D)
+  sinks = H * int(c.attention_sinks)  # one logit per query head (modules/sinks.py)
+  return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D) + sinks
 
 
 @functools.cache

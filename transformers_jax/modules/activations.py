@@ -39,6 +39,13 @@ ACTIVATIONS: dict[str, Activation] = {
     "geglu_tanh": Activation(
         GELU_TANH, "GELU_tanh(x W0) * x W1, gated (Gemma, T5 v1.1's gated-gelu)", gated=True
     ),
+    # gpt-oss's experts: both halves clamped and (up + 1); modules/glu.py builds the callable
+    "swiglu_clamped": Activation(
+        jax.nn.silu,
+        "gpt-oss's SwiGLU: clamped halves, (up + 1) * gate * sigmoid(alpha gate) (model.glu_alpha,"
+        " glu_limit)",
+        gated=True,
+    ),
 }
 
 

@@ -39,6 +39,7 @@ from transformers_jax.modules.placement_base import (
 )
 from transformers_jax.modules.placements.ngpt import sphere_query, unit
 from transformers_jax.modules.positions import apply_rope, position_scheme
+from transformers_jax.modules.sinks import sink_logits
 
 __all__ = ["AUTO_FLASH_MIN_LENGTH", "Attention", "attend", "choose_impl", "max_attention_logit"]
 
@@ -149,6 +150,7 @@ class Attention(nn.Module):
       width = source.shape[-1]
       return normed(*fused_dense(c, source, [key(width), value(width)], lora_x(source)))
 
+    sinks = sink_logits(self, c)  # [H] or None: gpt-oss's per-head logit (modules/sinks.py)
     # the pattern (modules/masks.py) is the mask's; a dense mask or None: the module's `causal`
     pattern = mask if isinstance(mask, AttentionMask) else AttentionMask(causal=self.causal)
     chunk = getattr(layer, "chunk", None)
@@ -158,7 +160,7 @@ class Attention(nn.Module):
       mask = with_window(mask, window, chunk)
     if self.decode and is_cross:  # keys/values of the context, projected once
       cross = cross_cached(self, project, context)
-      out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap)
+      out = attend_cache(on_sphere(q), *cross, mask, softcap=c.attention_softcap, sinks=sinks)
     else:
       k, v = project(context if is_cross else x)
       inv_freq = getattr(layer, "inv_freq", None)
@@ -171,7 +173,7 @@ class Attention(nn.Module):
       q = on_sphere(q)
       cache_args = (mask, bias, window, pattern, chunk, positions)
       if self.decode and self.has_variable("cache", "cached_key"):
-        out = attend_cache(q, *write_cache(self, k, v, *cache_args), c.attention_softcap)
+        out = attend_cache(q, *write_cache(self, k, v, *cache_args), c.attention_softcap, sinks)
       else:
         if self.decode:
           write_cache(self, k, v, *cache_args)  # init: shape the cache
@@ -205,6 +207,7 @@ class Attention(nn.Module):
             *blocks,
             bias=bias,
             softcap=c.attention_softcap,
+            sinks=sinks,
         )
     out = checkpoint_name(out, "context")
     if HEAD_GAIN in self.features:  # NormFormer: a learned gain per head, initialised to 1

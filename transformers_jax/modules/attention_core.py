@@ -12,6 +12,7 @@ from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.flash import flash_attention
 from transformers_jax.modules.masks import AttentionMask, is_causal
 from transformers_jax.modules.scores import dense_mask, whole_bias
+from transformers_jax.modules.sinks import grouped, softmax_with_sink, with_sink_key
 from transformers_jax.modules.splash import splash_attention, target_platform
 
 # `auto` on a CPU (or a GPU computing in float32) takes flash from this many queries or keys on:
@@ -52,9 +53,11 @@ def attend(
     block_kv: int = 512,
     bias=None,
     softcap: float = 0.0,
+    sinks=None,
 ):
   """softmax(q k^T / sqrt(K) + bias + masks) v, softmax in float32; q [B, T, H, K], k v
-  [B, S, G, K]; `bias` a position scheme's ScoreBias (modules/positions.py) or None.
+  [B, S, G, K]; `bias` a position scheme's ScoreBias (modules/positions.py) or None; `sinks`
+  [H] float32 attention sinks (modules/sinks.py: a logit per head in every denominator) or None.
 
   `impl`:
     "einsum" writes the products out heads-major (the readable reference) and, when `causal`,
@@ -72,7 +75,8 @@ def attend(
       cuDNN refuses the shapes or mask); elsewhere flash when T or S >= AUTO_FLASH_MIN_LENGTH,
       else einsum.
   `softcap` (Gemma 2's, 0 = none) caps the scores at +-softcap before the mask; flash and einsum
-  run it (`auto` picks one of them). Attention dropout (`dropout_fn` on the weights) always
+  run it (`auto` picks one of them). Sinks run on every path but cuDNN's (flash, or einsum for a
+  dense mask, instead). Attention dropout (`dropout_fn` on the weights) always
   takes "einsum". What a query may attend is the mask's pattern (modules/masks.py: causal, a
   bidirectional prefix, a window, chunks, segments); `causal` only says it for a dense mask or
   None: key j > query i masked (queries and keys aligned at the start).
@@ -83,15 +87,17 @@ def attend(
     blockwise = isinstance(mask, AttentionMask) or mask is None
     if softcap and impl in ("splash", "cudnn", "fused"):  # their kernels cannot cap the scores
       impl = "flash" if blockwise else "einsum"
+    if sinks is not None and impl == "cudnn":  # (an explicit choice is refused by the config)
+      impl = "flash" if blockwise else "einsum"
     if impl == "splash" and bias is not None:  # (an explicit choice is refused by the config)
       logging.info("attention: splash takes no score bias; running flash for %s", bias.kind)
       impl = "flash"
     if impl == "splash" and blockwise:
       if mask is None or not (mask.has_positions or mask.needs_positions):
-        return splash_attention(q, k, v, mask, causal, block_q, block_kv)
+        return splash_attention(q, k, v, mask, causal, block_q, block_kv, sinks)
       impl = "flash"
     if impl == "flash" and blockwise:
-      return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias, softcap)
+      return flash_attention(q, k, v, mask, causal, block_q, block_kv, bias, softcap, sinks)
     dense_bias = None if bias is None else whole_bias(bias, mask, q, k)
     if impl == "cudnn" and requested == "auto":
       try:
@@ -104,15 +110,18 @@ def attend(
     if impl in ("flash", "splash"):  # a dense mask: only the reference path reads it
       impl = "einsum"
     dense = dense_mask(mask, causal, q.shape[1], k.shape[1])
-    return _attend(q, k, v, *dense, dropout_fn, impl, query_blocks, dense_bias, softcap)
+    return _attend(q, k, v, *dense, dropout_fn, impl, query_blocks, dense_bias, softcap, sinks)
 
 
-def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, cap=0.0):
+def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, cap=0.0, sinks=None):
   """The reference paths; `bias` [B or 1, G, R, T, S] float32 (whole_bias) or None; `cap` the
-  scores' soft-cap (einsum only)."""
+  scores' soft-cap (einsum only); `sinks` [H] or None."""
   if impl in ("fused", "cudnn") and dropout_fn is None:
     if bias is not None:  # the call takes it per query head: [B or 1, H, T, S]
       bias = bias.reshape(bias.shape[0], -1, *bias.shape[3:]).astype(q.dtype)
+    if sinks is not None:  # one more key: zeros, its score the sink (modules/sinks.py)
+      k, v, mask, bias = with_sink_key(k, v, mask, causal, bias, sinks, q.shape[1])
+      causal = False
     return jax.nn.dot_product_attention(
         q,
         k,
@@ -135,6 +144,7 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, ca
   blocks = max(1, min(query_blocks, T // 64)) if causal else 1
   edges = [T * i // blocks for i in range(blocks + 1)]
   scale = 1.0 / float(K) ** 0.5  # on the float32 scores
+  sink = None if sinks is None else grouped(sinks, G)[None, :, :, None, None]
   outs = []
   for start, end in zip(edges[:-1], edges[1:]):
     keys = min(end, S) if causal else S  # keys after the block's last query are all masked
@@ -159,7 +169,7 @@ def _attend(q, k, v, mask, causal, dropout_fn, impl, query_blocks, bias=None, ca
       m = mm if m is None else m & mm
     if m is not None:
       s = jnp.where(m, s, jnp.finfo(jnp.float32).min)
-    w = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    w = softmax_with_sink(s, sink).astype(v.dtype)
     if dropout_fn is not None:
       w = dropout_fn(w)
     outs.append(jnp.einsum("bgrts,bgsk->bgrtk", w, vh[:, :, :keys]))

@@ -8,17 +8,29 @@ import jax.numpy as jnp
 
 from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.positions import index_positions
+from transformers_jax.modules.sinks import grouped, softmax_with_sink
 
 
 def attend_cache(
-    q, k, v, mask, k_new=None, v_new=None, new_mask=None, bias=None, new_bias=None, softcap=0.0
+    q,
+    k,
+    v,
+    mask,
+    k_new=None,
+    v_new=None,
+    new_mask=None,
+    bias=None,
+    new_bias=None,
+    softcap=0.0,
+    sinks=None,
 ):
   """Attention of q [B, T, H, K] over keys/values kept as a cache, k and v [B, G, L, K] (kv heads
   before slots, so both products are batched matmuls over the cache as it lies), plus
   optionally this call's own T keys/values k_new, v_new [B, G, T, K]: one softmax over the L + T
   keys. Reading the cache as it was before this call lets the caller update it in place.
   mask [B, 1, T, L] and new_mask [B, 1, T, T]: boolean (True = may attend) or None; bias
-  [B or 1, G, H/G, T, L] and new_bias [.., T, T]: float32 score biases or None."""
+  [B or 1, G, H/G, T, L] and new_bias [.., T, T]: float32 score biases or None; `sinks` [H]
+  attention sinks (modules/sinks.py) in the softmax's denominator, or None."""
   B, T, H, K = q.shape
   G = k.shape[1]
   R = H // G  # query heads per kv head; query head h uses kv head h // R
@@ -39,7 +51,8 @@ def attend_cache(
   logits = scores(k, mask, bias)
   if k_new is not None:
     logits = jnp.concatenate([logits, scores(k_new, new_mask, new_bias)], axis=-1)
-  weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  sink = None if sinks is None else jnp.repeat(grouped(sinks, G), T, axis=1)[None, :, :, None]
+  weights = softmax_with_sink(logits, sink).astype(v.dtype)
   L = k.shape[2]
   out = jnp.einsum("bgql,bglk->bgqk", weights[..., :L], v)
   if k_new is not None:

@@ -108,8 +108,9 @@ def attend_over_context(
     ring: tuple[int, int] | None = None,
     bias=None,
     softcap: float = 0.0,
+    sinks=None,
 ):
-  """fn(q, *kvs, mask, causal, bias) with the tokens split over `context`: q [B, T, H, K] stays
+  """fn(q, *kvs, mask, causal, bias, sinks) with the tokens split over `context`: q [B, T, H, K] stays
   split, the key-side arrays `kvs` ([B, S, ...]: keys, values) and the mask's key fields are
   all-gathered over `context` (their gradients reduce-scattered back).
 
@@ -121,7 +122,7 @@ def attend_over_context(
   (modules/ring.py, blockwise: fn is not used).
   A score `bias` (modules/positions.ScoreBias) is evaluated at the true positions, which the
   mask then carries whether or not the attention is causal; its weights split over heads as
-  q does."""
+  q does, and so do the attention `sinks` [H] (modules/sinks.py) where there are any."""
   if mask is not None and not isinstance(mask, AttentionMask):
     raise ValueError(
         "attention over mesh.context takes per-token masks (modules/masks.AttentionMask), not a "
@@ -148,13 +149,13 @@ def attend_over_context(
   token_spec = P(q_spec[0], CONTEXT_AXIS)
   shards = context_size()
 
-  def local(q, kvs, mask, bias):
+  def local(q, kvs, mask, bias, sinks):
     # Tie the mask to this layer's queries: otherwise a scan over layers, seeing the positions
     # the same in every layer, hoists the mask of every block pair out of the loop (jax's
     # loop-invariant residuals), one [T/N x S] mask per head, which is more than the scores.
     q, mask = jax.lax.optimization_barrier((q, mask))
     if ring and not reduce_max:
-      return ring_attention(q, *kvs, mask, causal, CONTEXT_AXIS, shards, bias, softcap, ring)
+      return ring_attention(q, *kvs, mask, causal, CONTEXT_AXIS, shards, bias, softcap, ring, sinks)
     gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)  # noqa: E731
     kvs = tuple(gather(x) for x in kvs)
     mask = mask.replace(
@@ -164,7 +165,7 @@ def attend_over_context(
     )
     if not jax.tree_util.tree_leaves(mask):
       mask = None
-    out = fn(q, *kvs, mask, causal, bias)
+    out = fn(q, *kvs, mask, causal, bias, sinks)
     if reduce_max:
       return jax.lax.pmax(out, tuple(jax.sharding.get_abstract_mesh().axis_names))
     return out
@@ -179,10 +180,11 @@ def attend_over_context(
               lambda x: token_spec if x.ndim == 2 else P(*token_spec[: x.ndim]), mask
           ),
           jax.tree_util.tree_map(lambda w: P(*(None,) * (w.ndim - 1), q_spec[2]), bias),
+          jax.tree_util.tree_map(lambda _: P(q_spec[2]), sinks),
       ),
       out_specs=P() if reduce_max else q_spec,
       check_vma=False,  # flash's loops and conds carry no per-axis variance annotations
-  )(q, tuple(kvs), mask, bias)
+  )(q, tuple(kvs), mask, bias, sinks)
 
 
 def _spec(names, shape) -> P:
@@ -212,7 +214,9 @@ def split_attention(
   flash `blocks` of (queries, keys). The largest attention logit that evaluation sows is taken
   over gathered keys with either strategy: a held-out batch's pass holds every key per layer."""
 
-  def attend(q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None, softcap=0.0):
+  def attend(
+      q, k, v, mask, causal, dropout_fn=None, impl="auto", *args, bias=None, softcap=0.0, sinks=None
+  ):
     if dropout_fn is not None:
       raise ValueError(
           "attention dropout is not applied over mesh.context: set model.attention_dropout=0"
@@ -220,16 +224,16 @@ def split_attention(
     if impl == "splash" or (impl == "auto" and target_platform() == "tpu"):
       impl = "flash"
 
-    def core(q, k, v, m, cz, b):
-      return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b, softcap=softcap)
+    def core(q, k, v, m, cz, b, s):
+      return attend_fn(q, k, v, m, cz, None, impl, *args, bias=b, softcap=softcap, sinks=s)
 
     ring = tuple(blocks) if strategy == "ring" else None
     return attend_over_context(
-        core, q, (k, v), mask, positions, causal, ring=ring, bias=bias, softcap=softcap
+        core, q, (k, v), mask, positions, causal, ring=ring, bias=bias, softcap=softcap, sinks=sinks
     )
 
   def logit_max(q, k, mask, causal, *args, bias=None, cap=0.0):
-    def core(q, k, m, cz, b):
+    def core(q, k, m, cz, b, _):
       return logit_max_fn(q, k, m, cz, *args, bias=b, cap=cap)
 
     return attend_over_context(core, q, (k,), mask, positions, causal, reduce_max=True, bias=bias)

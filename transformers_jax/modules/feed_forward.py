@@ -11,7 +11,6 @@ from jax.ad_checkpoint import checkpoint_name
 
 from transformers_jax.modules.common import (
     DenseWeights,
-    activation,
     adapter_dropout,
     dense,
     dtype_of,
@@ -20,6 +19,7 @@ from transformers_jax.modules.common import (
     kernel_init,
     zeros,
 )
+from transformers_jax.modules import glu
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import FFN_MID_NORM, FFN_SCALES
 from transformers_jax.modules.placements.ngpt import FFN_SCALE, scaled_gain
@@ -42,7 +42,7 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x):
     c = self.cfg
-    act = activation(c.activation)
+    act = glu.ffn_activation(c)
     rules = dict(self.init_rules)
     lora_x = adapter_dropout(c, self.deterministic)
     bias = c.has_ffn_bias  # model.ffn_bias, or use_bias
@@ -62,7 +62,7 @@ class FeedForward(nn.Module):
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
       gate = scaled(checkpoint_name(h0, "mlpwi_0"), "gate_gain", c.d_model**0.5)
-      h = act(gate) * scaled(checkpoint_name(h1, "mlpwi_1"), "up_gain", 1.0)
+      h = glu.combine(act, gate, scaled(checkpoint_name(h1, "mlpwi_1"), "up_gain", 1.0))
     else:
       wi = DenseWeights(
           c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), bias, name="wi"
@@ -109,7 +109,8 @@ class Experts(Dense):
     dense = super().params(c, layer)  # one expert's, or the whole FFN of a dense block
     if not c.is_moe_layer(layer):
       return dense
-    return c.d_model * c.num_experts + (c.top_k if active else c.num_experts) * dense
+    router = (c.d_model + int(c.router_bias)) * c.num_experts  # its logits' bias: gpt-oss
+    return router + (c.top_k if active else c.num_experts) * dense
 
   def config_problem(self, c):
     if c.num_experts < 1:
@@ -135,17 +136,29 @@ def config_problem(c) -> tuple[str, str, str] | None:
   return FEED_FORWARDS[c.feed_forward].config_problem(c)
 
 
-def route(router_probs, top_k: int, capacity: int):
+def router_problem(c) -> tuple[str, str, str] | None:
+  """(field, value, fix) of a router setting on a model without a router, or None."""
+  if c.feed_forward == "moe":
+    return None
+  for field, default in (("router_bias", False), ("router_norm_topk", True)):
+    if getattr(c, field) != default:
+      fix = f"only a mixture of experts has a router: set feed_forward=moe or {default}"
+      return field, str(getattr(c, field)), fix
+  return None
+
+
+def route(router_probs, top_k: int, capacity: int, normalize: bool = True):
   """Top-k routing with a per-expert capacity (GShard/Switch style), per sequence.
 
   router_probs [B, T, E] -> (combine [B, T, E, C] weights, dispatch [B, T, E, C] 0/1).
   Slots are filled first by every token's first choice, then second choices, and so on, in
   token order; a choice that finds its expert full is dropped (the residual carries the token).
-  The k chosen weights are renormalised to sum to one.
+  The k chosen weights are renormalised to sum to one (`normalize`; else the probabilities).
   """
   B, T, E = router_probs.shape
   top_p, top_i = jax.lax.top_k(router_probs, top_k)  # [B, T, k]
-  top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+  if normalize:
+    top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
   choice = jax.nn.one_hot(top_i, E, dtype=jnp.int32)  # [B, T, k, E]
   ranked = choice.transpose(0, 2, 1, 3).reshape(B, top_k * T, E)  # choice-rank major
   slot = (jnp.cumsum(ranked, axis=1) - 1).reshape(B, top_k, T, E).transpose(0, 2, 1, 3)
@@ -180,7 +193,8 @@ class MoE(nn.Module):
     c = self.cfg
     B, T, D = x.shape
     E, F = c.num_experts, c.ff_width
-    logits = dense(c, E, -1, ("embed", "experts"), ("experts",), "router", use_bias=False)(x)
+    router = dense(c, E, -1, ("embed", "experts"), ("experts",), "router", use_bias=c.router_bias)
+    logits = router(x)
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
@@ -208,25 +222,24 @@ class MoE(nn.Module):
 
     if c.moe_impl == "ragged":
       top_p, top_i = jax.lax.top_k(probs, c.top_k)
-      top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+      if c.router_norm_topk:
+        top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
       choice = jax.nn.one_hot(top_i, E, dtype=jnp.float32)
       flat = {k: (v[:, 0] if k.startswith("b") else v) for k, v in weights.items()}
       out, kept = ragged_moe(
-          c, x.astype(dt), top_p, top_i, flat, activation(c.activation), target_platform(), dt
+          c, x.astype(dt), top_p, top_i, flat, glu.ffn_activation(c), target_platform(), dt
       )
       kept_fraction = jnp.sum(kept) / (B * T * c.top_k)
     else:
       # an expert meets each token of a sequence at most once, so T slots hold every choice
       # (a larger capacity_factor, 1e9 for "never drop", means T: not an int32 overflow)
       capacity = min(T, max(1, math.ceil(c.capacity_factor * T * c.top_k / E)))
-      combine, dispatch, choice = route(probs, c.top_k, capacity)
+      weigh, dispatch, choice = route(probs, c.top_k, capacity, c.router_norm_topk)
       weights = {k: v.astype(dt) for k, v in weights.items()}
       mid_norm = None
       if FFN_MID_NORM in self.features:
         mid_norm = Norm(c, axis="mlp", name="mid_norm")
-      out = dense_experts(
-          c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights, mid_norm
-      )
+      out = dense_experts(c, x.astype(dt), weigh.astype(dt), dispatch.astype(dt), weights, mid_norm)
       kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
     self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
@@ -242,13 +255,13 @@ def dense_experts(c, x, combine, dispatch, weights, mid_norm=None):
   """The experts on capacity slots: x [B, T, D] dispatched to [B, E, C, D], each expert's FFN
   (with `mid_norm` on its hidden activations, when given), combined back to [B, T, D] with the
   routing weights."""
-  act = activation(c.activation)
+  act = glu.ffn_activation(c)
   zero = 0.0
   xe = checkpoint_name(jnp.einsum("btd,btec->becd", x, dispatch), "moe_dispatch")  # [B, E, C, D]
   h = jnp.einsum("becd,edf->becf", xe, weights["wi"]) + weights.get("bi", zero)
   if c.gated:
     h1 = jnp.einsum("becd,edf->becf", xe, weights["wi_1"]) + weights.get("bi_1", zero)
-    h = act(checkpoint_name(h, "mlpwi_0")) * checkpoint_name(h1, "mlpwi_1")
+    h = glu.combine(act, checkpoint_name(h, "mlpwi_0"), checkpoint_name(h1, "mlpwi_1"))
   else:
     h = act(checkpoint_name(h, "mlpwi"))
   if mid_norm is not None:

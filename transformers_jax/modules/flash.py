@@ -36,6 +36,7 @@ from jax import lax
 from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.masks import AttentionMask, is_causal
 from transformers_jax.modules.positions import index_positions
+from transformers_jax.modules.sinks import grouped, initial_state, sink_grad
 
 # The score of a masked pair: exp() of it minus any real maximum is exactly 0 in float32, and it
 # stays finite, so a row with no key to attend averages its (masked) keys instead of making NaN.
@@ -196,9 +197,10 @@ def _skippable(st: BlockShape, fields, i0, j0, compute, carry):
   return compute(carry)
 
 
-def blockwise_forward(st: BlockShape, qh, kh, vh, fields, bias, out_dtype=None):
+def blockwise_forward(st: BlockShape, qh, kh, vh, fields, bias, out_dtype=None, sinks=None):
   """(out [B, G, R, Tp, K] in `out_dtype` (default q's), lse [B, G, R, Tp] float32) of the
-  queries qh [B, G, R, Tp, K] over the keys and values kh, vh [B, G, Sp, K]."""
+  queries qh [B, G, R, Tp, K] over the keys and values kh, vh [B, G, Sp, K]; `sinks` [G, R]
+  (modules/sinks.py) start each query's running maximum and sum, or None."""
   B, G, R, Tp, K = qh.shape
   Sp = kh.shape[2]
   bq, bk = st.block_q, st.block_kv
@@ -228,11 +230,7 @@ def blockwise_forward(st: BlockShape, qh, kh, vh, fields, bias, out_dtype=None):
 
       return _skippable(st, fields, i0, j0, compute, state)
 
-    init = (
-        jnp.full((B, G, R, bq), MASKED, jnp.float32),
-        jnp.zeros((B, G, R, bq), jnp.float32),
-        jnp.zeros((B, G, R, bq, K), jnp.float32),
-    )
+    init = (*initial_state(sinks, (B, G, R, bq)), jnp.zeros((B, G, R, bq, K), jnp.float32))
     m, total, acc = lax.fori_loop(0, _kv_range(st, i0, nk, fields[6]), key_block, init)
     total = jnp.maximum(total, jnp.finfo(jnp.float32).tiny)  # all blocks skipped: 0, not NaN
     ob = (acc / total[..., None]).astype(out.dtype)
@@ -312,19 +310,20 @@ def blockwise_backward(st: BlockShape, qh, kh, vh, fields, bias, out, lse, dout,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(st: BlockShape, qh, kh, vh, fields, bias):
-  return blockwise_forward(st, qh, kh, vh, fields, bias)[0]
+def _flash(st: BlockShape, qh, kh, vh, fields, bias, sinks):
+  return blockwise_forward(st, qh, kh, vh, fields, bias, sinks=sinks)[0]
 
 
-def _flash_fwd(st, qh, kh, vh, fields, bias):
-  out, lse = blockwise_forward(st, qh, kh, vh, fields, bias)
-  return out, (qh, kh, vh, fields, bias, out, lse)
+def _flash_fwd(st, qh, kh, vh, fields, bias, sinks):
+  out, lse = blockwise_forward(st, qh, kh, vh, fields, bias, sinks=sinks)
+  return out, (qh, kh, vh, fields, bias, sinks, out, lse)
 
 
 def _flash_bwd(st, residuals, dout):
-  qh, kh, vh, fields, bias, out, lse = residuals
+  qh, kh, vh, fields, bias, sinks, out, lse = residuals
   dq, dk, dv, dbias = blockwise_backward(st, qh, kh, vh, fields, bias, out, lse, dout)
-  return dq, dk, dv, jax.tree_util.tree_map(lambda _: None, fields), dbias
+  dsinks = sink_grad(sinks, out, lse, dout)
+  return dq, dk, dv, jax.tree_util.tree_map(lambda _: None, fields), dbias, dsinks
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -349,17 +348,18 @@ def prepare(q, k, v, mask, causal: bool, block_q: int, block_kv: int, softcap: f
 
 
 def flash_attention(
-    q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512, bias=None, softcap=0.0
+    q, k, v, mask=None, causal=False, block_q=512, block_kv=512, bias=None, softcap=0.0, sinks=None
 ):
   """softmax(q k^T / sqrt(K) + bias + mask) v blockwise; q [B, T, H, K], k v [B, S, G, K] ->
   [B, T, H, K].
 
   `mask`: an AttentionMask (whose pattern decides: causal, prefix, window, chunks) or None;
   `causal`, for a mask of None: key j > query i masked; `bias`: a ScoreBias (modules/positions.py) or
-  None; `softcap`: Gemma 2's soft-capping of the scores (0: none)."""
+  None; `softcap`: Gemma 2's soft-capping of the scores (0: none); `sinks`: [H] attention sinks
+  (modules/sinks.py) or None."""
   B, T, H, K = q.shape
   st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, block_q, block_kv, softcap)
-  out = _flash(st, qh, kh, vh, fields, bias)[:, :, :, :T]
+  out = _flash(st, qh, kh, vh, fields, bias, grouped(sinks, k.shape[2]))[:, :, :, :T]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 

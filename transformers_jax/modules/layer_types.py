@@ -156,6 +156,10 @@ def config_problem(c) -> tuple[str, str, str] | None:
   period = pattern(c)
   kinds = {t.attention for t in period}
   ropes = {t.rope for t in period}
+  own_ropes = {r for r in ropes if r != "global" and (r != "local" or c.rope_local_theta)}
+  if c.rope_scaling.startswith("yarn:") and own_ropes:
+    fix = "YaRN scales one RoPE for every block: drop the NoPE/local-RoPE entries or rope_scaling"
+    return "rope_scaling", repr(c.rope_scaling), fix
   if c.layer_types and c.sliding_window and "sliding" not in kinds:
     fix = "no entry of layer_types slides: add sliding ones, or set sliding_window=0"
     return "sliding_window", str(c.sliding_window), fix

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from transformers_jax.modules.moe_weights import gather_experts, streamed_expert_ffn
+from transformers_jax.modules.moe_weights import combine, gather_experts, streamed_expert_ffn
 
 # Largest block of rows the CPU grouped matmul pads each expert's group to.
 MAX_BLOCK_ROWS = 128
@@ -112,7 +112,7 @@ def grouped_ffn_blocked(xs, group_sizes, weights, act, gated: bool, block: int |
     return out if bias is None else out + bias[block_group][:, None]
 
   h = mm(xp, "wi")
-  h = act(h) * mm(xp, "wi_1") if gated else act(h)
+  h = combine(act, h, mm(xp, "wi_1")) if gated else act(h)
   out = mm(h, "wo").reshape(blocks * b, -1)
   row_group = _group_of_rows(group_sizes, m)
   valid = row_group < e
@@ -172,7 +172,7 @@ def grouped_ffn_ragged_dot(
     return out if bias is None else out + bias[row_group]
 
   h = mm(xs, "wi")
-  h = act(h) * mm(xs, "wi_1") if gated else act(h)
+  h = combine(act, h, mm(xs, "wi_1")) if gated else act(h)
   out = mm(h, "wo")
   return jnp.where((jnp.arange(m) < total)[:, None], out, 0)
 

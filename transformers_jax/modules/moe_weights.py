@@ -18,6 +18,8 @@ import importlib
 import jax
 import jax.numpy as jnp
 
+from transformers_jax.modules.glu import combine  # (a gated act's own combination, gpt-oss's)
+
 # The axis of d_model in each [E, ...] expert matrix: the one FSDP splits.
 EMBED_AXIS = {"wi": 1, "wi_1": 1, "wo": 2}
 STREAM_SCOPE = "moe_expert_stream"
@@ -81,7 +83,7 @@ def streamed_expert_ffn(
     return y if bias is None else y + jnp.where(mine, bias[e], 0)
 
   def hidden(h, h1):
-    return act(h) * h1 if gated else act(h)
+    return combine(act, h, h1) if gated else act(h)
 
   def forward(xs, mats, biases, sizes, row_expert):
     def step(carry, e):

@@ -37,6 +37,7 @@ from transformers_jax.modules.flash import blockwise_backward
 from transformers_jax.modules.flash import blockwise_forward
 from transformers_jax.modules.flash import prepare
 from transformers_jax.modules.masks import is_causal
+from transformers_jax.modules.sinks import grouped, sink_grad
 
 KEY_FIELDS = (1, 2, 4)  # of flash's mask fields: key segments, key validity, key positions
 # A log-sum-exp this low means the block had no key the query may attend (flash's MASKED scores)
@@ -44,13 +45,24 @@ EMPTY = MASKED / 2
 
 
 def ring_attention(
-    q, k, v, mask, causal: bool, axis: str, shards: int, bias=None, softcap=0.0, blocks=(512, 512)
+    q,
+    k,
+    v,
+    mask,
+    causal: bool,
+    axis: str,
+    shards: int,
+    bias=None,
+    softcap=0.0,
+    blocks=(512, 512),
+    sinks=None,
 ):
   """softmax(q k^T / sqrt(K) + bias + mask) v over the keys of the `shards` devices on the mesh
   axis `axis` (manual here), in `blocks` of (queries, keys): q [B, T, H, K] this device's
   queries, k, v [B, T, G, K] its block of keys and values, `mask` an AttentionMask of this
   device's tokens (its key fields travel with the block), `bias` a ScoreBias
-  (modules/positions.py) or None. Returns [B, T, H, K] in q's dtype."""
+  (modules/positions.py) or None, `sinks` [H] attention sinks (modules/sinks.py: they enter the
+  merged log-sum-exp once, before the first block) or None. Returns [B, T, H, K] in q's dtype."""
   causal = is_causal(mask, causal)
   if (causal or getattr(mask, "needs_positions", False)) and not mask.has_positions:
     raise ValueError(
@@ -60,7 +72,7 @@ def ring_attention(
   B, T, H, K = q.shape
   st, fields, qh, kh, vh = prepare(q, k, v, mask, causal, *blocks, softcap)
   ring = (axis, shards)
-  out = _ring(st, ring, qh, kh, vh, fields, bias)[:, :, :, :T]
+  out = _ring(st, ring, qh, kh, vh, fields, bias, grouped(sinks, k.shape[2]))[:, :, :, :T]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
@@ -79,9 +91,9 @@ def _with_keys(fields, key_fields):
   return tuple(fields)
 
 
-def _forward(st: BlockShape, ring, qh, kh, vh, fields, bias):
+def _forward(st: BlockShape, ring, qh, kh, vh, fields, bias, sinks=None):
   """(out [B, G, R, Tp, K] float32, lse [B, G, R, Tp]) over every block of the ring (its axis
-  name, its size)."""
+  name, its size), starting from the sinks' logits [G, R] where there are sinks."""
 
   def step(carry, index):
     kh, vh, key_fields, out, lse = carry
@@ -104,23 +116,26 @@ def _forward(st: BlockShape, ring, qh, kh, vh, fields, bias):
   key_fields = tuple(fields[i] for i in KEY_FIELDS)
   out = jnp.zeros(qh.shape, jnp.float32)
   lse = jnp.full(qh.shape[:-1], -jnp.inf, jnp.float32)
+  if sinks is not None:  # a logit with value zero: the output stays 0, the log-sum-exp is it
+    lse = jnp.broadcast_to(sinks[None, :, :, None], lse.shape)
   steps = jnp.arange(ring[1], dtype=jnp.float32)
   carry, _ = jax.lax.scan(step, (kh, vh, key_fields, out, lse), steps)
   return carry[3], carry[4]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _ring(st: BlockShape, ring, qh, kh, vh, fields, bias):
-  return _forward(st, ring, qh, kh, vh, fields, bias)[0].astype(qh.dtype)
+def _ring(st: BlockShape, ring, qh, kh, vh, fields, bias, sinks):
+  return _forward(st, ring, qh, kh, vh, fields, bias, sinks)[0].astype(qh.dtype)
 
 
-def _ring_fwd(st, ring, qh, kh, vh, fields, bias):
-  out, lse = _forward(st, ring, qh, kh, vh, fields, bias)  # out kept in float32 for the backward
-  return out.astype(qh.dtype), (qh, kh, vh, fields, bias, out, lse)
+def _ring_fwd(st, ring, qh, kh, vh, fields, bias, sinks):
+  # out kept in float32 for the backward
+  out, lse = _forward(st, ring, qh, kh, vh, fields, bias, sinks)
+  return out.astype(qh.dtype), (qh, kh, vh, fields, bias, sinks, out, lse)
 
 
 def _ring_bwd(st, ring, residuals, dout):
-  qh, kh, vh, fields, bias, out, lse = residuals
+  qh, kh, vh, fields, bias, sinks, out, lse = residuals
   learned = bias is not None
 
   def step(carry, _):
@@ -141,7 +156,8 @@ def _ring_bwd(st, ring, residuals, dout):
   _, _, _, dk, dv, dq, dw = carry
   dbias = bias.replace(weights=dw.astype(bias.weights.dtype)) if learned else None
   no_grad = jax.tree_util.tree_map(lambda _: None, fields)
-  return dq.astype(qh.dtype), dk.astype(kh.dtype), dv.astype(vh.dtype), no_grad, dbias
+  dsinks = sink_grad(sinks, out, lse, dout)
+  return dq.astype(qh.dtype), dk.astype(kh.dtype), dv.astype(vh.dtype), no_grad, dbias, dsinks
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

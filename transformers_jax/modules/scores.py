@@ -21,6 +21,9 @@ def config_problem(c) -> tuple[str, str, str] | None:
   if c.attention_softcap and c.attention_impl in ("splash", "fused", "cudnn"):
     fix = "its kernel has no soft-capping: use flash or einsum, or auto (which picks one)"
     return "attention_impl", repr(c.attention_impl), fix
+  if c.attention_sinks and c.attention_impl == "cudnn":
+    fix = "cuDNN's kernel has no attention sinks: use fused, flash or einsum, or auto"
+    return "attention_impl", repr(c.attention_impl), fix
   return None
 
 

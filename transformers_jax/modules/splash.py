@@ -103,11 +103,14 @@ def _kernel(heads: int, kv_heads: int, Tp: int, Sp: int, causal: bool, bq: int, 
   return make(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
-def splash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512):
+def splash_attention(
+    q, k, v, mask=None, causal: bool = False, block_q=512, block_kv=512, sinks=None
+):
   """softmax(q k^T / sqrt(K) + mask) v by the splash kernel; q [B, T, H, K], k v [B, S, G, K].
 
   `mask`: an AttentionMask without positions (its pattern causal or not), or None; `causal`,
-  for a mask of None: key j > query i masked. A prefix, window or chunks go to flash."""
+  for a mask of None: key j > query i masked. A prefix, window or chunks go to flash. `sinks`:
+  [H] attention sinks (modules/sinks.py), which the kernel starts each row's softmax from."""
   if isinstance(mask, AttentionMask) and (mask.has_positions or mask.needs_positions):
     raise ValueError(
         "splash attention masks by index only: send masks with positions, a window, a prefix or "
@@ -127,19 +130,23 @@ def splash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, bloc
   )
   kh, vh = (jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Sp - S), (0, 0))) for x in (k, v))
 
-  def local(qh, kh, vh, ids=None):
+  def local(qh, kh, vh, ids, sinks):
     """On one device's [b, h, Tp, K] queries and [b, g, Sp, K] keys/values (and [b, Tp] /
-    [b, Sp] segment ids)."""
+    [b, Sp] segment ids, [h] sinks, or None)."""
     heads, kv_heads = qh.shape[1], kh.shape[1]
     kernel = _kernel(heads, kv_heads, Tp, Sp, causal, bq, bk, interpret)
     if kv_heads == 1:
       kh, vh = kh[:, 0], vh[:, 0]
+    extra = {} if sinks is None else {"sinks": sinks}
     if ids is None:
-      return jax.vmap(kernel)(qh, kh, vh)
+      return jax.vmap(lambda q, k, v: kernel(q, k, v, **extra))(qh, kh, vh)
     segments = _splash_module().SegmentIds(q=ids[0], kv=ids[1])
-    return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(qh, kh, vh, segments)
+    return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s, **extra))(
+        qh, kh, vh, segments
+    )
 
-  args = (qh, kh, vh) if ids is None else (qh, kh, vh, ids)
+  sinks = None if sinks is None else sinks.astype(jnp.float32)
+  args = (qh, kh, vh, ids, sinks)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     out = local(*args)
@@ -154,6 +161,7 @@ def splash_attention(q, k, v, mask=None, causal: bool = False, block_q=512, bloc
     b, h = batch or None, heads or None
     q_spec = P(b, h, None, None)
     kv_spec = P(b, h if G > 1 else None, None, None)
-    specs = (q_spec, kv_spec, kv_spec, (P(b, None), P(b, None)))[: len(args)]
+    specs = (q_spec, kv_spec, kv_spec, (P(b, None), P(b, None)), P(h))
+    specs = tuple(None if a is None else spec for a, spec in zip(args, specs))
     out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=q_spec, check_vma=False)(*args)
   return out[:, :, :T].transpose(0, 2, 1, 3)

@@ -7,12 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.modules.positions.base import PositionScheme
+from transformers_jax.modules.yarn import FORMAT as YARN_FORMAT
+from transformers_jax.modules.yarn import parse_yarn, yarn_frequencies
 
 
 def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
   """model.rope_scaling "llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH" -> the four numbers (None for
-  "" and for "linear:FACTOR"); ValueError for anything else."""
-  if not text or linear_rope_factor(text):
+  "", for "linear:FACTOR" and for a valid "yarn:..." setting, modules/yarn.py); ValueError for
+  anything else."""
+  if not text or linear_rope_factor(text) or parse_yarn(text):
     return None
   kind, _, numbers = text.partition(":")
   parts = numbers.split(",")
@@ -41,8 +44,11 @@ def rope_frequencies(head_dim: int, theta: float, scaling: str = "") -> np.ndarr
   """theta^(-2i/head_dim), i < head_dim/2, with Llama 3.1's scaling ("llama3:8,1,4,8192"):
   wavelengths shorter than ORIGINAL/HIGH are kept, those longer than ORIGINAL/LOW are divided
   by FACTOR (slowed down), and those between are blended linearly in ORIGINAL / wavelength;
-  or with linear scaling ("linear:8"), every frequency divided by FACTOR."""
+  or with linear scaling ("linear:8"), every frequency divided by FACTOR; or YaRN's ramp
+  between kept and stretched frequencies (modules/yarn.py)."""
   inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  if parse_yarn(scaling):
+    return yarn_frequencies(head_dim, theta, parse_yarn(scaling)).astype(np.float32)
   if linear_rope_factor(scaling):
     return (inv_freq / linear_rope_factor(scaling)).astype(np.float32)
   parsed = parse_rope_scaling(scaling)
@@ -74,6 +80,8 @@ def apply_rope(x, positions, theta: float = 10000.0, scaling: str = "", inv_freq
   xf = x.astype(jnp.float32)
   x1, x2 = jnp.split(xf, 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  if parse_yarn(scaling):  # YaRN's attention factor, on queries and keys alike
+    out = out * parse_yarn(scaling).scale
   return out.astype(x.dtype)
 
 
@@ -95,7 +103,8 @@ class Rotary(PositionScheme):
     except ValueError:
       fix = (
           "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192), "
-          "linear:FACTOR (Gemma 3: linear:8) or ''"
+          f"linear:FACTOR (Gemma 3: linear:8), {YARN_FORMAT} (gpt-oss: yarn:32,32,1,4096,0) "
+          "or ''"
       )
       return "rope_scaling", repr(c.rope_scaling), fix
     return super().config_problem(c)
