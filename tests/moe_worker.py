@@ -4,7 +4,9 @@
 
 Trains experiments/mixtral.py:tiny (ragged, dropless; one layer) on the same batches under each mesh of the
 spec (a mesh of {"data": 1} runs on one device), and reports each run's losses and the
-collectives of its compiled step. Prints one JSON object.
+collectives of its compiled step. Prints one JSON object. The spec may name another preset
+("experiment": "deepseek.py:tiny", with "num_layers"), whose own objective then trains; a
+model with DeepSeek-V3's routers' bias also reports the bias after the last step.
 """
 
 import json
@@ -49,7 +51,13 @@ def run(config, model_cfg, task, batches, axes):
   for batch in batches:
     state, metrics = compiled(state, parallel.put_batch(batch, mesh))
     losses.append(float(metrics["loss"]))
+  biases = [
+      leaf.ravel().tolist()
+      for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]
+      if "e_score_correction_bias" in jax.tree_util.keystr(path)
+  ]
   return {
+      "bias": biases,
       "losses": losses,
       "collectives": sorted(set(re.findall(r"\b(all-to-all|all-gather|reduce-scatter)\(", text))),
       "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("moe_")},
@@ -58,14 +66,16 @@ def run(config, model_cfg, task, batches, axes):
 
 def main():
   spec = json.loads(sys.argv[1])
-  config = load_config_module(str(ROOT / "experiments" / "mixtral.py")).get_config("tiny")
+  file, _, preset = spec.get("experiment", "mixtral.py:tiny").partition(":")
+  config = load_config_module(str(ROOT / "experiments" / file)).get_config(preset)
   config.unlock()
-  config.batch_size, config.seq_len, config.model.num_layers = 8, 32, 1
+  config.batch_size, config.seq_len = 8, 32
+  config.model.num_layers = spec.get("num_layers", 1)
   config.moe_router_z_weight = 1e-3
   for key, value in spec.get("model", {}).items():
     config.model[key] = value
   model_cfg = ModelConfig.from_dict(config.model)
-  task = task_for(model_cfg)
+  task = task_for(model_cfg, config)
   with tempfile.TemporaryDirectory() as tmp:
     data = task_data(task, config, model_cfg, tmp)
     batches = [data.train_batch(s) for s in range(spec["steps"])]

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import numbers
 
-from transformers_jax.modules import feed_forward, inits, lora, remat, scores
+from transformers_jax.modules import feed_forward, inits, lora, mla, moe_routing, remat, scores
 from transformers_jax.modules.common import ACTIVATIONS
 from transformers_jax.modules.placement_base import config_problem
 from transformers_jax.modules.placements import PLACEMENTS
@@ -43,6 +43,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       "activation": tuple(ACTIVATIONS),
       "feed_forward": FEED_FORWARDS,
       "moe_impl": MOE_IMPLS,
+      "moe_score": moe_routing.SCORES,
       "attention_impl": ATTENTION_IMPLS,
       "context_strategy": ("all_gather", "ring"),
       "remat": tuple(REMAT_POLICIES),
@@ -118,7 +119,9 @@ def validate(c) -> None:
     value = getattr(c, field)
     if value is not None and value < 1:
       _fail(field, str(value), "must be a positive integer or None (derived)")
-  if c.head_dim is None and c.d_model % c.num_heads:
+  # (latent attention has widths of its own: only cross-attention reads head_dim beside it)
+  uses_head_dim = not c.mla or c.family == "encoder_decoder"
+  if c.head_dim is None and c.d_model % c.num_heads and uses_head_dim:
     _fail(
         "num_heads",
         str(c.num_heads),
@@ -171,10 +174,13 @@ def validate(c) -> None:
       position_scheme(c).config_problem,
       feed_forward.config_problem,
       scores.config_problem,
+      mla.config_problem,
   )
   for problem in (check(c) for check in checks):
     if problem:
       _fail(*problem)
+  if c.mtp_depth < 0 or (c.mtp_depth and c.family != "decoder"):
+    _fail("mtp_depth", str(c.mtp_depth), "multi-token prediction: >= 0, on a decoder only")
   if c.stack_embeddings and not (c.family == "encoder_decoder" and c.share_embeddings):
     _fail("stack_embeddings", "True", "only an encoder_decoder with share_embeddings=True")
   if c.scan_layers and c.feed_forward == "moe" and c.moe_every != 1:

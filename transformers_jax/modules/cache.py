@@ -78,14 +78,19 @@ def write_cache(module, k, v, mask, bias=None, window=None, pattern=None):
   depend only on key - query offsets, which positions keep even for left-padded rows. The
   `pattern`'s chunks apply by position too, its prefix (a prefix LM's prompt: its tokens see
   each other) by cache slot; its causal order is the cache's own.
+
+  `v` None: the values are the keys themselves (multi-head latent attention's compressed
+  latent, modules/mla.py), and the cache holds the one array.
   """
   B, T, G, K = k.shape
+  shared = v is None
+  v = k if shared else v
   ring = isinstance(window, int)  # static: this layer keeps only its last `window` positions
   initialised = module.has_variable("cache", "cached_key")
   empty = initialised and not module.has_variable("cache", "cache_index")  # static
   shape = (B, G, min(T, window) if ring else T, K)  # init: as many positions as the input
   ck = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-  cv = module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+  cv = ck if shared else module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
   ci = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
   if not initialised:
     return None
@@ -102,14 +107,16 @@ def write_cache(module, k, v, mask, bias=None, window=None, pattern=None):
     kept = min(T, S)
     slots = jnp.mod(start + T - kept + jnp.arange(kept), S)
     ck.value = old_k.at[:, :, slots].set(k[:, :, T - kept :])
-    cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
+    if not shared:
+      cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
     # the position each slot held before this call: the latest p < start with p mod S = slot
     slot = jnp.arange(S, dtype=jnp.int32)
     key_positions = (start - 1 - jnp.mod(start - 1 - slot, S))[None]  # [1, S]; < 0: unwritten
     old_mask = (key_positions >= 0)[:, None, None, :]
   else:
     ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
-    cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
+    if not shared:
+      cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
     key_positions = index_positions(S)
     old_mask = (key_positions < start)[:, None, None, :]  # [1, 1, 1, S]
   ci.value = start + T

@@ -20,6 +20,7 @@ from transformers_jax.modules.common import (
     kernel_init,
     zeros,
 )
+from transformers_jax.modules import moe_routing
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import FFN_MID_NORM
 from transformers_jax.modules.moe_ragged import ragged_moe
@@ -35,22 +36,24 @@ class FeedForward(nn.Module):
   init_rules: tuple = ()
   features: tuple[str, ...] = ()
   deterministic: bool = True  # False while training: dropout on LoRA adapters' input
+  width: int | None = None  # F; None = model.d_ff (shared experts, an MoE model's dense blocks)
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
+    F = self.width or c.ff_width
     act = activation(c.activation)
     rules = dict(self.init_rules)
     lora_x = adapter_dropout(c, self.deterministic)
     if c.gated:
       gate, up = (
-          DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
+          DenseWeights(c, (F,), ("embed", "mlp"), ("mlp",), rules.get(name), name=name)
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
       h = act(checkpoint_name(h0, "mlpwi_0")) * checkpoint_name(h1, "mlpwi_1")
     else:
-      wi = DenseWeights(c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
+      wi = DenseWeights(c, (F,), ("embed", "mlp"), ("mlp",), rules.get("wi"), name="wi")
       h = act(checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi"))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
     if FFN_MID_NORM in self.features:
@@ -62,7 +65,7 @@ class FeedForward(nn.Module):
 def config_problem(c) -> tuple[str, str, str] | None:
   """(field, value, fix) of a feed-forward setting that cannot work, or None."""
   if c.feed_forward != "moe":
-    return None
+    return moe_routing.config_problem(c)  # (which refuses DeepSeek's MoE fields here)
   if c.num_experts < 1:
     return "num_experts", str(c.num_experts), "must be a positive integer"
   if not 1 <= c.top_k <= c.num_experts:
@@ -71,7 +74,7 @@ def config_problem(c) -> tuple[str, str, str] | None:
     return "capacity_factor", str(c.capacity_factor), "must be positive"
   if c.moe_every < 1:
     return "moe_every", str(c.moe_every), "must be a positive integer"
-  return None
+  return moe_routing.config_problem(c)
 
 
 def route(router_probs, top_k: int, capacity: int):
@@ -82,9 +85,15 @@ def route(router_probs, top_k: int, capacity: int):
   token order; a choice that finds its expert full is dropped (the residual carries the token).
   The k chosen weights are renormalised to sum to one.
   """
-  B, T, E = router_probs.shape
   top_p, top_i = jax.lax.top_k(router_probs, top_k)  # [B, T, k]
   top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+  return route_choices(top_p, top_i, router_probs.shape[-1], capacity)
+
+
+def route_choices(top_p, top_i, num_experts: int, capacity: int):
+  """`route` for choices made already: weights top_p and experts top_i [B, T, k]."""
+  B, T, top_k = top_i.shape
+  E = num_experts
   choice = jax.nn.one_hot(top_i, E, dtype=jnp.int32)  # [B, T, k, E]
   ranked = choice.transpose(0, 2, 1, 3).reshape(B, top_k * T, E)  # choice-rank major
   slot = (jnp.cumsum(ranked, axis=1) - 1).reshape(B, top_k, T, E).transpose(0, 2, 1, 3)
@@ -121,7 +130,11 @@ class MoE(nn.Module):
     E, F = c.num_experts, c.ff_width
     logits = dense(c, E, -1, ("embed", "experts"), ("experts",), "router", use_bias=False)(x)
     logits = logits.astype(jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
+    probs = moe_routing.router_scores(c, logits)  # softmax, or DeepSeek-V3's sigmoid
+    bias = None  # DeepSeek-V3's auxiliary-loss-free bias: state, float32 (modules/moe_routing.py)
+    if c.moe_score_bias:
+      bias = self.param(moe_routing.BIAS, zeros(("experts",)), (E,), jnp.float32)
+    top_p, top_i = moe_routing.choose(c, probs, bias)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
     rules = dict(self.init_rules)
@@ -146,8 +159,6 @@ class MoE(nn.Module):
       weights["bo"] = bias("bo", (E, 1, D), ("experts", None, "embed"))
 
     if c.moe_impl == "ragged":
-      top_p, top_i = jax.lax.top_k(probs, c.top_k)
-      top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
       choice = jax.nn.one_hot(top_i, E, dtype=jnp.float32)
       flat = {k: (v[:, 0] if k.startswith("b") else v) for k, v in weights.items()}
       out, kept = ragged_moe(
@@ -158,7 +169,7 @@ class MoE(nn.Module):
       # an expert meets each token of a sequence at most once, so T slots hold every choice
       # (a larger capacity_factor, 1e9 for "never drop", means T: not an int32 overflow)
       capacity = min(T, max(1, math.ceil(c.capacity_factor * T * c.top_k / E)))
-      combine, dispatch, choice = route(probs, c.top_k, capacity)
+      combine, dispatch, choice = route_choices(top_p, top_i, E, capacity)
       weights = {k: v.astype(dt) for k, v in weights.items()}
       mid_norm = None
       if FFN_MID_NORM in self.features:
@@ -167,8 +178,11 @@ class MoE(nn.Module):
           c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights, mid_norm
       )
       kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
+    if c.num_shared_experts:  # every token's own experts besides the routed ones (DeepSeek)
+      shared = FeedForward(c, self.init_rules, width=c.num_shared_experts * F, name="shared")
+      out = out + shared(x)
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
-    self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
+    self.sow("losses", "moe_aux_loss", moe_routing.balance_loss(c, probs, choice))
     log_z = jax.nn.logsumexp(logits, axis=-1)
     self.sow("moe_stats", "router_z_loss", jnp.mean(jnp.square(log_z)))
     self.sow("moe_stats", "expert_fraction", fraction)

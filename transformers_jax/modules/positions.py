@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules import inits
+from transformers_jax.modules import inits, yarn
 from transformers_jax.modules.common import dtype_of, normal
 
 
@@ -43,12 +43,14 @@ def sinusoidal_table(length: int, d_model: int, halves: bool = False) -> np.ndar
   return table.astype(np.float32)
 
 
-def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
-  """model.rope_scaling "llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH" -> the four numbers (None for
-  ""); ValueError for anything else."""
+def parse_rope_scaling(text: str):
+  """model.rope_scaling "llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH" -> the four numbers, a
+  "yarn:..." one -> its yarn.Yarn (None for ""); ValueError for anything else."""
   if not text:
     return None
   kind, _, numbers = text.partition(":")
+  if kind == "yarn":
+    return yarn.parse(numbers)
   parts = numbers.split(",")
   if kind != "llama3" or len(parts) != 4:
     raise ValueError(text)
@@ -59,11 +61,13 @@ def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: str = "") -> np.ndarray:
-  """theta^(-2i/head_dim), i < head_dim/2, with Llama 3.1's scaling ("llama3:8,1,4,8192"):
+  """theta^(-2i/head_dim), i < head_dim/2, with YaRN's or Llama 3.1's scaling ("llama3:8,1,4,8192"):
   wavelengths shorter than ORIGINAL/HIGH are kept, those longer than ORIGINAL/LOW are divided
   by FACTOR (slowed down), and those between are blended linearly in ORIGINAL / wavelength."""
   inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
   parsed = parse_rope_scaling(scaling)
+  if isinstance(parsed, yarn.Yarn):  # YaRN (DeepSeek-V3): modules/yarn.py
+    return yarn.frequencies(head_dim, theta, parsed)
   if parsed is not None:
     factor, low, high, original = parsed
     wavelength = 2 * np.pi / inv_freq
@@ -86,6 +90,9 @@ def apply_rope(x, positions, theta: float, scaling: str = ""):
   """
   angles = rope_angles(positions, x.shape[-1], theta, scaling)[:, :, None, :]  # [B, T, 1, K/2]
   sin, cos = jnp.sin(angles), jnp.cos(angles)
+  parsed = parse_rope_scaling(scaling)
+  if isinstance(parsed, yarn.Yarn):  # YaRN scales the rotated features too
+    sin, cos = sin * yarn.attention_factor(parsed), cos * yarn.attention_factor(parsed)
   xf = x.astype(jnp.float32)
   x1, x2 = jnp.split(xf, 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -253,14 +260,18 @@ class Rotary(PositionScheme):
     return tuple(apply_rope(x, positions, c.rope_theta, c.rope_scaling) for x in (q, k))
 
   def config_problem(self, c):
-    if c.head_width % 2:
-      return "head_dim", str(c.head_width), "RoPE rotates pairs of features: use an even head_dim"
+    field, width = ("qk_rope_head_dim", c.qk_rope_head_dim) if c.mla else ("head_dim", c.head_width)
+    if width % 2:
+      return field, str(width), f"RoPE rotates pairs of features: use an even {field}"
     if not c.rope_theta > 0:
       return "rope_theta", str(c.rope_theta), "RoPE's base wavelength must be positive, e.g. 1e4"
     try:
       parse_rope_scaling(c.rope_scaling)
     except ValueError:
-      fix = "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192) or ''"
+      fix = (
+          "write llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: llama3:8,1,4,8192), "
+          f"{yarn.FORMAT} (DeepSeek-V3: {yarn.EXAMPLE}) or ''"
+      )
       return "rope_scaling", repr(c.rope_scaling), fix
     return None
 

@@ -8,6 +8,7 @@ seq2seq         encoder_decoder       teacher forcing; greedy BLEU at evaluation
 span_corruption encoder_decoder       T5 span corruption of text (pre-training)
 distill         decoder, encoder mlm  knowledge distillation from a teacher run
 prefix_lm       decoder-only          prefix LM: bidirectional over a random prefix
+mtp             decoder, mtp_depth    next-token plus DeepSeek-V3's multi-token prediction
 
 `--config.task=NAME` picks one by name (`--config_help` lists them); "" takes the model's own
 (task_for). A new objective is its module and one line below (docs/objectives.md).
@@ -23,6 +24,7 @@ from transformers_jax.tasks.classify import ImageClassification, TextClassificat
 from transformers_jax.tasks.distill import Distillation
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
+from transformers_jax.tasks.mtp import MultiTokenPrediction
 from transformers_jax.tasks.prefix_lm import PrefixLM
 from transformers_jax.tasks.seq2seq import Translation
 from transformers_jax.tasks.span_corruption import SpanCorruption
@@ -39,6 +41,7 @@ TASKS = {
         SpanCorruption(),
         Distillation(),
         PrefixLM(),
+        MultiTokenPrediction(),
     )
 }
 
