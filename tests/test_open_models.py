@@ -62,6 +62,12 @@ PUBLISHED = {
     ("bart", "base"): 139_420_416,
     ("bart", "large"): 406_291_456,
     ("marian", "en-de"): 73_886_208,
+    # transformers' DeepseekV3ForCausalLM on the meta device (its parameters; the routers' 14,848
+    # bias values are buffers, state): 671B without the multi-token prediction module, and with
+    # it sharing the model's embedding and head (the hub's file holds its own copies of both:
+    # 684,489,830,400)
+    ("deepseek", "v3"): 671_026_404_352,
+    ("deepseek", "v3-mtp"): 682_636_472_320,
 }
 
 
@@ -167,7 +173,9 @@ def test_llama3_rope_scaling_equals_transformers_frequencies():
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"])
+@pytest.mark.parametrize(
+    "name", ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "deepseek_v3"]
+)
 def test_imported_decoders_continue_greedily_as_transformers_generate(name):
   """decode.generate (the KV cache) from the imported weights gives transformers' 8 greedy
   tokens; the Llama fixture's "llama3" RoPE scaling has an original context of 8 positions,

@@ -210,7 +210,8 @@ class Llama(Family):
         activation=self.activation[0],
         embed_scale=self.gemma,
         norm_unit_offset=self.gemma,
-        rope_scaling=c.rope_scaling,  # none or llama3, both written
+        # none or llama3, both written (YaRN's is DeepSeek-V3's)
+        rope_scaling=c.rope_scaling if not c.rope_scaling.startswith("yarn:") else "",
     )
 
 
