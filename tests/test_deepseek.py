@@ -228,3 +228,36 @@ def test_settings_that_cannot_work_are_refused_in_one_line(experiment, tmp_path)
     with pytest.raises(UnsupportedArchitecture, match=key) as e:
       load_hf(d)
     assert "\n" not in str(e.value)
+
+
+def test_the_hubs_multi_token_prediction_layer_round_trips(tmp_path):
+  """A model with an MTP module is written as the hub's files hold DeepSeek-V3's: one more
+  `layers.<L>` with its enorm, hnorm, eh_proj, block and shared_head.norm, and copies of the
+  embedding and head; reading it back gives model.mtp_depth=1 and the same parameters."""
+  from safetensors.numpy import load_file
+
+  from transformers_jax.interop import load_hf, save_hf
+  from transformers_jax.models import param_shapes
+
+  fields, params = load_hf(ROOT / "tests" / "fixtures" / "hf" / "deepseek_v3")
+  c = ModelConfig(**fields).replace(mtp_depth=1)
+  rng = np.random.default_rng(0)
+  mtp = jax.tree_util.tree_map(
+      lambda s: rng.standard_normal(s.shape).astype(np.float32), param_shapes(c)["mtp"]
+  )
+  save_hf(tmp_path, c, {**params, "mtp": mtp})
+  written = load_file(tmp_path / "model.safetensors")
+  np.testing.assert_array_equal(
+      written["model.layers.3.embed_tokens.weight"], written["model.embed_tokens.weight"]
+  )
+  np.testing.assert_array_equal(
+      written["model.layers.3.shared_head.head.weight"], written["lm_head.weight"]
+  )
+  assert "model.layers.3.eh_proj.weight" in written and "model.layers.3.mlp.gate.weight" in written
+  again, back = load_hf(tmp_path)
+  assert again["mtp_depth"] == 1
+  want = dict(jax.tree_util.tree_leaves_with_path({**params, "mtp": mtp}))
+  got = dict(jax.tree_util.tree_leaves_with_path(back))
+  assert want.keys() == got.keys()
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value)

@@ -104,7 +104,7 @@ class MLA(nn.Module):
     H, D, C = c.num_heads, c.d_model, c.kv_lora_rank
     N, R, V, Q = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.q_lora_rank
     rules = dict(self.init_rules)
-    heads = (None, "heads", "head_dim")
+    heads = ("latent", "heads", "head_dim")  # the up-projections, split over fsdp by `latent`
 
     def weights(name, features, names, rule, in_width, use_bias=False):
       bias_names = names[-len(features) :]
