@@ -21,8 +21,10 @@ from absl import flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
+output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
 flags.DEFINE_integer("configs", 6, "Random configs to check.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("seed", 1, "Seed of the configs and weights.", flag_values=FLAGS)
 flags.DEFINE_string("out", "", "Also write the JSON here.", flag_values=FLAGS)
