@@ -4,7 +4,13 @@ config has a static window and, for comparison, with one slot per position.
 
     python scripts/decode_cache_memory.py --preset experiments/mistral.py:7b-v0.1 --length 32768
 
-prints JSON: bytes and the cached keys' shape, with the window's ring and without it.
+prints JSON: bytes and the cached keys' shape, with the window's ring and without it. For a
+model with multi-head latent attention (experiments/deepseek.py:v3) it also gives the bytes per
+token, and those of the same model with plain multi-head attention of H heads of
+qk_nope_head_dim (DeepSeek-V2's yardstick: the latent cache holds kv_lora_rank +
+qk_rope_head_dim values per token and layer, 576 for V3, against 2 H d_h):
+
+    python scripts/decode_cache_memory.py --preset experiments/deepseek.py:v3 --length 4096
 """
 
 import json
@@ -52,6 +58,32 @@ def cache_bytes(c, length: int, batch: int) -> dict:
   }
 
 
+def latent_comparison(c, latent_bytes: int) -> dict:
+  """Multi-head latent attention's cache against plain multi-head attention's (H heads of
+  qk_nope_head_dim, every other field as it is), per token and in all."""
+  layers = c.num_layers  # (decoding runs no multi-token prediction module)
+  mha = c.replace(
+      kv_lora_rank=0,
+      q_lora_rank=0,
+      qk_nope_head_dim=0,
+      qk_rope_head_dim=0,
+      v_head_dim=0,
+      head_dim=c.qk_nope_head_dim,
+      mtp_depth=0,
+  )
+  mha_bytes = cache_bytes(mha, FLAGS.length, FLAGS.batch)["bytes"]
+  tokens = FLAGS.length * FLAGS.batch
+  return {
+      "latent_values_per_token_per_layer": c.kv_lora_rank + c.qk_rope_head_dim,
+      "mha_values_per_token_per_layer": 2 * c.num_heads * c.qk_nope_head_dim,
+      "latent_bytes_per_token": latent_bytes // tokens,
+      "mha_bytes_per_token": mha_bytes // tokens,
+      "mha_cache_bytes": mha_bytes,
+      "mha_over_latent": round(mha_bytes / latent_bytes, 2),
+      "layers": layers,
+  }
+
+
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
@@ -68,9 +100,11 @@ def main(argv=None):
     raise UserError(f"{FLAGS.preset} is a {c.family} model: give a decoder preset")
   ring = cache_bytes(c, FLAGS.length, FLAGS.batch)
   full = cache_bytes(c.replace(sliding_window=0), FLAGS.length, FLAGS.batch)
+  extra = latent_comparison(c, ring["bytes"]) if c.mla else {}
   print(
       json.dumps(
           {
+              **extra,
               "preset": FLAGS.preset,
               "length": FLAGS.length,
               "batch": FLAGS.batch,

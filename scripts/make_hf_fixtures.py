@@ -326,8 +326,51 @@ QWEN3_MOE = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
+# DeepSeek-V3: multi-head latent attention with a query latent, values narrower than the keys,
+# YaRN (factor 4 over an original 16 positions, mscale 0.8 over mscale_all_dim 0.6: both
+# corrections act), 8 routed experts in 4 groups of which 2 are chosen from, 3 per token, 2 shared
+# experts, the first block dense, unnormalised weights times 1.7, and the routers' bias drawn
+# (transformers initialises it to zeros, which would leave the bias unread)
+DEEPSEEK_V3 = dict(
+    vocab_size=80,
+    hidden_size=32,
+    intermediate_size=56,
+    moe_intermediate_size=12,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=2,
+    n_routed_experts=8,
+    routed_scaling_factor=1.7,
+    kv_lora_rank=16,
+    q_lora_rank=20,
+    qk_rope_head_dim=8,
+    v_head_dim=10,
+    qk_nope_head_dim=12,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=3,
+    first_k_dense_replace=1,
+    norm_topk_prob=False,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=64,
+    initializer_range=0.1,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=5000.0,
+        factor=4.0,
+        original_max_position_embeddings=16,
+        beta_fast=16.0,
+        beta_slow=2.0,
+        mscale=0.8,
+        mscale_all_dim=0.6,
+    ),
+    bos_token_id=None,
+    eos_token_id=None,
+)
 DECODERS = {
     **{name: config for name, (_, _, config) in OPEN_MODELS.items()},
+    "deepseek_v3": DEEPSEEK_V3,
     "gpt2": GPT2,
     "gpt_oss": GPT_OSS,
     "qwen3_moe": QWEN3_MOE,
@@ -524,6 +567,12 @@ def build(name: str):
   elif name in OPEN_MODELS:
     config_class, model_class, config = OPEN_MODELS[name]
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+  elif name == "deepseek_v3":
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**DEEPSEEK_V3))
+    g = torch.Generator().manual_seed(SEED + 5)
+    for buffer_name, buffer in model.named_buffers():
+      if buffer_name.endswith("e_score_correction_bias"):  # state: perturb() leaves it
+        buffer.copy_(0.1 * torch.randn(buffer.shape, generator=g))
   elif name in ("t5", "t5_tied"):
     config = transformers.T5Config(**(T5 if name == "t5" else T5_TIED))
     model = transformers.T5ForConditionalGeneration(config)
@@ -547,6 +596,7 @@ def build(name: str):
   shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith(("gemma", "qwen3")) else 0.05
   shake = 0.4 if name in ("olmo2", "olmo3", "smollm3") else shake
   shake = 0.2 if name == "gpt_oss" else shake
+  shake = 0.3 if name == "deepseek_v3" else shake
   shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
   shake, draw = {"marian_shapes": (0.3, 2)}.get(name, (shake, draw))
   perturb(model, SEED + draw, shake)
@@ -731,7 +781,7 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
   names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied", "marian_shapes")
-  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe")
+  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe", "deepseek_v3")
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")

@@ -69,6 +69,7 @@ def row(
     remat="full",
     context=1,
     extra=(),
+    expert=1,
 ):
   """One compile: `batch` sequences of `seq_len` tokens (images for ViT) per step, each split
   over `context` chips. Rows of up to 2,048 tokens take einsum attention unless `extra` says
@@ -91,7 +92,10 @@ def row(
           f"--config.mesh.tensor={tensor}",
           *([f"--config.mesh.context={context}"] if context > 1 else []),
           f"--config.model.remat={remat}",
-          *COMMON,
+          *(
+              a if a != "--config.mesh.expert=1" else f"--config.mesh.expert={expert}"
+              for a in COMMON
+          ),
           *extra,
       ],
   }
@@ -401,6 +405,34 @@ MAXTEXT_ROWS = [
         slices=2,
     )
     | {"flops_policies": ("full",)},
+    # DeepSeek-V3 671B with expert parallelism (experts over 16 chips, everything else over 8
+    # more by fsdp), MaxText's v5p-256 test shape: 4 x 1,024 tokens per chip, bf16 weights; the
+    # experts' receive buffers sized by a capacity (a dropless buffer holds every row a chip
+    # may be sent: 16 x 32,768 x 7,168 per layer, 125 GiB of temporaries in all); and on half
+    # the chips, which the compiler refuses
+    *(
+        {
+            **row(
+                f"DeepSeek-V3 671B expert 16 x fsdp {chips // 16} {label}",
+                "experiments/deepseek.py:v3",
+                topology,
+                4 * chips,
+                1024,
+                chips // 16,
+                expert=16,
+                extra=[
+                    "--config.model.param_dtype=bfloat16",
+                    "--config.model.moe_dropless=False",
+                    "--config.model.capacity_factor=1.25",
+                    "--config.loss_chunks=8",
+                    "--config.model.attention_impl=auto",
+                ],
+            ),
+            "source": "MaxText's DeepSeek-V3 671B on v5p-256: 4 x 1,024 tokens per chip, bf16 "
+            "weights; here experts over 16 chips, capacity factor 1.25",
+        }
+        for label, topology, chips in (("v5p-256", "v5p:4x4x8", 128), ("v5p-128", "v5p:4x4x4", 64))
+    ),
     {
         **row(
             "GPT-3 175B two slices v5p-512 x 2",

@@ -3,10 +3,11 @@
     python tests/moe_worker.py '{"steps": 5, "meshes": {"one": {"data": 1}, ...}}'
 
 Trains experiments/mixtral.py:tiny (ragged, dropless; one layer), or the spec's "config" file's
-tiny preset, with the spec's "model" fields, on the same batches under each mesh of the spec (a
-mesh of {"data": 1} runs on one device; a mesh's own "model" entry changes fields for it
-alone), and reports each run's losses and the collectives of its compiled step. Prints one
-JSON object.
+tiny preset (or its "experiment", FILE:PRESET, whose own objective then trains), with the spec's
+"model" fields and "num_layers", on the same batches under each mesh of the spec (a mesh of
+{"data": 1} runs on one device; a mesh's own "model" entry changes fields for it alone), and
+reports each run's losses and the collectives of its compiled step; a model with DeepSeek-V3's
+routers' bias also reports the bias after the last step. Prints one JSON object.
 """
 
 import json
@@ -53,7 +54,13 @@ def run(config, model_cfg, task, batches, axes):
   for batch in batches:
     state, metrics = compiled(state, parallel.put_batch(batch, mesh))
     losses.append(float(metrics["loss"]))
+  biases = [
+      leaf.ravel().tolist()
+      for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]
+      if "e_score_correction_bias" in jax.tree_util.keystr(path)
+  ]
   return {
+      "bias": biases,
       "losses": losses,
       "collectives": sorted(set(re.findall(r"\b(all-to-all|all-gather|reduce-scatter)\(", text))),
       "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("moe_")},
@@ -62,15 +69,17 @@ def run(config, model_cfg, task, batches, axes):
 
 def main():
   spec = json.loads(sys.argv[1])
-  file = spec.get("config", "mixtral.py")
-  config = load_config_module(str(ROOT / "experiments" / file)).get_config("tiny")
+  default = spec.get("config", "mixtral.py") + ":tiny"
+  file, _, preset = spec.get("experiment", default).partition(":")
+  config = load_config_module(str(ROOT / "experiments" / file)).get_config(preset)
   config.unlock()
-  config.batch_size, config.seq_len, config.model.num_layers = 8, 32, 1
+  config.batch_size, config.seq_len = 8, 32
+  config.model.num_layers = spec.get("num_layers", 1)
   config.moe_router_z_weight = 1e-3
   for key, value in spec.get("model", {}).items():
     config.model[key] = value
   model_cfg = ModelConfig.from_dict(config.model)
-  task = task_for(model_cfg)
+  task = task_for(model_cfg, config)
   with tempfile.TemporaryDirectory() as tmp:
     data = task_data(task, config, model_cfg, tmp)
     batches = [data.train_batch(s) for s in range(spec["steps"])]

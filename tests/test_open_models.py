@@ -85,6 +85,12 @@ PUBLISHED = {
     ("phi3", "3-medium"): 13_960_238_080,
     ("phi3", "4"): 14_659_507_200,
     ("smollm3", "3b"): 3_075_098_624,
+    # transformers' DeepseekV3ForCausalLM on the meta device (its parameters; the routers' 14,848
+    # bias values are buffers, state): 671B without the multi-token prediction module, and with
+    # it sharing the model's embedding and head (the hub's file holds its own copies of both:
+    # 684,489,830,400)
+    ("deepseek", "v3"): 671_026_404_352,
+    ("deepseek", "v3-mtp"): 682_636_472_320,
 }
 
 
@@ -192,7 +198,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 DECODERS = ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"]
 DECODERS += ["qwen3", "smollm3", "gemma3", "olmo2", "olmo3", "phi3", "llama_bias"]
-DECODERS += ["gpt_oss", "qwen3_moe"]
+DECODERS += ["gpt_oss", "qwen3_moe", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("name", DECODERS)

@@ -182,6 +182,7 @@ def test_each_task_builds_just_the_rows_asked_for(experiment, tmp_path):
       "span_corruption": experiment("transformer", "tiny"),
       "distill": experiment("gpt2", "tiny"),  # the student's own LM rows; no teacher is read
       "prefix_lm": experiment("gpt2", "tiny"),  # the LM's rows and each row's prefix length
+      "mtp": experiment("deepseek", "tiny"),  # the preset's own objective: lm's rows
   }
   configs["prefix_lm"].task = "prefix_lm"
   configs["span_corruption"].task = "span_corruption"

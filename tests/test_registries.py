@@ -251,13 +251,14 @@ def test_every_feed_forward_kind_counts_trains_and_scans(name):
 
 # ----------------------------------------------------------------------------- objectives
 def check_objective(name: str):
-  """A tiny model of the objective's first family (and head): the synthetic batch has the
-  declared shapes, the training and held-out sums of its loss on it are finite (one program),
-  and its own config fields are listed by --config_help with their meanings."""
+  """A tiny model of the objective's first family (and head, and the fields it needs): the
+  synthetic batch has the declared shapes, the training and held-out sums of its loss on it are
+  finite (one program), and its own config fields are listed by --config_help with their
+  meanings."""
   task = TASKS[name]
   family = task.families[0] if task.families else "decoder"
   head = {"head": task.heads[0]} if task.heads else {}
-  model_cfg = tiny(family, "pre", num_classes=3, **head)
+  model_cfg = tiny(family, "pre", num_classes=3, **head, **task.model_needs)
   config = experiment_config(training={"task": name, "batch_size": 2, "seq_len": 8})
   declared = task.batch_shapes(model_cfg, config)
   batch = task.synthetic_batch(model_cfg, config)

@@ -33,6 +33,7 @@ LABELS = {
     "position_bias": "relative position bias",
     "head": "head / pooler / unembedding",
     "lora": "LoRA adapters",
+    "mtp": "multi-token prediction modules",
 }
 
 
@@ -55,6 +56,13 @@ def render(s: dict, name: str) -> str:
     lines.append(
         f"  published:               {s['published']:>17,}  ({diff:+.2f}%; "
         f"{s['published_source']})"
+    )
+  if "without_mtp" in s:
+    lines.append(f"  without the MTP modules: {s['without_mtp']:>17,}  (what inference runs)")
+  if s.get("router_bias_state"):
+    lines.append(
+        f"  routers' bias (state):   {s['router_bias_state']:>17,}  (in the parameter tree, "
+        "not trained, counted in neither figure)"
     )
   if s["active_per_token"] != total:
     lines.append(f"  active per token (MoE):  {s['active_per_token']:>17,}")

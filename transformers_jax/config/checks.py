@@ -7,7 +7,8 @@ import dataclasses
 import math
 import numbers
 
-from transformers_jax.modules import feed_forward, glu, inits, layer_types, lora, remat, scores
+from transformers_jax.modules import feed_forward, glu, inits, layer_types, lora, mla
+from transformers_jax.modules import moe_routing, remat, scores
 from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
@@ -62,6 +63,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       "activation": named["activation"],
       "feed_forward": named["feed_forward"],
       "moe_impl": MOE_IMPLS,
+      "moe_score": moe_routing.SCORES,
       "attention_impl": ATTENTION_IMPLS,
       "context_strategy": ("all_gather", "ring"),
       "remat": tuple(REMAT_POLICIES),
@@ -112,8 +114,10 @@ def _check_types(c) -> None:
 
 def _check_heads(c, heads: int, prefix: str = "") -> None:
   """`heads` query heads (a stack's: the decoder's own with prefix decoder_) divide d_model and
-  split into the kv heads."""
-  if c.head_dim is None and c.d_model % heads:
+  split into the kv heads. (Latent attention has widths of its own: only cross-attention reads
+  head_dim beside it.)"""
+  uses_head_dim = not c.mla or c.family == "encoder_decoder"
+  if c.head_dim is None and c.d_model % heads and uses_head_dim:
     _fail(
         prefix + "num_heads",
         str(heads),
@@ -211,9 +215,12 @@ def validate(c) -> None:
       glu.config_problem,
       scores.config_problem,
       layer_types.config_problem,
+      mla.config_problem,
   )
   for problem in (check(c) for check in checks):
     if problem:
       _fail(*problem)
+  if c.mtp_depth < 0 or (c.mtp_depth and c.family != "decoder"):
+    _fail("mtp_depth", str(c.mtp_depth), "multi-token prediction: >= 0, on a decoder only")
   if c.stack_embeddings and not (c.family == "encoder_decoder" and c.share_embeddings):
     _fail("stack_embeddings", "True", "only an encoder_decoder with share_embeddings=True")

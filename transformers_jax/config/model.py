@@ -46,8 +46,8 @@ class ModelConfig:
   positions: str = "learned"  # the position scheme (modules/positions/ says what each does)
   rope_theta: float = 10000.0  # RoPE base wavelength
   # RoPE frequency scaling: "" | llama3:FACTOR,LOW,HIGH,ORIGINAL_LENGTH (Llama 3.1: 8,1,4,8192)
-  # | yarn:FACTOR,BETA_FAST,BETA_SLOW,ORIGINAL_LENGTH[,TRUNCATE[,ATTENTION_FACTOR]] (gpt-oss:
-  # yarn:32,32,1,4096,0; modules/yarn.py)
+  # | yarn:FACTOR,BETA_FAST,BETA_SLOW,ORIGINAL_LENGTH[,TRUNCATE[,ATTENTION_FACTOR[,MSCALE_ALL_DIM]]]
+  # (gpt-oss: yarn:32,32,1,4096,0; DeepSeek-V3: yarn:40,32,1,4096,1,1,1; modules/yarn.py)
   rope_scaling: str = ""
   relative_buckets: int = 32  # t5: buckets of the key - query offset (one learned bias each)
   relative_max_distance: int = 128  # t5: offsets from here on share the last bucket
@@ -139,6 +139,29 @@ class ModelConfig:
   # moe: the top_k chosen probabilities renormalised to sum to 1 (Mixtral, gpt-oss; Qwen3-MoE's
   # norm_topk_prob); False = the softmax's own, over all experts (Qwen1.5-MoE, OLMoE)
   router_norm_topk: bool = True
+  # DeepSeek's mixture of experts (modules/moe_routing.py)
+  num_shared_experts: int = 0  # moe: experts of width d_ff every token passes through besides
+  moe_first_dense: int = 0  # moe: the first n blocks stay dense (DeepSeek-V3: 3)
+  moe_dense_d_ff: int | None = None  # moe: the dense blocks' hidden width; None = d_ff
+  moe_score: str = "softmax"  # moe: router scores, softmax over experts | sigmoid per expert
+  # moe: DeepSeek-V3's auxiliary-loss-free balancing: a bias per expert added to the scores for
+  # choosing only, moved by moe_bias_speed after each step against the expert's load (kept in
+  # the parameters, never trained)
+  moe_score_bias: bool = False
+  moe_bias_speed: float = 0.001  # moe_score_bias: the bias update speed gamma; 0 = frozen
+  moe_groups: int = 1  # moe: experts in this many groups; tokens choose within moe_top_groups
+  moe_top_groups: int = 1  # moe: groups each token's experts come from (DeepSeek-V3: 4 of 8)
+  moe_routed_scale: float = 1.0  # moe: routed experts' weights times this (DeepSeek-V3: 2.5)
+  # Multi-head latent attention (DeepSeek-V2/V3; modules/mla.py): keys and values expanded from
+  # one compressed latent of this width per token, all decoding caches; 0 = plain attention
+  kv_lora_rank: int = 0
+  q_lora_rank: int = 0  # mla: queries through a latent of this width too; 0 = projected directly
+  qk_nope_head_dim: int = 0  # mla: per-head query/key width without positions
+  qk_rope_head_dim: int = 0  # mla: per-head width RoPE rotates, its key shared by every head
+  v_head_dim: int = 0  # mla: per-head value width
+  # decoder: multi-token prediction modules (DeepSeek-V3: 1), each predicting one token further
+  # with its own block and the model's embedding and head; task=mtp trains them (models/mtp.py)
+  mtp_depth: int = 0
   tie_embeddings: bool = True  # unembedding (or MLM decoder) reuses the token embedding
   share_embeddings: bool = True  # encoder_decoder: source and target share one embedding
   # encoder_decoder with share_embeddings: one token table, but each stack has its own learned
@@ -200,6 +223,17 @@ class ModelConfig:
     )
 
   @property
+  def mla(self) -> bool:
+    """Self-attention is multi-head latent attention (modules/mla.py)."""
+    return self.kv_lora_rank > 0
+
+  @property
+  def dense_ff_width(self) -> int:
+    """The hidden width of the dense feed-forward blocks (those of an MoE model: their own)."""
+    moe = self.feed_forward == "moe" and self.moe_dense_d_ff is not None
+    return self.moe_dense_d_ff if moe else self.ff_width
+
+  @property
   def encoder_layers(self) -> int:
     return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
 
@@ -240,7 +274,8 @@ class ModelConfig:
     return self.num_patches + (1 if self.pool == "cls" else 0) if vit else self.max_len
 
   def is_moe_layer(self, index: int) -> bool:
-    return self.feed_forward == "moe" and (index + 1) % self.moe_every == 0
+    first = index >= self.moe_first_dense
+    return self.feed_forward == "moe" and first and (index + 1) % self.moe_every == 0
 
   # ------------------------------------------------------------------ construction
   @classmethod

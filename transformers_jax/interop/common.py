@@ -69,7 +69,9 @@ class Rule:
   [P*P*C, D]); batch1 ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert
   <-> our [E, in, out]); gate_up (gpt-oss's experts [E, in, 2F], gate and up interleaved in the
   last axis <-> our two [E, in, F]); gate_up_bias ([E, 2F] interleaved <-> our two [E, 1, F]);
-  expert_bias ([E, W] <-> our [E, 1, W]). `patch` holds (P, C) for the patch kind.
+  expert_bias ([E, W] <-> our [E, 1, W]). `patch` holds (P, C) for the patch kind. `rows`
+  (linear): the order our outputs take the torch weight's rows in (DeepSeek's interleaved RoPE
+  features, laid out as our RoPE pairs them); () = as they are.
   """
 
   kind: str
@@ -77,6 +79,7 @@ class Rule:
   ours: tuple[tuple[str, ...], ...]
   n_in: int = 1
   patch: tuple[int, int] = (0, 0)
+  rows: tuple[int, ...] = ()
 
 
 def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -121,7 +124,7 @@ def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[n
   if rule.kind in ("copy", "bias", "conv1d", "batch1"):
     return [a.reshape(shapes[0])]
   if rule.kind == "linear":
-    return [a.T.reshape(shapes[0])]
+    return [(a[np.asarray(rule.rows)] if rule.rows else a).T.reshape(shapes[0])]
   if rule.kind == "fused_linear":
     a = a.T
   if rule.kind in ("fused_kernel", "fused_bias", "fused_linear"):
@@ -140,7 +143,8 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
   if rule.kind == "bias":
     return [a.reshape(-1)]
   if rule.kind == "linear":
-    return [a.reshape(math.prod(a.shape[:n]), -1).T]
+    out = a.reshape(math.prod(a.shape[:n]), -1).T
+    return [out[np.argsort(rule.rows)] if rule.rows else out]
   if rule.kind == "conv1d":
     return [a.reshape(math.prod(a.shape[:n]), -1)]
   if rule.kind == "fused_kernel":

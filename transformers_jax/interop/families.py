@@ -11,6 +11,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.interop.bart import Bart
 from transformers_jax.interop.bert import BERT
 from transformers_jax.interop.common import Family
+from transformers_jax.interop.deepseek import DeepSeekV3
 from transformers_jax.interop.gpt2 import GPT2
 from transformers_jax.interop.gemma import Gemma, Gemma2
 from transformers_jax.interop.gemma3 import Gemma3
@@ -31,6 +32,7 @@ FAMILIES: tuple[Family, ...] = (
     GPT2(),
     BERT(),
     ViT(),
+    DeepSeekV3(),  # before Llama: a RoPE decoder with latent attention is written as DeepSeek-V3
     GptOss(),
     Qwen3Moe(),
     Llama(),

@@ -160,8 +160,8 @@ def _readable_roots(directory: pathlib.Path) -> list[pathlib.Path]:
 
 # Architectures known and refused, with what they need that the shared block does not have.
 NOT_BUILT = {
-    "DeepseekV3ForCausalLM": "multi-head latent attention with decoupled RoPE, shared experts "
-    "beside routed ones and multi-token prediction have no counterpart in the shared block",
+    "MambaForCausalLM": "selective state-space layers in place of attention have no counterpart "
+    "in the shared block",
 }
 
 

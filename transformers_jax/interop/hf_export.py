@@ -27,6 +27,7 @@ from transformers_jax.interop.families import (
     expected_shapes,
 )
 from transformers_jax.interop.tensor_files import MAX_SHARD_BYTES, LazyArrays, write_shards
+from transformers_jax.modules import moe_routing
 
 
 def default_architecture(c: ModelConfig) -> str:
@@ -76,6 +77,9 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       attention_sinks=False,  # gpt-oss's alone
       router_bias=False,  # gpt-oss's alone
       router_norm_topk=True,  # Mixtral's and gpt-oss's routing; Qwen3-MoE's either way
+      mla=False,  # multi-head latent attention and DeepSeek's MoE: DeepSeek-V3's alone
+      mtp_depth=0,
+      **moe_routing.DEEPSEEK_DEFAULTS,
   )
   want.update(family.requirements(c, architecture))
   for field, value in want.items():

@@ -263,7 +263,8 @@ class Llama(Family):
         activation=self.activation[0],
         embed_scale=self.gemma,
         norm_unit_offset=self.gemma,
-        # none, llama3 or linear, each written; YaRN is not Llama's (gpt_oss, qwen3_moe)
+        # none, llama3 or linear, each written; YaRN is not Llama's (gpt_oss, qwen3_moe,
+        # deepseek_v3)
         rope_scaling=c.rope_scaling if not parse_yarn(c.rope_scaling) else "",
     )
 

@@ -40,6 +40,8 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # what follows sees the residual-stream layout, not an FFN hidden layer's
     ("embed_out", None),
     ("experts", "expert"),
+    # multi-head latent attention's latents (the input of its up-projections): split like embed
+    ("latent", "fsdp"),
     ("classes", None),
     ("layers", None),
     ("position", None),

@@ -30,7 +30,7 @@ from transformers_jax.models import as_model_config, param_shapes
 from transformers_jax.models.common import has_logit_gain
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
-from transformers_jax.modules import lora
+from transformers_jax.modules import lora, moe_routing
 from transformers_jax.modules.feed_forward import FEED_FORWARDS
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import position_scheme
@@ -47,6 +47,7 @@ COMPONENTS = (
     "position_bias",
     "head",
     "lora",
+    "mtp",
 )
 
 
@@ -71,6 +72,8 @@ def component_of(path: tuple[str, ...]) -> str:
   """Which component a parameter (given its path of module names) belongs to."""
   if path[-1] in ("lora_a", "lora_b"):  # LoRA adapters (models/lora.py)
     return "lora"
+  if path[0] == "mtp":  # multi-token prediction's modules (models/mtp.py)
+    return "mtp"
   if path[0] in HEAD_MODULES:
     return "head"
   if path[-1].endswith("_bias"):  # a position scheme's score-bias weights (positions/base.py)
@@ -122,6 +125,8 @@ def tree_breakdown(tree, cfg=None) -> dict[str, int]:
   With the tree's `cfg`, rows that only pad the vocabulary are left out."""
   counts = collections.Counter()
   for path, leaf in _paths(tree):
+    if path[-1] == moe_routing.BIAS:  # the routers' bias: state, not a parameter
+      continue
     n = math.prod(leaf.shape)
     counts[component_of(path)] += n
     if path[0] in STACKS:
@@ -140,11 +145,38 @@ def _norm(c: ModelConfig) -> int:
   return sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
 
 
-def _attention(c: ModelConfig) -> int:
+def _mla(c: ModelConfig) -> int:
+  """Multi-head latent attention's projections (modules/mla.py; its latent norms are norms)."""
+  D, H, b = c.d_model, c.num_heads, int(c.use_bias)
+  C, Q, K = c.kv_lora_rank, c.q_lora_rank, c.qk_nope_head_dim + c.qk_rope_head_dim
+  query = (D * Q + b * Q + Q * H * K) if Q else D * H * K
+  kv = (
+      D * (C + c.qk_rope_head_dim)
+      + b * (C + c.qk_rope_head_dim)
+      + C * H * (c.qk_nope_head_dim + c.v_head_dim)
+  )
+  return query + kv + H * c.v_head_dim * D + b * D
+
+
+def _attention(c: ModelConfig, cross: bool = False) -> int:
+  """One attention sublayer's projections (self-attention multi-head latent with MLA)."""
+  if c.mla and not cross:
+    return _mla(c)
   D, H, G, K, b = c.d_model, c.num_heads, c.kv_heads, c.head_width, int(c.use_bias)
   bqkv = b if c.qkv_bias is None else int(c.qkv_bias)
   sinks = H * int(c.attention_sinks)  # one logit per query head (modules/sinks.py)
   return (D * H * K + bqkv * H * K) + 2 * (D * G * K + bqkv * G * K) + (H * K * D + b * D) + sinks
+
+
+def _mtp(c: ModelConfig, active: bool = False) -> int:
+  """Multi-token prediction's modules (models/mtp.py): per depth two input norms, the
+  projection of both [2D -> D], a block and a final norm; embedding and head are the model's."""
+  out = 0
+  for k in range(c.mtp_depth):
+    block = _attention(c) + FEED_FORWARDS[c.feed_forward].params(c, c.num_layers + k, active)
+    block += sum(block_placement_params(c, False).values())
+    out += 3 * _norm(c) + 2 * c.d_model * c.d_model + block
+  return out
 
 
 @functools.cache
@@ -173,7 +205,7 @@ def _lora(c: ModelConfig, cross: bool) -> int:
 
 def _stack(c: ModelConfig, layers: int, cross: bool, active: bool = False) -> dict[str, int]:
   out = {
-      "attention": layers * _attention(c) * (2 if cross else 1),
+      "attention": layers * (_attention(c) + (_attention(c, True) if cross else 0)),
       "feed_forward": sum(
           FEED_FORWARDS[c.feed_forward].params(c, i, active) for i in range(layers)
       ),
@@ -233,6 +265,7 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
     out["head"] = D * D + b * D + _norm(c) + unembed + V
   if head in ("lm", "mlm") and has_logit_gain(c):  # the placement's gain per vocabulary entry
     out["gains"] += V
+  out["mtp"] = _mtp(c, active)
   return {k: v for k, v in out.items() if v}
 
 
@@ -250,7 +283,13 @@ def count(cfg, shapes=None) -> int:
   rows that only pad the vocabulary. `shapes`: param_shapes(cfg), where the caller has them."""
   shapes = param_shapes(cfg) if shapes is None else shapes
   stored = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
-  return stored - sum(vocab_padding(cfg).values())
+  return stored - sum(vocab_padding(cfg).values()) - state_count(cfg)
+
+
+def state_count(cfg) -> int:
+  """Values in the parameter tree that are state, not parameters (DeepSeek-V3's routers'
+  bias, modules/moe_routing.py): no count includes them."""
+  return moe_routing.state_count(as_model_config(cfg))
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -263,6 +302,8 @@ def matmul_params_per_token(cfg) -> int:
   n += parts.get("head", 0)
   if c.head_kind in ("lm", "mlm") and c.tie_embeddings:
     n += c.vocab_size * c.d_model  # the tied unembedding is still a matmul
+  # multi-token prediction: its modules, and the shared head once more per depth
+  n += parts.get("mtp", 0) + c.mtp_depth * c.vocab_size * c.d_model
   return n
 
 
@@ -271,13 +312,18 @@ def flops_per_token(cfg, seq_len: int | None = None) -> int:
   c = as_model_config(cfg)
   T = seq_len or c.seq_len_max
   HK = c.num_heads * c.head_width
+  # q.k and weights.v of self-attention: 2 H K each, or 2 H (N + R) and 2 H V with MLA
+  self_hk = c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) / 2
+  self_hk = self_hk if c.mla else HK
   if c.family == "encoder_decoder":
     decoder = c.stack_config("decoder")
     HK_dec = decoder.num_heads * decoder.head_width
-    attn = T * (HK * c.encoder_layers + 2 * HK_dec * c.decoder_layers)  # self + cross (over T)
+    self_dec = self_hk if c.mla else HK_dec
+    # self-attention in both stacks, and the decoder's cross-attention over the T source tokens
+    attn = T * (self_hk * c.encoder_layers + (self_dec + HK_dec) * c.decoder_layers)
   else:
-    attn = HK * T * c.num_layers
-  return 6 * matmul_params_per_token(c) + 12 * attn
+    attn = self_hk * T * (c.num_layers + c.mtp_depth)
+  return 6 * matmul_params_per_token(c) + int(12 * attn)
 
 
 def summary(config) -> dict:
@@ -291,7 +337,13 @@ def summary(config) -> dict:
   # seq_len says (tasks.classify's tokens_per_example, which training's MFU counts)
   seq = c.seq_len_max if c.family == "vit" else (config.get("seq_len", 0) or c.seq_len_max)
   ffn_share = parts.get("feed_forward", 0) / parts["blocks"] if parts.get("blocks") else 0.0
+  extra = {}
+  if parts.get("mtp"):  # the model as inference runs it, without the multi-token prediction
+    extra["without_mtp"] = total - parts["mtp"]
+  if state_count(c):  # in the parameter tree, counted nowhere: the routers' bias
+    extra["router_bias_state"] = state_count(c)
   return {
+      **extra,
       "total": total,
       "analytic": analytic_count(c),
       "published": int(published.get("params", 0)) or None,

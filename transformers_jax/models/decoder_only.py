@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from flax import linen as nn
 
 from transformers_jax.models.common import (
@@ -10,6 +11,7 @@ from transformers_jax.models.common import (
     lm_logits,
     unembedding,
 )
+from transformers_jax.models.mtp import MultiTokenPrediction, future_tokens
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import context_size, from_zigzag, to_zigzag
 from transformers_jax.modules.embed import Embedder
@@ -32,6 +34,7 @@ class DecoderOnly(nn.Module):
       last_logits_only=False,
       segment_ids=None,
       prefix_lengths=None,
+      mtp_tokens=None,
   ):
     """tokens [B, T] -> {'hidden': [B, T, D], 'logits': [B, T, V] float32, 'unembedding':
     [D, V]} (the matrix of the logits; not when decoding).
@@ -46,9 +49,13 @@ class DecoderOnly(nn.Module):
     row's length attend one another both ways, the rest causally (modules/masks.py).
     Under a mesh with `context` > 1 the tokens run through the blocks in zig-zag order, split
     over `context` (modules/context.py); outputs come back in the order of `tokens`.
+    `mtp_tokens` [B, >= T] (with model.mtp_depth; the training row, tasks/mtp.py): also
+    'mtp_hidden' [mtp_depth, B, T, D], each multi-token prediction depth's final-normed
+    representation (models/mtp.py), which 'unembedding' turns into its logits.
     """
     c = self.cfg
     B, T = tokens.shape
+    row = tokens if mtp_tokens is None else mtp_tokens  # (before any reordering)
     check_length(c, T)
     if positions is None:
       positions = DecodeCounter(name="position")(B, T) if self.decode else default_positions(B, T)
@@ -63,6 +70,7 @@ class DecoderOnly(nn.Module):
       )
     embedder = Embedder(c, self.deterministic, name="embed")
     x = embedder(tokens, positions)
+    mask = with_pattern(token_mask(attention_mask, segment_ids), True, prefix_lengths)
     x = Stack(
         c,
         c.num_layers,
@@ -70,11 +78,18 @@ class DecoderOnly(nn.Module):
         deterministic=self.deterministic,
         decode=self.decode,
         name="decoder",
-    )(x, with_pattern(token_mask(attention_mask, segment_ids), True, prefix_lengths), positions)
+    )(x, mask, positions)
+    out = {}
+    if c.mtp_depth and not self.decode and (mtp_tokens is not None or self.is_initializing()):
+      ahead = [to_zigzag(future_tokens(row, k + 1, T), shards) for k in range(c.mtp_depth)]
+      embedded = jnp.stack([embedder(a, positions) for a in ahead])
+      mtp = MultiTokenPrediction(c, self.deterministic, name="mtp")(x, embedded, mask, positions)
+      out["mtp_hidden"] = jnp.stack([from_zigzag(h, shards) for h in mtp])
     if c.has_final_norm:
       x = Norm(c, name="final_norm")(x)
     x = from_zigzag(x, shards)
-    out = {"hidden": x, "logits": lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)}
+    logits = lm_logits(c, embedder, x[:, -1:] if last_logits_only else x)
+    out = {"hidden": x, "logits": logits, **out}
     if not self.decode:  # what a loss over chunks of tokens multiplies by (unused: no cost)
       out["unembedding"] = unembedding(c, self)
     return out

@@ -15,6 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from transformers_jax.modules import moe_routing
 from transformers_jax.modules.lora import projections
 
 ADAPTER_NAMES = ("lora_a", "lora_b")
@@ -37,12 +38,20 @@ def _filter(tree, keep):
   return out
 
 
+def has_state(model_cfg) -> bool:
+  """Whether the parameter tree holds state that is never trained (the routers' bias)."""
+  return model_cfg.feed_forward == "moe" and model_cfg.moe_score_bias
+
+
 def trainable(params, model_cfg) -> Any:
   """What training differentiates and updates: with LoRA the adapters' leaves only (a nested
-  dict like `params` holding just them), else `params` itself."""
-  if not model_cfg.lora_rank:
-    return params
-  return _filter(params, lambda name: name in ADAPTER_NAMES)
+  dict like `params` holding just them), else `params` itself, less any state (the routers'
+  bias, modules/moe_routing.py, which the update body sets)."""
+  if model_cfg.lora_rank:
+    return _filter(params, lambda name: name in ADAPTER_NAMES)
+  if has_state(model_cfg):
+    return _filter(params, lambda name: name != moe_routing.BIAS)
+  return params
 
 
 def base(params) -> Any:
@@ -52,7 +61,7 @@ def base(params) -> Any:
 
 def with_trainable(params, updated, model_cfg) -> Any:
   """`params` with the leaves of `updated` (a `trainable(params, ...)` tree) put back."""
-  if not model_cfg.lora_rank:
+  if not model_cfg.lora_rank and not has_state(model_cfg):
     return updated
 
   def put(base, new):

@@ -10,6 +10,7 @@ from transformers_jax.modules.attention import Attention
 from transformers_jax.modules.common import constant, dtype_of
 from transformers_jax.modules.feed_forward import FeedForward, MoE
 from transformers_jax.modules.masks import AttentionMask, is_causal, with_pattern
+from transformers_jax.modules.mla import MLA
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
 from transformers_jax.modules import inits, layer_types, remat
@@ -89,6 +90,9 @@ class Block(nn.Module):
     layer = layer_types.layer_attention(c, depth.layer, is_causal(mask, self.causal))
 
     def self_attn(h):
+      if c.mla:  # multi-head latent attention: modules/mla.py (its config_problem: what it takes)
+        latent = MLA(causal=self.causal, name="self_attn", **kw, **parts("self_attn"))
+        return latent(h, mask=mask, positions=positions, bias=bias, window=layer.window)
       attention = Attention(
           causal=self.causal,
           name="self_attn",
@@ -115,7 +119,10 @@ class Block(nn.Module):
     if self.moe:
       ffn = MoE(c, name="ffn", **parts("ffn"))
     else:
-      ffn = FeedForward(c, name="ffn", deterministic=self.deterministic, **parts("ffn"))
+      width = c.dense_ff_width  # an MoE model's dense blocks may have their own
+      ffn = FeedForward(
+          c, name="ffn", width=width, deterministic=self.deterministic, **parts("ffn")
+      )
     sublayers.append(("ffn", ffn))
     x = placement.block(site, x, sublayers)
     names = ("act_batch", "act_length") + (None,) * (x.ndim - 3) + ("act_embed",)
@@ -127,9 +134,11 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
-  """`num_layers` Blocks: a Python loop (`layer_0` … `layer_{L-1}`) or one nn.scan (`layers`,
+  """`num_layers` Blocks: a Python loop (`layer_0` … `layer_{L-1}`) or nn.scan (`layers`,
   every parameter with a leading `layers` axis, the block index a scanned input), with the
-  config's remat policy. `role` tells the blocks which stack of an encoder-decoder they are in
+  config's remat policy. Blocks of different kinds (an MoE model's first dense blocks,
+  model.moe_first_dense) are scanned in runs, one per kind: `layers` from block 0, then
+  `layers_from_<n>` from block n (scan_runs). `role` tells the blocks which stack of an encoder-decoder they are in
   (norm placements whose constants depend on both depths read it). A position scheme's score
   bias (modules/positions.py) is made here, once, and every block's self-attention adds it.
   The stream enters the blocks as the placement carries it (n copies for hyper-connections) and
@@ -171,23 +180,25 @@ class Stack(nn.Module):
       B, T = x.shape[:2]
       x = (x, jnp.zeros((B, T, c.kv_heads, c.head_width), dtype_of(c.dtype)))
     if c.scan_layers:
-      body = nn.scan(
-          block,
-          variable_axes={
-              "params": 0,
-              "intermediates": 0,
-              "losses": 0,
-              "moe_stats": 0,
-              "cache": 0,
-              "profile": 0,
-          },
-          split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast,) * len(args) + (0,),
-          length=self.num_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"},
-      )
-      layers = jnp.arange(self.num_layers, dtype=jnp.int32)
-      x, _ = body(moe=c.is_moe_layer(0), scanned=True, name="layers", **kw)(x, *args, layers)
+      for start, length in scan_runs(c, self.num_layers):
+        body = nn.scan(
+            block,
+            variable_axes={
+                "params": 0,
+                "intermediates": 0,
+                "losses": 0,
+                "moe_stats": 0,
+                "cache": 0,
+                "profile": 0,
+            },
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,) * len(args) + (0,),
+            length=length,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        layers = jnp.arange(start, start + length, dtype=jnp.int32)
+        run = body(moe=c.is_moe_layer(start), scanned=True, name=run_name(start), **kw)
+        x, _ = run(x, *args, layers)
     else:
       for i in range(self.num_layers):
         x = block(moe=c.is_moe_layer(i), layer=i, name=f"layer_{i}", **kw)(x, *args)
@@ -196,27 +207,61 @@ class Stack(nn.Module):
     return placement.leave(c, x)
 
 
+def scan_runs(c, num_layers: int) -> list[tuple[int, int]]:
+  """(first block, blocks) of each run of consecutive blocks of one kind (dense or MoE), which a
+  scanned stack scans one at a time."""
+  runs = []
+  for i in range(num_layers):
+    if runs and c.is_moe_layer(i) == c.is_moe_layer(runs[-1][0]):
+      runs[-1][1] += 1
+    else:
+      runs.append([i, 1])
+  return [tuple(r) for r in runs]
+
+
+def run_name(start: int) -> str:
+  """The subtree of the scanned run of blocks from block `start`."""
+  return "layers" if start == 0 else f"layers_from_{start}"
+
+
+def run_start(name: str) -> int | None:
+  """The first block of the scanned run `name` holds (`run_name`), None for any other name."""
+  if name == "layers":
+    return 0
+  tail = name.removeprefix("layers_from_")
+  return int(tail) if tail != name and tail.isdigit() else None
+
+
 def scan_to_loop(tree):
   """Convert a parameter (or any variable) tree from the scanned layout to the looped one.
 
-  Every `layers` subtree, whose leaves carry a leading layer axis, becomes `layer_0` … `layer_{L-1}`.
-  Works on plain arrays; call `nn.unbox` first on boxed (partitioned) trees.
+  Every `layers` (`layers_from_<n>`) subtree, whose leaves carry a leading layer axis, becomes
+  `layer_0` … (`layer_<n>` …). Works on plain arrays; call `nn.unbox` first on boxed
+  (partitioned) trees.
   """
   if not isinstance(tree, dict):
     return tree
   out = {}
   for key, value in tree.items():
-    if key == "layers" and isinstance(value, dict):
+    start = run_start(key)
+    if start is not None and isinstance(value, dict):
       n = jax.tree_util.tree_leaves(value)[0].shape[0]
       for i in range(n):
-        out[f"layer_{i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], value)
+        out[f"layer_{start + i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], value)
     else:
       out[key] = scan_to_loop(value)
   return out
 
 
+def _kind(tree):
+  """What makes blocks stack together: the same tree of the same shapes."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple(getattr(leaf, "shape", None) for leaf in leaves)
+
+
 def loop_to_scan(tree):
-  """Inverse of `scan_to_loop`: stack `layer_0` … `layer_{L-1}` into one `layers` subtree."""
+  """Inverse of `scan_to_loop`: stack `layer_0` … `layer_{L-1}` into one `layers` subtree, or,
+  where blocks differ in kind (dense and MoE), each run of one kind into its own (`run_name`)."""
   if not isinstance(tree, dict):
     return tree
   layer_keys = sorted((k for k in tree if _is_layer_name(k)), key=lambda k: int(k[6:]))
@@ -224,7 +269,15 @@ def loop_to_scan(tree):
   if layer_keys:
     if [int(k[6:]) for k in layer_keys] != list(range(len(layer_keys))):
       raise ValueError(f"layers are not numbered 0..{len(layer_keys) - 1}: {layer_keys}")
-    out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *(tree[k] for k in layer_keys))
+    runs = []
+    for i, key in enumerate(layer_keys):
+      if runs and _kind(tree[key]) == _kind(tree[layer_keys[runs[-1][0]]]):
+        runs[-1][1] = i + 1
+      else:
+        runs.append([i, i + 1])
+    for start, end in runs:
+      parts = (tree[layer_keys[i]] for i in range(start, end))
+      out[run_name(start)] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *parts)
   return out
 
 
@@ -242,7 +295,7 @@ def stacked_blocks(tree) -> bool | None:
   names = {
       name for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0] for name in _names(path)
   }
-  if "layers" in names:
+  if any(run_start(name) is not None for name in names):
     return True
   return False if any(_is_layer_name(name) for name in names) else None
 
@@ -260,22 +313,33 @@ def relayout(tree, like, axis: int = 0):
   `layers` is the `layer_i` leaves stacked on `axis`; any other leaf is taken as it is. `axis`
   is 1 under a population's leading member axis. (Jit it, with the new layout's shardings.)"""
   flat = {_names(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  runs = {}  # (names without the run's, its position) -> [(first block, stacked leaf)]
+  for key, stacked in flat.items():
+    for i, name in enumerate(key):
+      if run_start(name) is not None:
+        runs.setdefault((key[:i] + key[i + 1 :], i), []).append((run_start(name), stacked))
 
-  def take(path, _):
+  def take(path, leaf):
     names = _names(path)
     if names in flat:
       return flat[names]
-    if "layers" in names:
-      at = names.index("layers")
-      parts = []
-      while (key := names[:at] + (f"layer_{len(parts)}",) + names[at + 1 :]) in flat:
+    at = next((i for i, name in enumerate(names) if run_start(name) is not None), None)
+    if at is not None:  # a run of `leaf.shape[axis]` blocks from its first
+      start, parts = run_start(names[at]), []
+      for i in range(start, start + leaf.shape[axis]):
+        key = names[:at] + (f"layer_{i}",) + names[at + 1 :]
+        if key not in flat:
+          break
         parts.append(flat[key])
-      if parts:
+      if len(parts) == leaf.shape[axis]:
         return jnp.stack(parts, axis)
     at = next((i for i, name in enumerate(names) if _is_layer_name(name)), None)
-    stacked = None if at is None else flat.get(names[:at] + ("layers",) + names[at + 1 :])
-    if stacked is None:
+    index = None if at is None else int(names[at][6:])
+    # the run holding block `index`: the latest to start at or before it
+    found = [r for r in runs.get((names[:at] + names[at + 1 :], at), ()) if r[0] <= index]
+    if not found:
       raise ValueError(f"{'/'.join(names)}: no such tensor in either layout of the blocks")
-    return jnp.take(stacked, int(names[at][6:]), axis)
+    start, stacked = max(found, key=lambda r: r[0])
+    return jnp.take(stacked, index - start, axis)
 
   return jax.tree_util.tree_map_with_path(take, like)

@@ -94,11 +94,17 @@ def write_cache(
   the caller's `mask` are evaluated at the positions the slots hold: a window and a bias depend
   only on key - query offsets, which slot positions keep even for left-padded rows; chunks
   depend on the tokens' own positions, the slot's shifted by the row's (`positions` [B, T],
-  this call's, give the shift by the last token: a left-padded row's chunks start where its tokens do). The
+  this call's, give the shift by the last token: a left-padded row's chunks start where its
+  tokens do). The
   `pattern`'s prefix (a prefix LM's prompt: its tokens see each other) applies by cache slot;
   its causal order is the cache's own.
+
+  `v` None: the values are the keys themselves (multi-head latent attention's compressed
+  latent, modules/mla.py), and the cache holds the one array.
   """
   B, T, G, K = k.shape
+  shared = v is None
+  v = k if shared else v
   chunk = getattr(pattern, "chunk", None) if chunk is None else chunk
   # static: this layer keeps only the last `span` positions
   spans = [s for s in (window, chunk) if isinstance(s, int)]
@@ -108,7 +114,7 @@ def write_cache(
   empty = initialised and not module.has_variable("cache", "cache_index")  # static
   shape = (B, G, min(T, span) if ring else T, K)  # init: as many positions as the input
   ck = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-  cv = module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+  cv = ck if shared else module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
   ci = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
   if not initialised:
     return None
@@ -125,14 +131,16 @@ def write_cache(
     kept = min(T, S)
     slots = jnp.mod(start + T - kept + jnp.arange(kept), S)
     ck.value = old_k.at[:, :, slots].set(k[:, :, T - kept :])
-    cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
+    if not shared:
+      cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
     # the position each slot held before this call: the latest p < start with p mod S = slot
     slot = jnp.arange(S, dtype=jnp.int32)
     key_positions = (start - 1 - jnp.mod(start - 1 - slot, S))[None]  # [1, S]; < 0: unwritten
     old_mask = (key_positions >= 0)[:, None, None, :]
   else:
     ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
-    cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
+    if not shared:
+      cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
     key_positions = index_positions(S)
     old_mask = (key_positions < start)[:, None, None, :]  # [1, 1, 1, S]
   ci.value = start + T

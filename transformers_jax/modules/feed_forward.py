@@ -19,7 +19,7 @@ from transformers_jax.modules.common import (
     kernel_init,
     zeros,
 )
-from transformers_jax.modules import glu
+from transformers_jax.modules import glu, moe_routing
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import FFN_MID_NORM, FFN_SCALES
 from transformers_jax.modules.placements.ngpt import FFN_SCALE, scaled_gain
@@ -38,10 +38,12 @@ class FeedForward(nn.Module):
   init_rules: tuple = ()
   features: tuple[str, ...] = ()
   deterministic: bool = True  # False while training: dropout on LoRA adapters' input
+  width: int | None = None  # F; None = model.d_ff (shared experts, an MoE model's dense blocks)
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
+    F = self.width or c.ff_width
     act = glu.ffn_activation(c)
     rules = dict(self.init_rules)
     lora_x = adapter_dropout(c, self.deterministic)
@@ -55,18 +57,14 @@ class FeedForward(nn.Module):
 
     if c.gated:
       gate, up = (
-          DenseWeights(
-              c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get(name), bias, name=name
-          )
+          DenseWeights(c, (F,), ("embed", "mlp"), ("mlp",), rules.get(name), bias, name=name)
           for name in ("wi_0", "wi_1")
       )
       h0, h1 = fused_dense(c, x, [gate(x.shape[-1]), up(x.shape[-1])], lora_x(x))
       gate = scaled(checkpoint_name(h0, "mlpwi_0"), "gate_gain", c.d_model**0.5)
       h = glu.combine(act, gate, scaled(checkpoint_name(h1, "mlpwi_1"), "up_gain", 1.0))
     else:
-      wi = DenseWeights(
-          c, (c.ff_width,), ("embed", "mlp"), ("mlp",), rules.get("wi"), bias, name="wi"
-      )
+      wi = DenseWeights(c, (F,), ("embed", "mlp"), ("mlp",), rules.get("wi"), bias, name="wi")
       h = checkpoint_name(apply_projection(x, wi(x.shape[-1]), 1, lora_x(x)), "mlpwi")
       h = act(scaled(h, "gate_gain", c.d_model**0.5))
     h = nn.with_logical_constraint(h, ("act_batch", "act_length", "act_mlp"))
@@ -96,8 +94,9 @@ class FeedForwardKind:
 class Dense(FeedForwardKind):
   summary = "D -> F -> D through the activation (two input projections when it is gated)"
 
-  def params(self, c, layer, active=False):
-    D, F, b = c.d_model, c.ff_width, int(c.has_ffn_bias)
+  def params(self, c, layer, active=False, width=None):
+    # `width`: F; else a dense block's own (an MoE model's dense blocks may differ: dense_ff_width)
+    D, F, b = c.d_model, width or c.dense_ff_width, int(c.has_ffn_bias)
     n_in = 2 if c.gated else 1
     return n_in * (D * F + b * F) + F * D + b * D
 
@@ -106,11 +105,15 @@ class Experts(Dense):
   summary = "a router sends each token to top_k of num_experts dense FFNs, every moe_every-th block"
 
   def params(self, c, layer, active=False):
-    dense = super().params(c, layer)  # one expert's, or the whole FFN of a dense block
     if not c.is_moe_layer(layer):
-      return dense
+      return super().params(c, layer)  # the whole FFN of a dense block
+    expert = super().params(c, layer, width=c.ff_width)
     router = (c.d_model + int(c.router_bias)) * c.num_experts  # its logits' bias: gpt-oss
-    return router + (c.top_k if active else c.num_experts) * dense
+    # DeepSeek's shared experts: one FFN num_shared_experts times as wide that every token takes
+    shared = c.num_shared_experts and super().params(
+        c, layer, width=c.num_shared_experts * c.ff_width
+    )
+    return router + (c.top_k if active else c.num_experts) * expert + shared
 
   def config_problem(self, c):
     if c.num_experts < 1:
@@ -133,7 +136,7 @@ FEED_FORWARDS: dict[str, FeedForwardKind] = {"dense": Dense(), "moe": Experts()}
 
 def config_problem(c) -> tuple[str, str, str] | None:
   """(field, value, fix) of a feed-forward setting that cannot work, or None."""
-  return FEED_FORWARDS[c.feed_forward].config_problem(c)
+  return FEED_FORWARDS[c.feed_forward].config_problem(c) or moe_routing.config_problem(c)
 
 
 def router_problem(c) -> tuple[str, str, str] | None:
@@ -155,10 +158,16 @@ def route(router_probs, top_k: int, capacity: int, normalize: bool = True):
   token order; a choice that finds its expert full is dropped (the residual carries the token).
   The k chosen weights are renormalised to sum to one (`normalize`; else the probabilities).
   """
-  B, T, E = router_probs.shape
   top_p, top_i = jax.lax.top_k(router_probs, top_k)  # [B, T, k]
   if normalize:
     top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+  return route_choices(top_p, top_i, router_probs.shape[-1], capacity)
+
+
+def route_choices(top_p, top_i, num_experts: int, capacity: int):
+  """`route` for choices made already: weights top_p and experts top_i [B, T, k]."""
+  B, T, top_k = top_i.shape
+  E = num_experts
   choice = jax.nn.one_hot(top_i, E, dtype=jnp.int32)  # [B, T, k, E]
   ranked = choice.transpose(0, 2, 1, 3).reshape(B, top_k * T, E)  # choice-rank major
   slot = (jnp.cumsum(ranked, axis=1) - 1).reshape(B, top_k, T, E).transpose(0, 2, 1, 3)
@@ -196,7 +205,11 @@ class MoE(nn.Module):
     router = dense(c, E, -1, ("embed", "experts"), ("experts",), "router", use_bias=c.router_bias)
     logits = router(x)
     logits = logits.astype(jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
+    probs = moe_routing.router_scores(c, logits)  # softmax, or DeepSeek-V3's sigmoid
+    score_bias = None  # DeepSeek-V3's auxiliary-loss-free bias: state, float32 (moe_routing.py)
+    if c.moe_score_bias:
+      score_bias = self.param(moe_routing.BIAS, zeros(("experts",)), (E,), jnp.float32)
+    top_p, top_i = moe_routing.choose(c, probs, score_bias)
     dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
 
     rules = dict(self.init_rules)
@@ -221,9 +234,6 @@ class MoE(nn.Module):
       weights["bo"] = bias("bo", (E, 1, D), ("experts", None, "embed"))
 
     if c.moe_impl == "ragged":
-      top_p, top_i = jax.lax.top_k(probs, c.top_k)
-      if c.router_norm_topk:
-        top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
       choice = jax.nn.one_hot(top_i, E, dtype=jnp.float32)
       flat = {k: (v[:, 0] if k.startswith("b") else v) for k, v in weights.items()}
       out, kept = ragged_moe(
@@ -234,15 +244,20 @@ class MoE(nn.Module):
       # an expert meets each token of a sequence at most once, so T slots hold every choice
       # (a larger capacity_factor, 1e9 for "never drop", means T: not an int32 overflow)
       capacity = min(T, max(1, math.ceil(c.capacity_factor * T * c.top_k / E)))
-      weigh, dispatch, choice = route(probs, c.top_k, capacity, c.router_norm_topk)
+      combine, dispatch, choice = route_choices(top_p, top_i, E, capacity)
       weights = {k: v.astype(dt) for k, v in weights.items()}
       mid_norm = None
       if FFN_MID_NORM in self.features:
         mid_norm = Norm(c, axis="mlp", name="mid_norm")
-      out = dense_experts(c, x.astype(dt), weigh.astype(dt), dispatch.astype(dt), weights, mid_norm)
+      out = dense_experts(
+          c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights, mid_norm
+      )
       kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
+    if c.num_shared_experts:  # every token's own experts besides the routed ones (DeepSeek)
+      shared = FeedForward(c, self.init_rules, width=c.num_shared_experts * F, name="shared")
+      out = out + shared(x)
     fraction = jnp.mean(jnp.sum(choice, axis=2), axis=(0, 1)) / c.top_k  # [E]
-    self.sow("losses", "moe_aux_loss", E * jnp.sum(fraction * jnp.mean(probs, axis=(0, 1))))
+    self.sow("losses", "moe_aux_loss", moe_routing.balance_loss(c, probs, choice))
     log_z = jax.nn.logsumexp(logits, axis=-1)
     self.sow("moe_stats", "router_z_loss", jnp.mean(jnp.square(log_z)))
     self.sow("moe_stats", "expert_fraction", fraction)

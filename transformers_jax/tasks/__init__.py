@@ -15,6 +15,7 @@ from transformers_jax.tasks.classify import ImageClassification, TextClassificat
 from transformers_jax.tasks.distill import Distillation
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.mlm import MaskedLM
+from transformers_jax.tasks.mtp import MultiTokenPrediction
 from transformers_jax.tasks.prefix_lm import PrefixLM
 from transformers_jax.tasks.seq2seq import Translation
 from transformers_jax.tasks.span_corruption import SpanCorruption
@@ -31,6 +32,7 @@ TASKS = {
         SpanCorruption(),
         Distillation(),
         PrefixLM(),
+        MultiTokenPrediction(),
     )
 }
 

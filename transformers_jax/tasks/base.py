@@ -66,6 +66,8 @@ class Task:
   name = ""
   summary = ""  # one line on what it trains (--config_help lists the registry with it)
   families: tuple[str, ...] = ()  # the model families it trains (empty: any)
+  # model fields without which it has nothing to train (the registry's tests build with them)
+  model_needs: dict = {}
   heads: tuple[str, ...] = ()  # and the heads they need (empty: any)
   bundled_data = ""  # data.name of the data that needs no --config.data.path
   language_model = False  # reports perplexity (and decodes text)

@@ -95,9 +95,10 @@ def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
   )
   tx = optax.chain(*parts)
   model_cfg = ModelConfig.from_dict(config.model)
-  if not model_cfg.lora_rank:
+  if not model_cfg.lora_rank and not lora.has_state(model_cfg):
     return tx
-  # LoRA: the state covers the adapters only (the update body passes their gradients alone)
+  # LoRA: the state covers the adapters only (the update body passes their gradients alone);
+  # the routers' bias (state, modules/moe_routing.py) has none
   return optax.GradientTransformation(
       lambda params: tx.init(lora.trainable(params, model_cfg)), tx.update
   )

@@ -12,6 +12,7 @@ from flax import linen as nn
 
 from transformers_jax.machine import parallel
 from transformers_jax.models import build_model, lora, parameter_constraint
+from transformers_jax.modules import moe_routing
 from transformers_jax.train import optim
 from transformers_jax.train.state import on_device
 
@@ -72,6 +73,8 @@ def make_loss_fn(
       sums["moe_expert_fraction"] = (
           sown_mean(stats, "expert_fraction", (model_cfg.num_experts,)) * sums["weight"]
       )
+      if lora.has_state(model_cfg):  # each layer's loads, for its routing bias
+        sums["router_loads"] = moe_routing.layer_loads(stats)
     return objective, sums
 
   return loss_fn
@@ -138,6 +141,8 @@ def make_update(task, model_cfg, config, optimizer, grad_shardings=None):
     grads = jax.tree_util.tree_map(lambda g: g / weight, grads)
     updates, opt_state = optimizer(hparams).update(grads, opt_state, trained)
     params = lora.with_trainable(params, optax.apply_updates(trained, updates), model_cfg)
+    if "router_loads" in sums:  # DeepSeek-V3's bias, moved against the step's loads
+      params = moe_routing.updated_bias(model_cfg, params, sums.pop("router_loads"))
     if constrain is not None:
       params = constrain(params)
     metrics = task.metrics(sums, weight)
@@ -267,10 +272,13 @@ def per_layer(intermediates, name: str) -> dict[str, list[float]]:
     if name not in keys:
       continue
     stack = keys[0]
-    layer = next((k for k in keys if re.fullmatch(r"layer_\d+|layers", k)), None)
+    layer = next((k for k in keys if re.fullmatch(r"layer_\d+|layers(_from_\d+)?", k)), None)
+    if layer is None:  # a block outside the stacks (multi-token prediction's)
+      continue
     values = jnp.ravel(jnp.asarray(leaf))
-    if layer == "layers":  # scanned: one array with a value per layer
-      found.setdefault(stack, []).extend(enumerate(values.tolist()))
+    if layer.startswith("layers"):  # scanned: one array with a value per layer of the run
+      start = int(layer.rpartition("_")[2]) if layer != "layers" else 0
+      found.setdefault(stack, []).extend(enumerate(values.tolist(), start))
     else:
       found.setdefault(stack, []).append((int(layer.split("_")[1]), float(values[0])))
   out = {}

@@ -94,8 +94,9 @@ class Rotary(PositionScheme):
     return tuple(apply_rope(x, positions, c.rope_theta, c.rope_scaling) for x in (q, k))
 
   def config_problem(self, c):
-    if c.head_width % 2:
-      return "head_dim", str(c.head_width), "RoPE rotates pairs of features: use an even head_dim"
+    field, width = ("qk_rope_head_dim", c.qk_rope_head_dim) if c.mla else ("head_dim", c.head_width)
+    if width % 2:
+      return field, str(width), f"RoPE rotates pairs of features: use an even {field}"
     if not c.rope_theta > 0:
       return "rope_theta", str(c.rope_theta), "RoPE's base wavelength must be positive, e.g. 1e4"
     try:
