@@ -22,7 +22,7 @@ from transformers_jax.modules.activations import ACTIVATIONS, Activation
 from transformers_jax.modules.attention import attend
 from transformers_jax.modules.block import loop_to_scan
 from transformers_jax.modules.common import summary_of
-from transformers_jax.modules.feed_forward import FEED_FORWARDS
+from transformers_jax.modules.feed_forward import FEED_FORWARDS, FeedForwardKind
 from transformers_jax.modules.norm_kinds import NormKind
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.positions import (
@@ -247,6 +247,36 @@ def test_a_new_activation_is_one_registry_entry(monkeypatch):
 @pytest.mark.parametrize("name", list(FEED_FORWARDS))
 def test_every_feed_forward_kind_counts_trains_and_scans(name):
   check_model(tiny("decoder", "pre", feed_forward=name, num_experts=2))
+
+
+class LinearSublayer(nn.Module):
+  """x W with one D x D matrix: a feed-forward sublayer written in a test."""
+
+  cfg: object
+  init_rules: tuple = ()
+  features: tuple = ()
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.cfg.d_model, use_bias=False, name="w")(x)
+
+
+class LinearKind(FeedForwardKind):
+  summary = "x W, one D x D matrix (written in a test)"
+
+  def params(self, c, layer, active=False):
+    return c.d_model * c.d_model
+
+  def module(self, c, moe, deterministic, **kwargs):
+    return LinearSublayer(c, **kwargs)
+
+
+def test_a_new_feed_forward_kind_is_one_registry_entry(monkeypatch):
+  monkeypatch.setitem(FEED_FORWARDS, "linear", LinearKind())
+  check_model(tiny("decoder", "pre", feed_forward="linear"))
+  check_listed("feed_forward", "linear")
+  params = nn.unbox(initializer(tiny("decoder", "pre", feed_forward="linear"))(KEY))
+  assert set(params["decoder"]["layer_0"]["ffn"]) == {"w"}
 
 
 # ----------------------------------------------------------------------------- objectives

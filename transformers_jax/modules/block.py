@@ -8,7 +8,7 @@ from flax import linen as nn
 
 from transformers_jax.modules.attention import Attention
 from transformers_jax.modules.common import constant, dtype_of
-from transformers_jax.modules.feed_forward import FeedForward, MoE
+from transformers_jax.modules.feed_forward import FEED_FORWARDS
 from transformers_jax.modules.masks import AttentionMask, is_causal, with_pattern
 from transformers_jax.modules.mla import MLA
 from transformers_jax.modules.norms import Norm
@@ -116,13 +116,10 @@ class Block(nn.Module):
               ),
           )
       )
-    if self.moe:
-      ffn = MoE(c, name="ffn", **parts("ffn"))
-    else:
-      width = c.dense_ff_width  # an MoE model's dense blocks may have their own
-      ffn = FeedForward(
-          c, name="ffn", width=width, deterministic=self.deterministic, **parts("ffn")
-      )
+    # the feed-forward kind's module (modules/feed_forward.py's registry)
+    ffn = FEED_FORWARDS[c.feed_forward].module(
+        c, self.moe, self.deterministic, name="ffn", **parts("ffn")
+    )
     sublayers.append(("ffn", ffn))
     x = placement.block(site, x, sublayers)
     names = ("act_batch", "act_length") + (None,) * (x.ndim - 3) + ("act_embed",)

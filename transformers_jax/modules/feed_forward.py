@@ -90,9 +90,18 @@ class FeedForwardKind:
     del c
     return None
 
+  def module(self, c, moe: bool, deterministic: bool, **kwargs) -> nn.Module:
+    """The sublayer a Block builds (inside its own call; `kwargs`: its name, and the norm
+    placement's init_rules and features); `moe`: the block is one of model.moe_every's."""
+    raise NotImplementedError
+
 
 class Dense(FeedForwardKind):
   summary = "D -> F -> D through the activation (two input projections when it is gated)"
+
+  def module(self, c, moe, deterministic, **kwargs):
+    del moe  # an MoE model's dense blocks have their own width (dense_ff_width)
+    return FeedForward(c, width=c.dense_ff_width, deterministic=deterministic, **kwargs)
 
   def params(self, c, layer, active=False, width=None):
     # `width`: F; else a dense block's own (an MoE model's dense blocks may differ: dense_ff_width)
@@ -114,6 +123,9 @@ class Experts(Dense):
         c, layer, width=c.num_shared_experts * c.ff_width
     )
     return router + (c.top_k if active else c.num_experts) * expert + shared
+
+  def module(self, c, moe, deterministic, **kwargs):
+    return MoE(c, **kwargs) if moe else super().module(c, moe, deterministic, **kwargs)
 
   def config_problem(self, c):
     if c.num_experts < 1:
