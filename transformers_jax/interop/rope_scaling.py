@@ -5,21 +5,15 @@ hub's way. Llama 3.1's "llama3" scaling reads as interop/llama.py reads it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from transformers_jax.interop.common import UnsupportedArchitecture
 from transformers_jax.modules.positions import parse_rope_scaling
-from transformers_jax.modules.yarn import parse_yarn
+from transformers_jax.modules.yarn import mscale, parse_yarn
 
 
 def _number(x) -> str:
   return format(float(x), ".17g")
-
-
-def _mscale(factor: float, mscale: float) -> float:
-  """YaRN's attention factor for a context `factor` times longer: 0.1 mscale ln(factor) + 1."""
-  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def read_rope(
@@ -50,7 +44,7 @@ def read_rope(
   factor = rope.get("factor") or hf["max_position_embeddings"] / original
   attention = rope.get("attention_factor")
   if attention is None and rope.get("mscale") and rope.get("mscale_all_dim"):
-    attention = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
+    attention = mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"])
   numbers = [factor, rope.get("beta_fast") or 32, rope.get("beta_slow") or 1, original]
   numbers.append(1 if rope.get("truncate", True) else 0)
   if attention is not None:
