@@ -15,7 +15,10 @@ left out. Writes
              table)
   bleu.md    translation: greedy BLEU and exact match per scheme, warmup and rate
   claims.md  per paper, the measured figures its claim is read from (the readings themselves
-             are in the results README)
+             are in the results README), with the training CPU time of every folder
+  width_ladder/README.md, claims_by_width.png
+             the width ladder (experiments/norm_zoo_width.py): a table per claim, a row per
+             d_model, each scheme's best loss and rate, the claim's gap and its trend with width
 
 A member's final loss is its last held-out loss; a diverged one, or one ending above ln(vocab),
 counts as ln(vocab).
