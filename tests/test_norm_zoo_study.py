@@ -1,6 +1,7 @@
 """The norm zoo study's probes and report (scripts/block_contribution.py, amplification.py,
 norm_zoo_report.py): what they measure is what their docstrings say."""
 
+import json
 import math
 
 import jax
@@ -70,3 +71,33 @@ def test_report_reads_best_configuration_and_steps_to_a_shared_loss():
   # the shared target is the worst best loss (post's 2.5): pre reaches it at 300, ReZero at 100
   assert "step 300" in rows[0] and "step 300" in rows[1] and "step 100" in rows[2]
   assert report.first_step_at([100, 200], [3.0, 2.9], 2.5) is None
+
+
+def test_width_trend_counts_a_change_only_beyond_the_seed_bands():
+  report = load_script("norm_zoo_report")
+  assert report.width_trend([0.3, 0.4, 0.5], [0.05, 0.05, 0.05]) == "opening"
+  assert report.width_trend([0.5, 0.4, 0.3], [0.05, 0.05, 0.05]) == "closing"
+  assert report.width_trend([0.30, 0.33, 0.36], [0.05, 0.05, 0.05]) == "flat"  # 0.06 < 0.1
+  assert report.width_trend([0.3, 0.9, 0.5], [0.05, 0.05, 0.05]) == "opening, not monotone"
+
+
+def test_depth_exponent_recovers_a_power_law_and_contributions_split_thirds(tmp_path):
+  report = load_script("norm_zoo_report")
+  assert (
+      abs(report.depth_exponent([6, 12, 24, 48], [d**-0.5 for d in (6, 12, 24, 48)]) + 0.5) < 1e-9
+  )
+  rows = [
+      {
+          "run": "pre-L6",
+          "seed": s,
+          "learning_rate": 1e-2,
+          "loss": 2.0 + s,
+          "skip_loss_increase": [1, 1, 0, 0, 0.1, 0.3],
+          "angular_distance": [0.2] * 6,
+      }
+      for s in (0, 1)
+  ]
+  (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  run = report.contributions(tmp_path / "c.jsonl")["pre-L6"]
+  assert run["seeds"] == [0, 1] and run["loss"] == [2.0, 3.0]
+  assert run["skip_first"] == [1, 1] and abs(run["skip_last"][0] - 0.2) < 1e-12
