@@ -252,8 +252,13 @@ PANEL_SCHEMES = 6
 
 def panels(records) -> list[list[dict]]:
   """The records in groups of at most PANEL_SCHEMES, pre-LN's first (the reference) in every
-  group when the sweep has one, the others in the sweep's order."""
+  group when the sweep has one, the others in the sweep's order. A sweep of claims without a
+  pre-LN reference (the width ladder: CLAIM-SCHEME-WIDTH names) gets panels of one claim each."""
   ref = next((r for r in records if r["name"].split("-L")[0] == "pre"), None)
+  claims = list(dict.fromkeys(r["name"].split("-")[0] for r in records))
+  if ref is None and 1 < len(claims) < len(records):
+    of = [[r for r in records if r["name"].split("-")[0] == claim] for claim in claims]
+    return [g[i : i + PANEL_SCHEMES] for g in of for i in range(0, len(g), PANEL_SCHEMES)]
   others = [r for r in records if r is not ref]
   size = PANEL_SCHEMES - (ref is not None)
   groups = [others[i : i + size] for i in range(0, len(others), size)] or [[]]
@@ -267,7 +272,11 @@ def plot(records, out: pathlib.Path) -> None:
   import matplotlib.pyplot as plt
 
   depths = sorted({r["depth"] for r in records})
-  warmups = sorted({w for r in records for w in curves(r)})
+
+  def fraction(r, warmup):  # warmups as fractions of their run: populations may differ in steps
+    return round(warmup / r["steps"], 4)
+
+  warmups = sorted({fraction(r, w) for r in records for w in curves(r)})
   groups = panels(records)
   rows = [(g, d) for g in groups for d in depths if any(r["depth"] == d for r in g)]
   fig, axes = plt.subplots(
@@ -278,7 +287,7 @@ def plot(records, out: pathlib.Path) -> None:
     for col, warmup in enumerate(warmups):
       ax = axes[row][col]
       for i, r in enumerate(x for x in group if x["depth"] == depth):
-        by_lr = curves(r).get(warmup)
+        by_lr = next((v for w, v in curves(r).items() if fraction(r, w) == warmup), None)
         if not by_lr:
           continue
         lrs = sorted(by_lr)
@@ -290,7 +299,8 @@ def plot(records, out: pathlib.Path) -> None:
         lo, hi = [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs]
         ax.fill_between(lrs, lo, hi, color=color, alpha=0.12)
       ax.set_xscale("log")
-      ax.set_title(f"depth {depth}, warmup {warmup} of {records[0]['steps']} steps", fontsize=9)
+      steps = "/".join(str(n) for n in sorted({r["steps"] for r in group if r["depth"] == depth}))
+      ax.set_title(f"depth {depth}, warmup {warmup:.0%} of {steps} steps", fontsize=9)
       ax.set_xlabel("peak learning rate")
       ax.set_ylabel("final held-out loss")
       ax.set_ylim(min(finals) - 0.05, min(max(finals), 4.0) + 0.05)  # a diverged: ln(vocab)
