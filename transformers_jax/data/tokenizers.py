@@ -156,6 +156,10 @@ def load_tokenizer_json(text: str, path: str | pathlib.Path = "<json>") -> Token
   spec = json.loads(text)
   if isinstance(spec, dict) and spec.get("kind") == "byte":
     return ByteTokenizer(bool(spec.get("specials")))
+  if isinstance(spec, dict) and spec.get("kind") == "chat":  # conversations: data/chat.py
+    from transformers_jax.data.chat import ChatTokenizer
+
+    return ChatTokenizer.from_spec(spec)
   if isinstance(spec, dict) and "model" in spec:
     from tokenizers import Tokenizer as HFTokenizer
 
