@@ -170,7 +170,17 @@ class SupervisedFineTuning(LanguageModeling):
         f"template of {template.where} ({len(cache.shards)} shards, {cache.folder}); packed; "
         f"{share:.0%} of the held-out tokens are the assistant's"
     )
-    data = TaskData(whole, evals, tok, summary)
+
+    def rows(step, start, stop):  # rows [start, stop) of the global batch, built alone
+      drawn = [
+          train.packed_row(np.random.default_rng([config.seed, step, r]), *whole_shape)
+          for r in range(start, stop)
+      ]
+      tokens, segments, positions = (np.stack(x) for x in zip(*drawn))
+      return whole.finish(tokens, segments, positions, step, range(start, stop))
+
+    whole_shape = (whole.length, whole.pad_id, whole.stride)
+    data = TaskData(whole, evals, tok, summary, train_rows=rows)
     data.train_stream = lambda start, end: pipeline.batch_stream(
         local, start, end, config.data.workers, config.data.prefetch
     )
