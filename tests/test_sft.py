@@ -110,7 +110,8 @@ def test_only_the_assistants_turns_are_marked_for_the_loss():
   assert "".join(marked) == "forty two.<|im_end|>\nyes!<|im_end|>\n"
   # prompt/completion is the user turn and the answer
   pair = TASKS["sft"], {"prompt": "What is it?", "completion": "Forty two."}
-  from transformers_jax.data.chat import ChatTokenizer, conversation
+  from transformers_jax.data.chat import conversation
+  from transformers_jax.data.tokenizers import ChatTokenizer
 
   chat = ChatTokenizer(tok, template)
   assert chat.encode(json.dumps(pair[1])) == chat.encode(

@@ -287,7 +287,7 @@ def export_hf(
     model_folder = model_folder / "base_model"
     architecture = save_hf(
         model_folder,
-        model_cfg.replace(lora_rank=0),
+        lora.without_lora(model_cfg),
         lora.base(params),
         architecture,
         extra_config=extra,

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from transformers_jax.data.errors import DataError
-from transformers_jax.data.tokenizers import Tokenizer, load_tokenizer_json
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -231,7 +230,7 @@ def assistant_spans(template: ChatTemplate, messages: list[dict]) -> tuple[str, 
   return text, spans
 
 
-def encode_conversation(tok: Tokenizer, template: ChatTemplate, messages) -> tuple[list, list]:
+def encode_conversation(tok, template: ChatTemplate, messages) -> tuple[list, list]:
   """(token ids, 1 where the token is the assistant's) of a conversation."""
   text, spans = assistant_spans(template, messages)
   hf = getattr(tok, "hf", None)
@@ -254,53 +253,13 @@ def encode_conversation(tok: Tokenizer, template: ChatTemplate, messages) -> tup
   return ids + tail, mask + [0] * len(tail)
 
 
-class ChatTokenizer(Tokenizer):
-  """A conversation row (its JSON text) -> ids 2 * token + (1 if trained on): the token cache
-  and its packing carry the loss mask in the ids themselves (decode_ids splits them back)."""
-
-  kind = "chat"
-
-  def __init__(self, inner: Tokenizer, template: ChatTemplate):
-    self.inner, self.template = inner, template
-    self.vocab_size = 2 * inner.vocab_size
-    self.pad_id = 2 * inner.pad_id if inner.pad_id is not None else None
-
-  def encode(self, text: str) -> list[int]:
-    if not text.strip():  # the separator between documents: the template ends each turn
-      return []
-    try:
-      row = json.loads(text)
-    except ValueError as e:
-      raise ChatRowError(
-          f"the row is not JSON ({e}): write one JSON object per line", text
-      ) from None
-    try:
-      ids, mask = encode_conversation(self.inner, self.template, conversation(row))
-    except ChatRowError as e:
-      raise ChatRowError(e.problem, text) from None
-    return [2 * i + m for i, m in zip(ids, mask)]
-
-  def decode(self, ids) -> str:
-    return self.inner.decode([int(i) // 2 for i in ids])
-
-  def to_json(self) -> str:
-    return json.dumps(
-        {"kind": self.kind, "tokenizer": self.inner.to_json(), **self.template.to_spec()}
-    )
-
-  @classmethod
-  def from_spec(cls, spec: dict) -> ChatTokenizer:
-    template = ChatTemplate(spec["template"], spec.get("special_tokens"), spec.get("where", ""))
-    return cls(load_tokenizer_json(spec["tokenizer"]), template)
-
-
 def decode_ids(encoded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(token ids, loss mask) of ChatTokenizer's ids."""
   encoded = np.asarray(encoded)
   return encoded // 2, encoded % 2
 
 
-def chat_prompt(tok: Tokenizer, template: ChatTemplate, text: str) -> list[int]:
+def chat_prompt(tok, template: ChatTemplate, text: str) -> list[int]:
   """The ids of a user turn `text` rendered with the generation prompt (generate --chat)."""
   rendered = template.render([{"role": "user", "content": text}], add_generation_prompt=True)
   hf = getattr(tok, "hf", None)

@@ -27,6 +27,7 @@ from flax import linen as nn
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import as_model_config, param_shapes
+from transformers_jax.models import lora as lora_params
 from transformers_jax.models.common import has_logit_gain
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
@@ -236,8 +237,13 @@ def analytic_breakdown(cfg, active: bool = False) -> dict[str, int]:
 
 
 def lora_count(cfg) -> int:
-  """LoRA adapters' parameters (what a LoRA run trains), by eval_shape; 0 without LoRA."""
-  return tree_breakdown(param_shapes(as_model_config(cfg))).get("lora", 0)
+  """What a LoRA run trains, by eval_shape: the adapters' parameters and those of the modules
+  model.lora_modules_to_save trains in full; 0 without LoRA."""
+  c = as_model_config(cfg)
+  if not c.lora_rank:
+    return 0
+  trained = jax.tree_util.tree_leaves(lora_params.trainable(param_shapes(c), c))
+  return sum(math.prod(x.shape) for x in trained)
 
 
 def analytic_count(cfg, active: bool = False) -> int:
@@ -298,7 +304,7 @@ def summary(config) -> dict:
       # every component the parameters fall into (blocks overlap them): sums to the total
       "breakdown": {k: n for k, n in ordered(parts).items() if n and k != "blocks"},
       # trained by the optimizer: every parameter, or with LoRA the adapters only
-      "trainable": parts.get("lora", 0) if c.lora_rank else total,
+      "trainable": lora_count(c) if c.lora_rank else total,
       "blocks": parts.get("blocks", 0),
       "blocks_share": parts.get("blocks", 0) / total,
       "feed_forward_share_of_blocks": ffn_share,

@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax.modules.lora import projections
+from transformers_jax.modules.lora import projections, trained_in_full
 
 ADAPTER_NAMES = ("lora_a", "lora_b")
 
@@ -24,25 +24,34 @@ def _is_tree(x) -> bool:
   return hasattr(x, "items")
 
 
-def _filter(tree, keep):
-  """The nested dict of `tree`'s leaves whose name `keep`s, empty branches dropped."""
+def _filter(tree, keep, path=()):
+  """The nested dict of `tree`'s leaves whose name `keep`s (or, for a `keep` of two
+  arguments, whose name and path from the root), empty branches dropped."""
   out = {}
   for name, value in tree.items():
     if _is_tree(value):
-      sub = _filter(value, keep)
+      sub = _filter(value, keep, (*path, name))
       if sub:
         out[name] = sub
-    elif keep(name):
+    elif keep(name) if keep.__code__.co_argcount == 1 else keep(name, (*path, name)):
       out[name] = value
   return out
 
 
 def trainable(params, model_cfg) -> Any:
-  """What training differentiates and updates: with LoRA the adapters' leaves only (a nested
-  dict like `params` holding just them), else `params` itself."""
+  """What training differentiates and updates: with LoRA the adapters' leaves and the modules
+  model.lora_modules_to_save trains in full (a nested dict like `params` holding just them),
+  else `params` itself."""
   if not model_cfg.lora_rank:
     return params
-  return _filter(params, lambda name: name in ADAPTER_NAMES)
+  return _filter(
+      params, lambda name, path: name in ADAPTER_NAMES or trained_in_full(model_cfg, path)
+  )
+
+
+def is_trained(model_cfg, path: tuple[str, ...]) -> bool:
+  """Whether training updates parameter `path` (all of them without LoRA)."""
+  return not model_cfg.lora_rank or path[-1] in ADAPTER_NAMES or trained_in_full(model_cfg, path)
 
 
 def base(params) -> Any:
@@ -86,7 +95,12 @@ def merged(params, model_cfg):
       )
     return out
 
-  return fold(params), model_cfg.replace(lora_rank=0)
+  return fold(params), without_lora(model_cfg)
+
+
+def without_lora(model_cfg):
+  """The same model without LoRA's fields: the plain model its adapters merge into."""
+  return model_cfg.replace(lora_rank=0, lora_modules_to_save="")
 
 
 def takes_adapters(source_cfg, model_cfg) -> bool:

@@ -32,13 +32,13 @@ from transformers_jax.data.chat import (
     TOKENIZER_CONFIG,
     ChatRowError,
     ChatTemplate,
-    ChatTokenizer,
     chat_prompt,
     decode_ids,
     find_template,
 )
 from transformers_jax.data.errors import DataError
 from transformers_jax.data.token_cache import build_cache
+from transformers_jax.data.tokenizers import ChatTokenizer
 from transformers_jax.tasks.base import TaskData
 from transformers_jax.tasks.lm import LanguageModeling
 from transformers_jax.tasks.text_data import run_tokenizer

@@ -86,7 +86,13 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
       adapters = counting.lora_count(model_cfg)
       trained = (
           f" ({adapters:,} trained: LoRA rank {model_cfg.lora_rank} on "
-          f"{model_cfg.lora_targets}, the rest frozen)"
+          f"{model_cfg.lora_targets}"
+          + (
+              f" and {model_cfg.lora_modules_to_save} in full"
+              if model_cfg.lora_modules_to_save
+              else ""
+          )
+          + ", the rest frozen)"
       )
     print(
         f"{model_cfg.family} model, {counting.count(model_cfg, setup.abstract.params):,} "
