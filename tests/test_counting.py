@@ -254,3 +254,23 @@ def test_param_count_breakdown_sums_to_the_total_for_every_experiment_file(exper
     assert sum(summary["breakdown"].values()) == summary["total"], file
   t5 = counting.summary(experiment("t5", "tiny"))
   assert t5["total"] == 181_504 and t5["breakdown"]["position_bias"] == 256
+
+
+def test_flops_count_the_keys_a_window_or_chunk_attends(experiment):
+  """Mistral 7B v0.1 slides a 4,096-key window on every layer: at its 32,768-token context the
+  attention term is 12 H K L 4,096, and the whole step about half of what full layers cost. A
+  layer pattern counts each layer's own span (Gemma 3: 5 sliding to 1 full; chunked layers)."""
+  c = ModelConfig.from_dict(experiment("mistral", "7b-v0.1").model)
+  T, HK = 32_768, c.num_heads * c.head_width
+  windowed = counting.flops_per_token(c, T)
+  assert windowed == 6 * counting.matmul_params_per_token(c) + 12 * HK * c.num_layers * 4096
+  full = counting.flops_per_token(c.replace(sliding_window=0), T)
+  assert 0.45 < windowed / full < 0.55
+  config = experiment("mistral", "7b-v0.1")
+  config.seq_len = T
+  s = counting.summary(config)
+  assert s["flops_per_token_full_attention"] == full and s["flops_per_token"] == windowed
+  assert "were every layer full" in counting.flops_text(s)
+  assert counting.attended_keys(c, 32, 1000) == 32 * 1000  # a window longer than the sequence
+  layers = c.replace(layer_types="sliding,sliding,full,chunked", attention_chunk=512)
+  assert counting.attended_keys(layers, 8, T) == 4 * 4096 + 2 * T + 2 * 512

@@ -31,7 +31,7 @@ from transformers_jax.models import lora as lora_params
 from transformers_jax.models.common import has_logit_gain
 from transformers_jax.modules.block import Block
 from transformers_jax.modules.common import dtype_of
-from transformers_jax.modules import lora
+from transformers_jax.modules import layer_types, lora
 from transformers_jax.modules.feed_forward import FEED_FORWARDS
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import position_scheme
@@ -271,16 +271,34 @@ def matmul_params_per_token(cfg) -> int:
   return n
 
 
+def attended_keys(c, layers: int, seq_len: int) -> int:
+  """Keys a query's scores are computed against, summed over `layers` causal blocks of a
+  sequence of seq_len: the whole sequence in a full layer, at most model.sliding_window in a
+  sliding one and model.attention_chunk in a chunked one (modules/layer_types.py), as the
+  kernels compute them (each counts its whole band of keys, as a full layer counts all T)."""
+  period, total = layer_types.pattern(c), 0
+  for i in range(layers):
+    kind = period[i % len(period)].attention
+    limit = {"sliding": c.sliding_window, "chunked": c.attention_chunk}.get(kind) or seq_len
+    total += min(seq_len, limit)
+  return total
+
+
 def flops_per_token(cfg, seq_len: int | None = None) -> int:
-  """Training FLOPs per token (forward + backward): 6N + 12 * sum(H K S) over attention layers."""
+  """Training FLOPs per token (forward + backward): 6N + 12 * sum(H K S) over attention layers,
+  S the keys each query attends (attended_keys: a window or chunk where a causal layer has
+  one, else the sequence)."""
   c = as_model_config(cfg)
   T = seq_len or c.seq_len_max
   HK = c.num_heads * c.head_width
   if c.family == "encoder_decoder":
     decoder = c.stack_config("decoder")
     HK_dec = decoder.num_heads * decoder.head_width
-    attn = T * (HK * c.encoder_layers + 2 * HK_dec * c.decoder_layers)  # self + cross (over T)
-  else:
+    self_attn = HK_dec * attended_keys(decoder, c.decoder_layers, T)
+    attn = T * (HK * c.encoder_layers + HK_dec * c.decoder_layers) + self_attn  # cross over T
+  elif c.family == "decoder":
+    attn = HK * attended_keys(c, c.num_layers, T)
+  else:  # bidirectional stacks: windows and chunks apply to causal ones only
     attn = HK * T * c.num_layers
   return 6 * matmul_params_per_token(c) + 12 * attn
 
@@ -315,13 +333,32 @@ def summary(config) -> dict:
       # seq_len below it (GPT-3's presets train at 128 on a CPU, its context is 2,048) hides
       "context_len": c.seq_len_max,
       "flops_per_token_at_context": flops_per_token(c, c.seq_len_max),
+      # a decoder with sliding or chunked layers: the same were every layer full (at seq)
+      "flops_per_token_full_attention": _full_attention_flops(c, seq),
   }
+
+
+def _full_attention_flops(c, seq_len: int) -> int | None:
+  """A decoder's training FLOPs per token at seq_len were every layer to attend the whole
+  sequence; None when no layer's window or chunk is shorter than seq_len."""
+  if c.family != "decoder":
+    return None
+  saved = c.num_layers * seq_len - attended_keys(c, c.num_layers, seq_len)
+  if not saved:
+    return None
+  return flops_per_token(c, seq_len) + 12 * c.num_heads * c.head_width * saved
 
 
 def flops_text(s: dict) -> str:
   """summary()'s FLOPs per token in words, with the sequence length they are for: the config's
   seq_len and, where that differs, the model's own context too."""
   formula = "6N + 12*L*H*K*T, PaLM appendix B"
+  full = s.get("flops_per_token_full_attention")
+  if full:  # sliding or chunked layers attend their window of the T keys
+    formula = (
+        "6N + 12*H*K*(keys attended, summed over layers: T, or a layer's window or chunk), "
+        f"PaLM appendix B; {full:.4g} at T = {s['flops_seq_len']:,} were every layer full"
+    )
   if s["flops_seq_len"] == s["context_len"]:
     return (
         f"{s['flops_per_token']:.4g} ({formula}, T = {s['flops_seq_len']:,}, the model's context)"
