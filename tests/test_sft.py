@@ -74,7 +74,9 @@ def test_a_name_not_cached_is_one_line_saying_where_it_looked(tmp_path):
   )
   assert out.returncode == 2
   line = out.stderr.strip().splitlines()[-1]
-  assert line.startswith("error: acme/missing is not in the Hugging Face cache (looked in ")
+  assert line.startswith(
+      "error: acme/missing is no folder here and not in the Hugging Face cache (looked in "
+  )
   assert str(tmp_path / "hub") in line and "hf download acme/missing" in line
   assert not (tmp_path / "run").exists()
 

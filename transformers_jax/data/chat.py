@@ -79,6 +79,14 @@ def _raise_exception(message):
   raise ChatRowError(f"the chat template refuses the row ({message}): fix the row or the template")
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+  """Jinja's tojson as transformers defines it for chat templates: no HTML escaping, non-ASCII
+  text kept."""
+  return json.dumps(
+      x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+  )
+
+
 def _token_text(value) -> str | None:
   """A special token of tokenizer_config.json: a string, or {"content": ...}."""
   if isinstance(value, dict):
@@ -94,9 +102,7 @@ class ChatTemplate:
     env = sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols, generation]
     )
-    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(
-        x, ensure_ascii=False, indent=indent, sort_keys=bool(kw.get("sort_keys"))
-    )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     self.source, self.where = source, where

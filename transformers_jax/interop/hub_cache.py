@@ -71,7 +71,8 @@ def model_folder(name: str, cache_dir=None) -> pathlib.Path:
           f"{revision!r}"
       )
     raise MissingCheckpointFile(
-        f"{name} is not in the Hugging Face cache (looked in {cache}{held}; set HF_HUB_CACHE "
+        f"{name} is no folder here and not in the Hugging Face cache (looked in {cache}{held}; "
+        "set HF_HUB_CACHE "
         f"or HF_HOME to read another): download it where there is network with `hf download "
         f"{repo}" + (f" --revision {revision}" if found["revision"] else "") + "` (or "
         "huggingface_hub.snapshot_download) and copy the cache folder here, or pass the "
