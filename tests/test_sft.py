@@ -110,6 +110,14 @@ def test_only_the_assistants_turns_are_marked_for_the_loss():
   )
   marked = [tok.hf.decode([i], skip_special_tokens=False) for i, m in zip(ids, mask) if m]
   assert "".join(marked) == "forty two.<|im_end|>\nyes!<|im_end|>\n"
+  # the byte tokenizer (no offsets): its pieces are encoded alone, which gives the same bytes
+  from transformers_jax.data.tokenizers import ByteTokenizer
+
+  ids, mask = encode_conversation(ByteTokenizer(), template, messages)
+  assert bytes(ids).decode() == template.render(messages)
+  assert bytes(i for i, m in zip(ids, mask) if m).decode() == (
+      "Forty two.<|im_end|>\nYes!<|im_end|>\n"
+  )
   # prompt/completion is the user turn and the answer
   pair = TASKS["sft"], {"prompt": "What is it?", "completion": "Forty two."}
   from transformers_jax.data.chat import conversation
