@@ -268,13 +268,16 @@ def test_modules_to_save_are_trained_in_full_beside_the_adapters(tuned, tmp_path
   assert moments == 2 * counting.lora_count(cfg)
   export_hf(run.path, tmp_path / "peft", lora_as="peft")
   adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
-  assert adapter["modules_to_save"] == ["transformer.wpe", "transformer.wte"]
+  assert adapter["modules_to_save"] == ["lm_head", "transformer.wpe", "transformer.wte"]
   saved = load_file(tmp_path / "peft" / "adapter_model.safetensors")
   base_weights = load_file(tmp_path / "peft" / "base_model" / "model.safetensors")
   np.testing.assert_array_equal(
       saved["base_model.model.transformer.wte.weight"], base_weights["transformer.wte.weight"]
   )
   assert base_weights["transformer.wte.weight"].shape == (300, 32)
+  np.testing.assert_array_equal(  # the tied head is saved too: PEFT's copy would not follow it
+      saved["base_model.model.lm_head.weight"], base_weights["transformer.wte.weight"]
+  )
   for fields, said in (
       (dict(lora_rank=2, lora_modules_to_save="embed,lm"), "lora_modules_to_save='embed,lm'"),
       (dict(lora_rank=2, lora_modules_to_save="head"), "tie_embeddings"),

@@ -26,6 +26,7 @@ from transformers_jax.modules.lora import trained_in_full
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 KERNEL_KINDS = ("linear", "conv1d", "fused_kernel")
+TOKEN_EMBEDDING = ("embed", "token_embed", "embedding")
 # PEFT's task type per architecture (the PeftModel class it loads as); None = the plain model
 TASK_TYPES = {"GPT2LMHeadModel": "CAUSAL_LM"}
 
@@ -74,9 +75,16 @@ def saved_modules(c, rules, base_folder) -> tuple[dict[str, np.ndarray], list[st
   for path in sorted(pathlib.Path(base_folder).glob("*.safetensors")):
     stored.update(load_file(str(path)))
   names = [n for n in names if n in stored]  # a tied head is the embedding: stored once
-  return {f"base_model.model.{n}": stored[n] for n in names}, sorted(
-      {n.rsplit(".", 1)[0] for n in names}
-  )
+  tensors = {f"base_model.model.{n}": stored[n] for n in names}
+  modules = {n.rsplit(".", 1)[0] for n in names}
+  if c.family == "decoder" and c.tie_embeddings:
+    # PEFT wraps the embedding in a copy that the tied head does not follow: the head is saved
+    # too, with the embedding's weights, so that both read the trained table
+    token = [n for r in rules if TOKEN_EMBEDDING in r.ours for n in r.hf if n in names]
+    if token:
+      tensors["base_model.model.lm_head.weight"] = stored[token[0]]
+      modules.add("lm_head")
+  return tensors, sorted(modules)
 
 
 def save_peft_adapter(directory, model, params, architecture: str, base_model: str = "") -> int:
