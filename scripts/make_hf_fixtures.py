@@ -454,6 +454,12 @@ flags.DEFINE_list(
     flag_values=FLAGS,
 )
 flags.DEFINE_bool(
+    "tokenizers_only",
+    False,
+    "Write only the decoder fixtures' tokenizer and chat template files into their folders.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
     "check",
     True,
     "Check that transformers loads what save_hf writes (--nocheck skips the round trip).",
@@ -773,6 +779,76 @@ def write_rope_yarn() -> None:
   print("rope_yarn       transformers' YaRN RoPE frequencies")
 
 
+# Every decoder fixture's tokenizer but GPT-2's (tokenizer.json, tokenizer_config.json with a chat template):
+# a character-level BPE over lowercase text (letters, digits, a metaspace for the space, some
+# punctuation and the newline), merges learnt from CHAT_TEXT up to the fixture's vocabulary, and
+# ChatML's turn markers as special tokens. The template refuses roles it does not know.
+CHAT_ALPHABET = list("abcdefghijklmnopqrstuvwxyz0123456789\u2581.,?!'-:\n")
+CHAT_SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CHAT_TEXT = (
+    "system\nuser\nassistant\nyou are a helpful assistant. what is the answer? the answer is "
+    "forty two. hello, how are you today? i am fine, thank you! tell me a story about a cat and "
+    "a dog. once upon a time there was a small model that learnt to answer questions: it read "
+    "the text, one token at a time, and wrote the next one. 0 1 2 3 4 5 6 7 8 9 10 100 2026. "
+)
+
+
+def chat_tokenizer(vocab_size: int):
+  """A small real tokenizer (tokenizers' BPE) of at most `vocab_size` ids."""
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.normalizer = normalizers.Lowercase()
+  tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+  tok.decoder = decoders.Metaspace(prepend_scheme="never")
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=CHAT_SPECIALS,
+      initial_alphabet=CHAT_ALPHABET,
+      limit_alphabet=len(CHAT_ALPHABET),
+      show_progress=False,
+  )
+  tok.train_from_iterator([CHAT_TEXT] * 4, trainer=trainer)
+  assert tok.get_vocab_size() <= vocab_size, (tok.get_vocab_size(), vocab_size)
+  return tok
+
+
+def write_chat_tokenizer(name: str, directory: pathlib.Path) -> None:
+  """tokenizer.json and tokenizer_config.json (the chat template, the end-of-turn token) of
+  decoder fixture `name`; checked against transformers' own loading and apply_chat_template."""
+  import json
+
+  vocab_size = DECODERS[name]["vocab_size"]
+  tok = chat_tokenizer(vocab_size)
+  tok.save(str(directory / "tokenizer.json"))
+  config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "chat_template": CHAT_TEMPLATE,
+      "bos_token": None,
+      "eos_token": "<|im_end|>",
+      "pad_token": "<|im_end|>",
+      "unk_token": "<unk>",
+      "model_max_length": 64,
+  }
+  (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+  hf = transformers.AutoTokenizer.from_pretrained(directory)
+  messages = [{"role": "user", "content": "What is it?"}, {"role": "assistant", "content": "42."}]
+  rendered = hf.apply_chat_template(messages, tokenize=False)
+  from transformers_jax.data.chat import read_template
+
+  assert read_template(directory).render(messages) == rendered, rendered
+  print(f"{name:15s} tokenizer of {tok.get_vocab_size()} ids (of {vocab_size}), chat template")
+
+
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
@@ -785,11 +861,13 @@ def main(argv=None):
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")
-  if not FLAGS.names:
+  if not FLAGS.names and not FLAGS.tokenizers_only:
     write_rope()
   for name in FLAGS.names or names:
-    directory = write(name)
-    if FLAGS.check:
+    directory = OUT / name if FLAGS.tokenizers_only else write(name)
+    if name in DECODERS and name != "gpt2":  # GPT-2: the model converted without a tokenizer
+      write_chat_tokenizer(name, directory)
+    if FLAGS.check and not FLAGS.tokenizers_only:
       check_export(name, directory)
     if name == "gpt_oss":
       packed = write_mxfp4(directory)

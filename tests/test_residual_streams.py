@@ -16,7 +16,7 @@ from flax import linen as nn
 from transformers_jax.config import ModelConfig
 from transformers_jax.interop.common import UnsupportedConfig
 from transformers_jax.interop.hf_export import save_hf
-from transformers_jax.models import build_model, counting, initializer
+from transformers_jax.models import build_model, counting, flops, initializer
 from transformers_jax.modules.block import Block, Stack, loop_to_scan
 from transformers_jax.modules.placement_base import Placement
 from transformers_jax.modules.placements import PLACEMENTS, sinkhorn
@@ -446,7 +446,7 @@ def test_compile_only_with_remat_compiles_the_step_and_counts_it(experiment, fie
       {**model, "model.num_layers": 2, "model.remat": "full"}
       | {k: v for k, v in fields.items() if "." in k}
   )
-  summary = counting.summary(config)
+  summary = flops.summary(config)
   assert (
       sum(summary["breakdown"].values())
       == summary["total"]

@@ -187,6 +187,9 @@ class ModelConfig:
   lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
   lora_dropout: float = 0.0  # dropout on the adapters' input while training
   lora_targets: str = "q,v"  # comma-separated: q, k, v, out (attention), mlp_in, mlp_out
+  # LoRA: modules trained in full beside the adapters (PEFT's modules_to_save), comma-separated:
+  # embed, head, or a block projection as lora_targets names them; "" = the adapters alone
+  lora_modules_to_save: str = ""
 
   # ------------------------------------------------------------------ derived values
   @property

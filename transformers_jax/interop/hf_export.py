@@ -103,7 +103,7 @@ def exportable_as(c: ModelConfig, architecture) -> bool:
   if architecture not in FAMILY_OF:
     return False
   try:
-    _check_exportable(c.replace(lora_rank=0), architecture)
+    _check_exportable(c.replace(lora_rank=0, lora_modules_to_save=""), architecture)
   except UnsupportedConfig:
     return False
   return True

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from transformers_jax.machine import hardware
-from transformers_jax.models import counting
+from transformers_jax.models import counting, flops
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
@@ -259,7 +259,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
     out["dcn_collectives"] = dcn_collectives(compiled)
   # every member's tokens for a population: its step does the arithmetic of all of them
   out["model_flops_per_step"] = (
-      counting.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
+      flops.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
   )
   out["model_flops_per_device_per_step"] = out["model_flops_per_step"] / len(devices)
   if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement

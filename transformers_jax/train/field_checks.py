@@ -56,6 +56,12 @@ def check_lora(model_cfg) -> None:
   adapters for them to place."""
   c = model_cfg
   default = next(f.default for f in dataclasses.fields(c) if f.name == "lora_targets")
+  if c.lora_modules_to_save and not c.lora_rank:
+    raise ValueError(
+        f"model.lora_modules_to_save={c.lora_modules_to_save!r}: trains modules in full beside "
+        "LoRA's adapters, and model.lora_rank is 0 (everything trains): set a rank or leave it "
+        "empty"
+    )
   if c.lora_rank or sorted(lora.target_names(c)) == sorted(default.split(",")):
     return
   raise ValueError(

@@ -265,6 +265,23 @@ class Setup:
             f"init_from={source}: none of its {len(jax.tree_util.tree_leaves(params))} tensors "
             "matches this model's names and shapes: give a run of the same model family"
         )
+      frozen = [f for f in fresh if not lora.is_trained(self.model_cfg, tuple(f.split("/")))]
+      if frozen:  # random weights that LoRA would never train
+        widened = source_cfg.vocab_size != self.model_cfg.vocab_size
+        names = sorted({f.split("/")[0] for f in frozen})
+        saved = ",".join(n for n in ("embed", "head") if n in names or f"lm_{n}" in names)
+        raise UserError(
+            f"init_from={source}: {', '.join(names)} "
+            + (
+                f"(model.vocab_size {source_cfg.vocab_size} there, {self.model_cfg.vocab_size} "
+                "here) "
+                if widened
+                else ""
+            )
+            + "would start random and stay frozen, as LoRA trains only its adapters: add "
+            f"--config.model.lora_modules_to_save={saved or 'embed,head'} to train them in full beside "
+            "the adapters (or train without LoRA)"
+        )
       member = self.config.get("init_member", -1)
       taken = f"step {src_step}"
       if member >= 0:  # say which member of the population was taken
