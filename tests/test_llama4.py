@@ -181,3 +181,44 @@ def test_the_presets_count_as_transformers(experiment):
   maverick = experiment("llama4", "maverick").model
   active = counting.analytic_count(maverick, active=True)
   assert active == 17_184_691_200
+
+
+@pytest.mark.parametrize(
+    "changes,said",
+    [
+        (dict(attention_bias=True), "attention_bias=True"),
+        (dict(moe_layers=[0, 3]), r"moe_layers \[0, 3\]"),
+        (dict(no_rope_layers=[1, 0]), "no_rope_layers must give"),
+        (dict(layer_types=["full_attention"] * 4), "layer_types"),
+        (dict(interleave_moe_layer_step=5), "interleave_moe_layer_step=5"),
+        (
+            dict(
+                rope_parameters=dict(
+                    rope_type="yarn", factor=2.0, original_max_position_embeddings=8
+                )
+            ),
+            "RoPE scaling 'yarn'",
+        ),
+    ],
+)
+def test_config_values_the_mapping_cannot_hold_are_one_line_naming_the_key(changes, said, tmp_path):
+  import json
+
+  from conftest import ROOT
+  from transformers_jax.interop import UnsupportedArchitecture, load_hf
+
+  config = json.loads((ROOT / "tests/fixtures/hf/llama4_text/config.json").read_text())
+  (tmp_path / "config.json").write_text(json.dumps(dict(config, **changes)))
+  with pytest.raises(UnsupportedArchitecture, match=said) as refused:
+    load_hf(tmp_path)
+  assert "\n" not in str(refused.value)
+
+
+def test_an_export_llama_4_cannot_hold_is_refused_naming_the_field(experiment, tmp_path):
+  """RoPE blocks both chunked and full, or a sliding window: one line naming the field."""
+  from transformers_jax.interop import UnsupportedConfig, save_hf
+
+  c = tiny(experiment, num_layers=2, layer_types="chunked,full,nope")
+  params = nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY))
+  with pytest.raises(UnsupportedConfig, match="model.layer_types='chunked,full,nope' as Llama4"):
+    save_hf(tmp_path, c.to_dict(), params)

@@ -201,7 +201,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 DECODERS = ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"]
 DECODERS += ["qwen3", "smollm3", "gemma3", "olmo2", "olmo3", "phi3", "llama_bias"]
-DECODERS += ["gpt_oss", "qwen3_moe", "deepseek_v3"]
+DECODERS += ["gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text"]
 
 
 @pytest.mark.parametrize("name", DECODERS)
