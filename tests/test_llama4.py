@@ -222,3 +222,38 @@ def test_an_export_llama_4_cannot_hold_is_refused_naming_the_field(experiment, t
   params = nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY))
   with pytest.raises(UnsupportedConfig, match="model.layer_types='chunked,full,nope' as Llama4"):
     save_hf(tmp_path, c.to_dict(), params)
+
+
+def test_a_llama_4_population_member_trains_as_its_solo_run(experiment, tmp_path):
+  """Two members (seeds) of llama4.py:tiny vmapped in one step, scanned in runs with remat:
+  member 0's losses are its solo run's (the ragged input-scaled experts, chunks of 8 and the
+  NoPE block's temperature over 32 tokens under the population's vmap); its --compile_only
+  report counts both members' FLOPs."""
+  import json
+
+  from transformers_jax.train import compile as compile_step
+  from transformers_jax.train.entry import train
+
+  def config(**fields):
+    c = experiment("llama4", "tiny")
+    c.update_from_flattened_dict(
+        {"steps": 2, "batch_size": 2, "seq_len": 32, "log_every": 1, "eval_every": 100}
+        | {"checkpoint_every": 100, "sample.max_new_tokens": 0, "model.scan_layers": True}
+        | {"model.remat": "full", **fields}
+    )
+    return c
+
+  def losses(workdir, member=None):
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in rows if "loss" in x and x.get("member") == member]
+
+  train(config(**{"population.seeds": 2}), tmp_path / "population")
+  train(config(), tmp_path / "solo")
+  np.testing.assert_allclose(losses(tmp_path / "population", 0), losses(tmp_path / "solo"), 1e-5)
+  assert losses(tmp_path / "population", 1) != losses(tmp_path / "solo")
+  report = compile_step.report(config(**{"population.seeds": 2}), verbose=False)
+  assert report["population_members"] == 2
+  assert (
+      report["model_flops_per_step"]
+      == 2 * compile_step.report(config(), verbose=False)["model_flops_per_step"]
+  )

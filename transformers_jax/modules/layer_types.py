@@ -12,7 +12,9 @@ layers over a period of 6). An entry says two things about its blocks:
     SmolLM3's every fourth layer, Llama 4's global layers).
 Without layer_types the blocks follow `model.sliding_window` and `model.sliding_every` (every
 sliding_every-th block from the first slides), which is the period `sliding` + (n - 1) x
-`full`.
+`full`. Two settings act on the NoPE blocks alone (Llama 4's): the attention temperature
+(`model.attention_temperature_floor`, `temperature`) and, with `model.qk_norm_rope_only`, the
+absence of the q/k norm (`nope_only` picks per block, traced under a scan).
 
 In a looped stack each block's window, chunk and frequencies are Python values, so the KV cache
 of a sliding or chunked block is a ring of that many slots (modules/cache.py). Under nn.scan the
