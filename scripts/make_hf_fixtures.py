@@ -368,8 +368,48 @@ DEEPSEEK_V3 = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
+# Llama 4 (text): 4 blocks, RoPE on blocks 0, 1 and 3 in chunks of 4 (shorter than the 10 test
+# tokens and the 13 positions of greedy decoding), NoPE on block 2 (an interval of 3) with the
+# temperature from a floor of 3 positions at strength 0.3, the L2 q/k norm on the RoPE blocks, 6
+# query heads of 12 over 2 key/value heads (d_model 32), Llama 3.1's RoPE scaling over an
+# original 8 positions at another base, experts in every second block (5, 2 chosen per token,
+# width 24) beside a shared one, the dense blocks 40 wide, an odd vocabulary
+LLAMA4 = dict(
+    vocab_size=83,
+    hidden_size=32,
+    intermediate_size=24,
+    intermediate_size_mlp=40,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=12,
+    num_local_experts=5,
+    num_experts_per_tok=2,
+    interleave_moe_layer_step=2,
+    no_rope_layer_interval=3,
+    attention_chunk_size=4,
+    use_qk_norm=True,
+    attn_temperature_tuning=True,
+    floor_scale=3,
+    attn_scale=0.3,
+    max_position_embeddings=64,
+    rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=7000.0,
+        factor=4.0,
+        low_freq_factor=1.0,
+        high_freq_factor=2.0,
+        original_max_position_embeddings=8,
+    ),
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 DECODERS = {
     **{name: config for name, (_, _, config) in OPEN_MODELS.items()},
+    "llama4_text": LLAMA4,
     "deepseek_v3": DEEPSEEK_V3,
     "gpt2": GPT2,
     "gpt_oss": GPT_OSS,
@@ -573,6 +613,8 @@ def build(name: str):
   elif name in OPEN_MODELS:
     config_class, model_class, config = OPEN_MODELS[name]
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+  elif name == "llama4_text":
+    model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**LLAMA4))
   elif name == "deepseek_v3":
     model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**DEEPSEEK_V3))
     g = torch.Generator().manual_seed(SEED + 5)
@@ -602,7 +644,7 @@ def build(name: str):
   shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith(("gemma", "qwen3")) else 0.05
   shake = 0.4 if name in ("olmo2", "olmo3", "smollm3") else shake
   shake = 0.2 if name == "gpt_oss" else shake
-  shake = 0.3 if name == "deepseek_v3" else shake
+  shake = 0.3 if name in ("deepseek_v3", "llama4_text") else shake
   shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
   shake, draw = {"marian_shapes": (0.3, 2)}.get(name, (shake, draw))
   perturb(model, SEED + draw, shake)
@@ -857,7 +899,7 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
   names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied", "marian_shapes")
-  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe", "deepseek_v3")
+  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text")
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")

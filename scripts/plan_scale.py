@@ -215,6 +215,30 @@ ROWS = [
         8,
         extra=["--config.mesh.expert=4"],
     ),
+    # Llama 4 Maverick (400.7B: 128 SwiGLU experts of 8,192 and a shared one in every second
+    # block, dense SwiGLU blocks of 16,384 between, chunked attention over 8,192 tokens with
+    # every fourth block NoPE) with float32 parameters and Adam state (6.4 TB with the
+    # gradients): experts over 16 chips (8 each), everything over fsdp; one sequence of 4,096
+    # tokens per chip, the logits an 8th at a time, the experts' receive buffers sized by a
+    # capacity of 1.25; on v5p-256 and on half the chips. Neither fits: the temporaries (114
+    # GiB per chip on v5p-256; 117 dropless) exceed the HBM on their own
+    *(
+        row(
+            f"Llama 4 Maverick expert 16 x fsdp {chips // 16} {label}",
+            "experiments/llama4.py:maverick",
+            topology,
+            chips,
+            4096,
+            chips // 16,
+            expert=16,
+            extra=[
+                "--config.model.moe_dropless=False",
+                "--config.model.capacity_factor=1.25",
+                "--config.loss_chunks=8",
+            ],
+        )
+        for label, topology, chips in (("v5p-256", "v5p:4x4x8", 128), ("v5p-128", "v5p:4x4x4", 64))
+    ),
 ]
 
 

@@ -51,9 +51,11 @@ NAMES = [
     "gpt_oss",
     "qwen3_moe",
     "deepseek_v3",
+    "llama4_text",
 ]
 HEADS = {
     "deepseek_v3": "lm",
+    "llama4_text": "lm",
     "t5": "lm",
     "t5_tied": "lm",
     "marian": "lm",
@@ -496,7 +498,8 @@ def test_the_documented_python_path_applies_every_converted_architecture(tmp_pat
   from transformers_jax.run_folder.runs import load_run
 
   names = ["gpt2", "bert", "vit_classifier", "llama", "mistral", "qwen2", "mixtral", "gemma"]
-  for name in names + ["gemma2", "t5", "marian", "bart", "gpt_oss", "qwen3_moe", "deepseek_v3"]:
+  names += ["gemma2", "t5", "marian", "bart", "gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text"]
+  for name in names:
     import_hf(FIXTURES / name, tmp_path / name)
     cfg, params, _, step = load_run(tmp_path / name)
     assert step == 0

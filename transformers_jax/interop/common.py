@@ -68,7 +68,8 @@ class Rule:
   several kernels [in, ...]: Phi-3's qkv_proj and gate_up_proj); patch (conv [D, C, P, P] <->
   [P*P*C, D]); batch1 ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert
   <-> our [E, in, out]); gate_up (gpt-oss's experts [E, in, 2F], gate and up interleaved in the
-  last axis <-> our two [E, in, F]); gate_up_bias ([E, 2F] interleaved <-> our two [E, 1, F]);
+  last axis <-> our two [E, in, F]); gate_up_halves (Llama 4's [E, in, 2F], the gate's columns
+  then up's); gate_up_bias ([E, 2F] interleaved <-> our two [E, 1, F]);
   expert_bias ([E, W] <-> our [E, 1, W]). `patch` holds (P, C) for the patch kind. `rows`
   (linear): the order our outputs take the torch weight's rows in (DeepSeek's interleaved RoPE
   features, laid out as our RoPE pairs them); () = as they are.
@@ -87,9 +88,9 @@ def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]
   n = rule.n_in
   if rule.kind == "experts":
     return [(s[2], s[1])] * s[0]
-  if rule.kind in ("gate_up", "gate_up_bias", "expert_bias"):
+  if rule.kind in ("gate_up", "gate_up_halves", "gate_up_bias", "expert_bias"):
     wide = s[:-1] + (s[-1] * (1 if rule.kind == "expert_bias" else 2),)
-    return [wide if rule.kind == "gate_up" else (wide[0], wide[-1])]
+    return [wide if rule.kind in ("gate_up", "gate_up_halves") else (wide[0], wide[-1])]
   if rule.kind == "copy":
     return [s]
   if rule.kind == "bias":
@@ -118,6 +119,9 @@ def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[n
   if rule.kind in ("gate_up", "gate_up_bias"):  # even columns the gate, odd ones up
     (a,) = arrays
     return [a[..., 0::2].reshape(shapes[0]), a[..., 1::2].reshape(shapes[1])]
+  if rule.kind == "gate_up_halves":  # the first half of the columns the gate, the second up
+    (a,) = arrays
+    return [a[..., : a.shape[-1] // 2], a[..., a.shape[-1] // 2 :]]
   (a,) = arrays
   if rule.kind == "expert_bias":
     return [a.reshape(shapes[0])]
@@ -166,6 +170,8 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [both if rule.kind == "gate_up" else both[:, 0]]
   if rule.kind == "expert_bias":
     return [a.reshape(a.shape[0], -1)]
+  if rule.kind == "gate_up_halves":
+    return [np.concatenate(arrays, axis=-1)]
   raise AssertionError(rule.kind)
 
 
