@@ -4,12 +4,13 @@
         [--config.steps=2000 --config.model.norm_placement=post ...]
 
 Running the same command again resumes from the latest checkpoint in --workdir. With
---compile_only it only compiles the step and reports per-device memory and FLOPs.
+--compile_only it only compiles the step and reports per-device memory and FLOPs; --fit with it
+searches the layout fields the command line leaves open until the step fits (train/fit.py).
 
 Exit codes: 0 done; 2 an error, explained by one `error:` line; 3 --compile_only: the step does
-not fit in device memory; 75 stopped by SIGTERM or Ctrl-C after saving a checkpoint (run the
-same command again to resume; a batch script requeues on it: scripts/cluster/train.sbatch);
-130 a second Ctrl-C, nothing saved. Clusters (SLURM, TPU pods, GKE): docs/clusters.md.
+not fit in device memory (--fit: no layout tried fits); 75 stopped by SIGTERM or Ctrl-C after
+saving a checkpoint (run the same command again to resume; a batch script requeues on it:
+scripts/cluster/train.sbatch); 130 a second Ctrl-C, nothing saved. Clusters (SLURM, TPU pods, GKE): docs/clusters.md.
 """
 
 import sys
@@ -49,9 +50,10 @@ flags.DEFINE_float(
 )
 flags.DEFINE_string(
     "fit_cache",
-    "~/.cache/transformers_jax/fit.json",
-    "--fit: JSON file of compile results keyed by configuration ('' = none); the same search "
-    "again compiles nothing.",
+    None,
+    "--fit: JSON file of compile reports keyed by configuration (default: fit.json beside the "
+    "compile cache, ~/.cache/transformers_jax; 'off' = none); the same search again compiles "
+    "nothing.",
 )
 flags.DEFINE_integer(
     "fit_max_compiles", 14, "--fit: most layouts one search compiles (cached ones are free)."

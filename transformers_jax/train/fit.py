@@ -11,26 +11,22 @@ move costs: first what costs nothing or next to nothing (a sharding rule, the lo
 time, ring attention), then recomputation from the least upward (remat policies), then host
 transfers (offloading the optimizer state, then the parameters), then smaller micro-batches
 (gradient accumulation). Each compile's report is kept in a JSON file keyed by the whole
-configuration and the devices, so the same search again compiles nothing.
+configuration and the devices (machine/compile_cache.ReportCache), so the same search again
+compiles nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
-import os
-import pathlib
 import sys
 import time
 from collections.abc import Callable
 
 import jax
 
-from transformers_jax.machine import hardware, parallel
+from transformers_jax.machine import compile_cache, hardware, parallel
 
-DEFAULT_CACHE = "~/.cache/transformers_jax/fit.json"
 MAX_COMPILES = 14  # layouts one search may compile (cached ones are free)
 KEEP_GAIN = 0.01  # a move that lowers the peak by less than this fraction is not kept
 # loop-free FLOPs programs keep sequences to this length: einsum attention over a million
@@ -173,53 +169,6 @@ def flags_text(changes: dict) -> str:
   return " ".join(f"--config.{f}={'' if v is None else v}" for f, v in changes.items())
 
 
-class Cache:
-  """{key: compile report} in one JSON file, written whole (atomically) after each compile."""
-
-  def __init__(self, path: str):
-    self.path = pathlib.Path(os.path.expanduser(path)) if path else None
-    self.entries = {}
-    if self.path and self.path.exists():
-      try:
-        self.entries = json.loads(self.path.read_text())
-      except ValueError:  # a damaged file: start again
-        self.entries = {}
-
-  def get(self, key: str):
-    return self.entries.get(key)
-
-  def put(self, key: str, report: dict) -> None:
-    self.entries[key] = report
-    if not self.path:
-      return
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(self.entries, indent=0, default=str))
-    tmp.replace(self.path)
-
-
-def cache_key(config, devices) -> str:
-  """What a compile depends on: the whole config, the devices and the compiler's version."""
-  import jaxlib
-
-  where = config.mesh.get("topology", "") or f"{len(devices)} x {devices[0].device_kind}"
-  text = json.dumps(
-      [config.to_dict(), where, jax.__version__, jaxlib.__version__, _libtpu_version()],
-      sort_keys=True,
-      default=str,
-  )
-  return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _libtpu_version() -> str:
-  try:
-    from importlib.metadata import version
-
-    return version("libtpu")
-  except Exception:  # noqa: BLE001 - not installed
-    return ""
-
-
 def peak_gib(report: dict) -> float | None:
   """The figure `fits` reads: XLA's own peak, else the estimate (a refusal's included). On a
   CPU the estimate: XLA's CPU peak counts the arguments alone, none of the temporaries."""
@@ -237,7 +186,7 @@ def gib(x: float) -> str:
 class Searcher:
   """Compiles (or reads from the cache) one config's step; counts what it compiled."""
 
-  def __init__(self, devices, cache: Cache):
+  def __init__(self, devices, cache: compile_cache.ReportCache):
     self.devices, self.cache = devices, cache
     self.compiled = self.cached = 0
 
@@ -247,7 +196,7 @@ class Searcher:
     from transformers_jax.train import compile as compile_step
 
     devices = self.devices if devices is None else devices
-    key = cache_key(config, devices)
+    key = compile_cache.report_key(config, devices)
     hit = self.cache.get(key)
     if hit is not None:
       self.cached += 1
@@ -285,6 +234,7 @@ def flops_per_model_flop(searcher: Searcher, config) -> float | str:
       "model.scan_layers": False,
       "loss_chunks": 1,
       "model.attention_impl": "einsum",
+      "model.context_strategy": "all_gather",  # (no context axis to pass blocks around)
       "mesh.topology": small,
       "batch_size": len(devices),
       "seq_len": length,
@@ -326,7 +276,7 @@ def search(
     user_fields,
     devices=None,
     memory_gib: float | None = None,
-    cache_path: str = DEFAULT_CACHE,
+    cache_path: str | None = None,
     max_compiles: int = MAX_COMPILES,
     log=lambda line: print(line, file=sys.stderr, flush=True),
 ) -> dict:
@@ -349,7 +299,7 @@ def search(
           "per device to fit in with --fit_memory_gib (e.g. 16)"
       )
     memory_gib = chip.hbm_gib
-  searcher = Searcher(devices, Cache(cache_path))
+  searcher = Searcher(devices, compile_cache.ReportCache(cache_path))
   knobs = searched(config, set(user_fields), devices)
   total = moves(knobs)
   layout = {field: values[0] for field, values in knobs}
