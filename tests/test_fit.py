@@ -22,6 +22,7 @@ TINY = [
     "--compile_only",
     "--config.model.vocab_size=4096",
     "--config.batch_size=64",
+    "--config.model.remat=none",  # set on the command line: --fit keeps it
 ]
 MIB = 1 / 1024
 
@@ -55,7 +56,8 @@ def test_fit_finds_a_layout_where_the_config_as_given_does_not(first):
   assert not tries[0]["fits"] and tries[0]["peak_gib"] > 25 * MIB  # the config as given
   assert tries[-1]["fits"] and all(not t["fits"] for t in tries[:-1])  # stops at the first fit
   assert report["fits"] is not False and report["per_device_peak_estimate_gib"] <= 25 * MIB
-  assert tries[-1]["changes"]["loss_chunks"] > 1 and tries[-1]["changes"]["model.remat"] == "none"
+  assert tries[-1]["changes"]["loss_chunks"] > 1
+  assert not any("model.remat" in t["changes"] for t in tries)  # the user's: not searched
   assert report["fit"]["compiles"] == len(tries) + 2  # + the two loop-free FLOPs programs
   assert 0.9 < report["flops_per_model_flop"] < 1.5
   # one progress line per layout, then the command line to paste, which keeps the user's flags
