@@ -4,6 +4,7 @@
     python scripts/plan_scale.py                    # every row, skipping those already written
     python scripts/plan_scale.py --only=gpt3,bert --redo  # recompile rows naming gpt3 or bert
     python scripts/plan_scale.py --table=maxtext    # MaxText's published recipes: maxtext.md
+    python scripts/plan_scale.py --table=fit        # --fit's answers for two of them: fit.md
 
 Each row is one `python -m transformers_jax.train --compile_only --config.mesh.topology=...`
 run (bf16 compute, float32 parameters and Adam state, scanned layers, full remat unless the row
