@@ -4,6 +4,7 @@
     python scripts/plan_scale.py                    # every row, skipping those already written
     python scripts/plan_scale.py --only=gpt3,bert --redo  # recompile rows naming gpt3 or bert
     python scripts/plan_scale.py --table=maxtext    # MaxText's published recipes: maxtext.md
+    python scripts/plan_scale.py --table=fit        # --fit's answers for two of them: fit.md
 
 Each row is one `python -m transformers_jax.train --compile_only --config.mesh.topology=...`
 run (bf16 compute, float32 parameters and Adam state, scanned layers, full remat unless the row
@@ -36,9 +37,17 @@ flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.", flag_val
 flags.DEFINE_enum(
     "table",
     "presets",
-    ["presets", "maxtext"],
+    ["presets", "maxtext", "fit"],
     "presets: this project's presets (tpu.json, tpu.md); maxtext: MaxText's published recipes "
-    "with their shapes, meshes, batches and remat policies (maxtext.json, maxtext.md).",
+    "with their shapes, meshes, batches and remat policies (maxtext.json, maxtext.md); fit: "
+    "what --fit chooses for MaxText's 32B and 1M-token recipes from this project's default "
+    "flags (fit.json, fit.md).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "fit_cache",
+    None,
+    "--table=fit: the --fit compile cache (a rerun of the same rows compiles nothing).",
     flag_values=FLAGS,
 )
 flags.DEFINE_integer(
@@ -477,6 +486,97 @@ MAXTEXT_ROWS = [
 ]
 
 
+LONG_CONTEXT_1M = next(r for r in MAXTEXT_ROWS if r["name"].startswith("Llama-3.1-8B 1M"))
+
+
+# --fit from this project's default flags: each MaxText recipe's shape, topology, mesh and
+# batch, and nothing of its layout (no remat policy, sharding rule, loss chunks or context
+# strategy: --fit searches those), then once more with the recipe's remat policy kept.
+def without_layout(args, keep=()):
+  layout = ("--config.model.remat=", "--config.rules.", "--config.loss_chunks=")
+  layout += ("--config.model.context_strategy=",)
+  return [a for a in args if a in keep or not a.startswith(layout)]
+
+
+FIT_ROWS = [
+    {
+        "name": "32B llama v5p-64, from default flags",
+        "config": MAXTEXT_32B[0]["config"],
+        "source": "MaxText's 32B recipe: fsdp 16 x tensor 4, 6 x 2,048 tokens per chip",
+        "args": ["--fit", *without_layout(MAXTEXT_32B[0]["args"])],
+        "flops_policies": ("full",),
+    },
+    {
+        "name": "32B llama v5p-64, remat minimal as given",
+        "config": MAXTEXT_32B[0]["config"],
+        "source": "the same, with MaxText's policy set on the command line (kept by --fit)",
+        "args": [
+            "--fit",
+            *without_layout(MAXTEXT_32B[0]["args"], keep=("--config.model.remat=minimal",)),
+        ],
+        "flops_policies": (),  # the row above measures them
+    },
+    {
+        "name": "Llama-3.1-8B 1M tokens context 64 v5p-64, from default flags",
+        "config": "experiments/llama.py:3.1-8b",
+        "source": "MaxText's long-context recipe: 2 sequences of 1,048,576 tokens, context 64",
+        "args": ["--fit", *without_layout(LONG_CONTEXT_1M["args"])],
+        "flops_policies": ("full",),
+    },
+]
+
+
+def fit_row(r) -> dict:
+  """One --fit search (its report), then the compiled FLOPs per model FLOP of every remat policy
+  among the layouts it tried and of the row's reference policies, from loop-free programs of at
+  most 8,192 tokens per sequence (train/fit.py's FLOPS_PROGRAM_MAX_TOKENS: einsum attention
+  over a million tokens does not compile)."""
+  cache = [f"--fit_cache={FLAGS.fit_cache}"] if FLAGS.fit_cache else []
+  result = bench_report.compile_only([*r["args"], *cache], FLAGS.timeout)
+  result["command"] = "python -m transformers_jax.train --compile_only " + " ".join(r["args"])
+  out = {"name": r["name"], "config": r["config"], **result}
+  if not r["flops_policies"]:
+    return out
+  tried = [t["changes"].get("model.remat") for t in result.get("fit", {}).get("tries", [])]
+  given = [a.split("=")[1] for a in r["args"] if a.startswith("--config.model.remat=")]
+  policies = dict.fromkeys(p for p in (*tried, *given, *r["flops_policies"]) if p and p != "none")
+  seq = [int(a.split("=")[1]) for a in r["args"] if a.startswith("--config.seq_len=")]
+  capped = [] if seq and seq[-1] <= 8192 else ["--config.seq_len=8192"]
+  base = {**r, "args": [a for a in r["args"] if a != "--fit"] + capped}
+  out["flops_per_model_flop_by_policy"] = recompute_flops(base | {"flops_policies": policies})
+  return out
+
+
+def fit_markdown(results: list[dict]) -> str:
+  lines = [
+      "| recipe | source | layouts tried | --fit's flags | per-chip peak GiB (XLA) | HBM GiB | "
+      "fits | compiled FLOPs per model FLOP: chosen | by policy | fresh compiles |",
+      "|---|---|---:|---|---:|---:|---|---:|---|---:|",
+  ]
+  sources = {r["name"]: r["source"] for r in FIT_ROWS}
+  for r in results:
+    fit = r.get("fit", {})
+    tries = fit.get("tries", [])
+    flops = r.get("flops_per_model_flop")
+    lines.append(
+        f"| {r['name']} | {sources.get(r['name'], '')} | {len(tries)} | "
+        f"`{fit.get('flags') or '(none)'}` | {gib(r.get('per_device_peak_xla_gib'))} | "
+        f"{gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | "
+        f"{flops if isinstance(flops, float) else '—'} | "
+        f"{flops_text(r.get('flops_per_model_flop_by_policy'))} | {len(tries) + 2} |"
+    )
+  lines += ["", "Each search, one line per layout tried (per-chip peak, whether it fits):", ""]
+  for r in results:
+    lines.append(f"- {r['name']}:")
+    for i, t in enumerate(r.get("fit", {}).get("tries", []), 1):
+      peak = "—" if t.get("peak_gib") is None else f"{t['peak_gib']:.1f} GiB"
+      fits = "fits" if t.get("fits") else "does not fit"
+      lines.append(f"  {i}. `{t.get('flags') or '(as given)'}`: {peak}, {fits}")
+  commands = [f"- {r['name']}: `{r.get('command', '')}`" for r in results]
+  lines += ["", "Commands:", "", *commands, ""]
+  return "\n".join(lines)
+
+
 def compile_row(r) -> dict:
   result = bench_report.compile_only(r["args"], FLAGS.timeout)
   if "exit_code" not in result:  # timed out
@@ -619,7 +719,7 @@ def check_flags() -> str:
   """What is wrong with the flags (one line naming the fix), or ''."""
   if FLAGS.timeout < 1:
     return f"--timeout={FLAGS.timeout}: give the seconds one compile may take, e.g. 900"
-  rows = MAXTEXT_ROWS if FLAGS.table == "maxtext" else ROWS
+  rows = {"maxtext": MAXTEXT_ROWS, "fit": FIT_ROWS}.get(FLAGS.table, ROWS)
   unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in rows)]
   if unmatched:
     return (
@@ -635,11 +735,10 @@ def main(argv=None):
   problem = check_flags()
   if problem:
     raise UserError(problem)
-  maxtext = FLAGS.table == "maxtext"
-  table = maxtext_markdown if maxtext else markdown
+  table = {"maxtext": maxtext_markdown, "fit": fit_markdown}.get(FLAGS.table, markdown)
   ordered = bench_report.compile_table(
-      MAXTEXT_ROWS if maxtext else ROWS,
-      compile_row,
+      {"maxtext": MAXTEXT_ROWS, "fit": FIT_ROWS}.get(FLAGS.table, ROWS),
+      fit_row if FLAGS.table == "fit" else compile_row,
       FLAGS.out,
       FLAGS.only,
       FLAGS.redo,
@@ -648,7 +747,7 @@ def main(argv=None):
           f"fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
           f"GiB compile={result.get('compile_s')} s {result.get('error', '')}".rstrip()
       ),
-      name="maxtext" if maxtext else "tpu",
+      name=FLAGS.table if FLAGS.table != "presets" else "tpu",
   )
   print(table(ordered))
 

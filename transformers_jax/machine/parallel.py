@@ -49,7 +49,11 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("patch", None),
     ("act_batch", BATCH_AXES),
     ("act_length", "context"),  # the sequence: split only when mesh.context > 1
-    ("act_embed", None),
+    # the residual stream's width, split over tensor as MaxText's activation_embed rule does:
+    # without it the 32B recipe on v5p:4x4x4 (fsdp 16 x tensor 4) is refused at 128 GiB per
+    # chip, with it XLA's peak is 85.5 GiB (experiments/results/scale/maxtext.md); GPT-3 175B
+    # there (64 x 2,048 tokens, full remat) 67.7 -> 53.8 GiB; a size-1 tensor axis leaves it whole
+    ("act_embed", "tensor"),
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),  # logits: split over the vocabulary like the unembedding
