@@ -142,6 +142,10 @@ class ModelConfig:
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
   init: str = "gpt2"  # the initialisation (modules/inits.py; paper: the placement's own)
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
+  # mesh.stage > 1: the pipeline's microbatches and passes over the stages (modules/pipeline.py);
+  # training sets them from --config.pipeline.microbatches and .repeats (0 = one per stage)
+  pipeline_microbatches: int = 0
+  pipeline_repeats: int = 1
   # what the backward pass keeps and what it recomputes (modules/remat.py)
   remat: str = "none"
   remat_save: str = ""  # remat=custom: name:device|offload|remat,... e.g. qkv_proj:offload
