@@ -1,7 +1,8 @@
 """Run in a subprocess by tests/test_pipeline.py on 8 simulated devices: a tiny 4-block decoder
 trained 5 steps without stages, and again with stages: GPipe over 2 stages for 2 steps, then
 resumed over 4 stages (4 microbatches) for the last 3, and the circular schedule (2 stages, 2
-repeats, 4 microbatches). Prints one JSON object: per run, the loss of each step.
+repeats, 4 microbatches). Prints one JSON object: per run, the loss of each step; and what
+the compile report says of the circular schedule (`report`).
 
     python tests/pipeline_worker.py '{"out": OUT_DIR}'
 """
@@ -22,6 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from transformers_jax.config import load_config_module  # noqa: E402
+from transformers_jax.train import compile as compile_step  # noqa: E402
 from transformers_jax.train.entry import train  # noqa: E402
 
 COMMON = {
@@ -67,6 +69,8 @@ def main():
         train(config_of(fields), out / name)
     lines = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     results[name] = {row["step"]: row["loss"] for row in lines if "loss" in row}
+  circular = config_of(RUNS["circular_2x2"][0])
+  results["report"] = compile_step.report(circular, verbose=False)["pipeline"]
   print(json.dumps(results))
 
 

@@ -24,6 +24,14 @@ def test_stages_give_the_losses_of_one_stage_and_resume_on_another_stage_count(l
       assert losses[run][step] == pytest.approx(loss, abs=1e-5), (run, step)
 
 
+def test_the_compile_report_gives_the_schedule_and_a_stages_memory(losses):
+  report = losses["report"]
+  assert report["schedule"] == "circular" and report["ticks"] == 4 * 2 + 2 - 1
+  assert report["bubble_fraction"] == pytest.approx(1 / 9)  # (S-1) / (M R + S-1)
+  assert report["blocks_per_stage_pass"] == [1]
+  assert 0 < report["per_stage_chip_peak_gib"] and 0 < report["per_stage_params_gib"]
+
+
 def test_bubble_fraction_is_gpipes_and_shrinks_with_repeats():
   assert pipeline.bubble_fraction(4, 8) == pytest.approx(3 / 11)
   assert pipeline.bubble_fraction(1, 8) == 0.0

@@ -203,3 +203,24 @@ def run(cfg, layer_fn, params, x, inputs, batch: int, rng):
     return a / count if jnp.issubdtype(a.dtype, jnp.inexact) else a
 
   return out, jax.tree_util.tree_map(per_layer, totals)
+
+
+def schedule_report(cfg, stages: int) -> dict:
+  """What a compile report says of the schedule (cfg: the model config the step was built
+  with, its stacks' depths and the pipeline fields): stages, microbatches, repeats, blocks per
+  stage and pass, the schedule's ticks and its bubble fraction."""
+  count, repeats = microbatches_of(cfg, stages), cfg.pipeline_repeats
+  depths = (
+      (cfg.encoder_layers, cfg.decoder_layers)
+      if cfg.family == "encoder_decoder"
+      else (cfg.num_layers,)
+  )
+  return {
+      "schedule": "gpipe" if repeats == 1 else "circular",
+      "stages": stages,
+      "microbatches": count,
+      "repeats": repeats,
+      "blocks_per_stage_pass": [depth // (stages * repeats) for depth in depths],
+      "ticks": count * repeats + stages - 1,
+      "bubble_fraction": bubble_fraction(stages, count, repeats),
+  }
