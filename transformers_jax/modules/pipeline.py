@@ -141,6 +141,8 @@ def run(cfg, layer_fn, params, x, inputs, batch: int, rng):
 
     return jax.lax.scan(body, h, (block_params, jnp.arange(per_stage)))
 
+  if cfg.remat == "full":  # keep nothing: a tick keeps only its stages' inputs, and recomputes
+    stage = jax.checkpoint(stage, prevent_cse=False)
   run_stages = jax.vmap(stage, spmd_axis_name=STAGE_AXIS)
   indices = jnp.arange(stages)
 

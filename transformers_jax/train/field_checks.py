@@ -99,6 +99,13 @@ def check_pipeline(config, model_cfg, data_shards: int | None = None) -> None:
   from transformers_jax.modules.pipeline import schedule_problem
   from transformers_jax.train.members import enabled
 
+  for field, unset in (("microbatches", 0), ("repeats", 1)):
+    given = config.model.get(f"pipeline_{field}", unset)
+    if given != unset:
+      raise ValueError(
+          f"model.pipeline_{field}={given}: training sets it from pipeline.{field}: give "
+          f"--config.pipeline.{field}={given} instead"
+      )
   stages = int(config.mesh.get("stage", 1)) * int(config.mesh.get("dcn_stage", 1))
   pipe = config.get("pipeline") or {}
   count, repeats = int(pipe.get("microbatches", 0)), int(pipe.get("repeats", 1))
