@@ -19,8 +19,8 @@ are kept per microbatch, and are the stack's output after the last pass.
   Circular (R > 1, "interleaved"): each microbatch passes the ring of stages R times, stage s
   running blocks (r S + s) K ... (r S + s + 1) K - 1 on pass r (K = L / (S R)); a pass's output
   waits in the per-microbatch buffer until stage 0 is free for it (needs M >= S). The state
-  keeps the blocks in their natural order, so each step regroups them per stage with one
-  all-to-all of the parameter shards (and the transpose for their gradients).
+  keeps the blocks in their natural order, so each step regroups them per stage: XLA moves
+  each device's parameter shards there, and their gradients back.
 
 Every stage is busy in M R of the M R + S - 1 ticks: the bubble, the idle fraction, is
 (S - 1) / (M R + S - 1), which is (S - 1) / (M + S - 1) for GPipe and shrinks with R. The
