@@ -483,6 +483,47 @@ MAXTEXT_ROWS = [
         ),
         "source": "GPT-3 175B data parallel across 2 slices of 512 chips (1,536 x 2,048 tokens)",
     },
+    # Pipelined across the 2 slices: each slice one stage of half the blocks (dcn_stage 2,
+    # GPipe), fsdp 128 x tensor 4 inside it; the batch in microbatches of one sequence per fsdp
+    # group. Only stage-to-stage sends and reductions over `stage` should cross DCN.
+    *(
+        {
+            **row(
+                f"{name} pipelined across 2 slices (dcn_stage 2) v5p-512 x 2",
+                config,
+                "v5p:8x8x8",
+                batch,
+                seq_len,
+                128,
+                tensor=4,
+                extra=[
+                    "--config.mesh.num_slices=2",
+                    "--config.mesh.dcn_data=1",
+                    "--config.mesh.dcn_stage=2",
+                    f"--config.pipeline.microbatches={microbatches}",
+                    "--config.model.attention_impl=auto",
+                    *extra,
+                ],
+            ),
+            "source": f"{name}, {batch:,} x {seq_len:,} tokens, 2 stages x {microbatches} "
+            f"microbatches: bubble 1/{microbatches + 1} = {1 / (microbatches + 1):.1%}",
+        }
+        for name, config, batch, seq_len, microbatches, extra in (
+            ("GPT-3 175B", "experiments/gpt3.py:175b", 1536, 2048, 12, []),
+            (
+                "Llama-3.1-405B",
+                "experiments/llama.py:3.1-405b",
+                512,
+                2048,
+                4,
+                [
+                    "--config.model.max_len=2048",
+                    "--config.rules.act_embed=tensor",
+                    "--config.loss_chunks=8",
+                ],
+            ),
+        )
+    ),
 ]
 
 

@@ -135,6 +135,15 @@ def test_the_search_space_leaves_user_fields_and_offers_what_the_config_can_use(
   assert knobs["rules.embed"] == [None, "fsdp,context"]
   assert knobs["model.context_strategy"] == ["all_gather", "ring"]
   assert knobs["model.remat"][0] == "none" and knobs["model.remat"][-1] == "full"
+  # pipeline stages: a scanned stack whose depth they divide (2 blocks: 2 stages, not 4 or 8),
+  # with an axis left to shrink (context 2 x data 4 fill the 8 devices)
+  assert "mesh.stage" not in knobs  # looped blocks cannot be split over stages
+  config.model.scan_layers = True
+  assert "mesh.stage" not in dict(fit.searched(config, set(), devices))
+  config.mesh.data = -1
+  assert dict(fit.searched(config, set(), devices))["mesh.stage"] == [1, 2]
+  config.model.num_layers = 3
+  assert "mesh.stage" not in dict(fit.searched(config, set(), devices))
 
 
 def test_the_refusal_names_the_knobs_fit_moves(experiment):

@@ -186,6 +186,11 @@ class ModelConfig:
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
   init: str = "gpt2"  # the initialisation (modules/inits.py; paper: the placement's own)
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
+  # mesh.stage > 1: the pipeline's microbatches (0 = one per stage; modules/pipeline.py), set
+  # by training from --config.pipeline.microbatches
+  pipeline_microbatches: int = 0
+  # the pipeline's passes over the stages (1 = GPipe), set by training from --config.pipeline.repeats
+  pipeline_repeats: int = 1
   # what the backward pass keeps and what it recomputes (modules/remat.py)
   remat: str = "none"
   remat_save: str = ""  # remat=custom: name:device|offload|remat,... e.g. qkv_proj:offload

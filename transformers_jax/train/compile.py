@@ -13,6 +13,7 @@ import numpy as np
 
 from transformers_jax.machine import hardware
 from transformers_jax.models import counting, flops
+from transformers_jax.modules import pipeline
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
@@ -254,6 +255,13 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       out["headroom_fits_by_gib"] = chip.hbm_gib - figure
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   out.update(xla_flops(compiled))
+  stages = int(mesh.shape.get("stage", 1))
+  if stages > 1:  # every chip runs one stage's share of the same program: its figures are a stage's
+    out["pipeline"] = pipeline.schedule_report(setup.model_cfg, stages)
+    out["pipeline"]["per_stage_params_gib"] = out["per_device_params_gib"] * len(devices) / stages
+    out["pipeline"]["per_stage_chip_peak_gib"] = out.get(
+        "per_device_peak_xla_gib", out.get("per_device_peak_estimate_gib")
+    )
   if int(config.mesh.get("num_slices", 1) or 1) > 1:
     out["num_slices"] = int(config.mesh.num_slices)
     out["dcn_collectives"] = dcn_collectives(compiled)

@@ -10,7 +10,7 @@ chip's memory. The order is that of what a
 move costs: first what costs nothing or next to nothing (a sharding rule, the loss a chunk at a
 time, ring attention), then recomputation from the least upward (remat policies), then host
 transfers (offloading the optimizer state, then the parameters), then smaller micro-batches
-(gradient accumulation). Each compile's report is kept in a JSON file keyed by the whole
+(gradient accumulation), then pipeline stages (mesh.stage, whose bubble idles chips). Each compile's report is kept in a JSON file keyed by the whole
 configuration and the devices (machine/compile_cache.ReportCache), so the same search again
 compiles nothing.
 """
@@ -81,6 +81,25 @@ def _accumulation_divides(value, config, devices) -> bool:
   return config.batch_size % value == 0 and (config.batch_size // value) % shards == 0
 
 
+def _stages_usable(value, config, devices) -> bool:
+  """`value` pipeline stages that the mesh and the model accept (train/field_checks.py's
+  check_pipeline: a scanned stack of one run of blocks whose depth the stages divide, no
+  population) with the other axes resolving over the devices that remain."""
+  if value == 1:
+    return True
+  from transformers_jax.config import ModelConfig
+  from transformers_jax.train import field_checks
+
+  staged = with_values(config, {"mesh.stage": value})
+  slices = int(config.mesh.get("num_slices", 1) or 1)
+  try:
+    parallel.mesh_shape(staged.mesh.to_dict(), len(devices) // slices)
+    field_checks.check_pipeline(staged, ModelConfig.from_dict(staged.model))
+  except ValueError:
+    return False
+  return True
+
+
 SEARCH_SPACE: tuple[Knob, ...] = (
     # parameters and optimizer state split over the context axis too (MaxText's embed rule for
     # long context); the activations' embedding is split over tensor by default (parallel.py)
@@ -111,8 +130,8 @@ SEARCH_SPACE: tuple[Knob, ...] = (
         "--config.grad_accum_steps (smaller micro-batches)",
         _accumulation_divides,
     ),
-    # Pipeline stages go here, last (a bubble costs more than any move above), as one entry:
-    # Knob("mesh.stage", (1, 2, 4, 8), "--config.mesh.stage", <stages divide layers, devices>)
+    # pipeline stages last: a schedule's bubble idles chips, which costs more than any move above
+    Knob("mesh.stage", (1, 2, 4, 8), "--config.mesh.stage (pipeline stages)", _stages_usable),
 )
 
 

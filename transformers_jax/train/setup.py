@@ -37,6 +37,16 @@ from transformers_jax.train import optim, resume, state as state_lib, step as st
 from transformers_jax.train_config import validate
 
 
+def with_schedule(model_cfg, config):
+  """The model config with the run's pipeline schedule (config.pipeline: what the stacks read
+  under a mesh with `stage` > 1, modules/pipeline.py)."""
+  pipe = config.get("pipeline") or {}
+  return model_cfg.replace(
+      pipeline_microbatches=int(pipe.get("microbatches", 0)),
+      pipeline_repeats=int(pipe.get("repeats", 1)),
+  )
+
+
 class Setup:
   """A run's model config, task, mesh, logical-axis rules, optimizer and state layout, from its
   config alone (nothing allocated). `members` is None for a solo run, else the population's
@@ -44,8 +54,9 @@ class Setup:
 
   def __init__(self, config, task=None, devices=None):
     self.config = config
-    self.model_cfg = ModelConfig.from_dict(config.model)
+    self.model_cfg = with_schedule(ModelConfig.from_dict(config.model), config)
     self.task = task or task_for(self.model_cfg, config)
+    field_checks.check_pipeline(config, self.model_cfg)
     self.mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
     self.members = members_lib.members(config) if members_lib.enabled(config) else None
     count = len(self.members) if self.members else 1
@@ -55,6 +66,9 @@ class Setup:
     batch_axes = [a for a in parallel.BATCH_AXES if a != self.member_axis]
     validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes), self.task)
     field_checks.check_training(config, self.model_cfg, self.task, self.mesh.devices.flat)
+    field_checks.check_pipeline(
+        config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes)
+    )
     self.tx = optim.make_optimizer(config)
     abstract, shardings = state_lib.state_shardings(
         self.model_cfg, self.tx, self.mesh, self.rule_table, config.seed
