@@ -85,6 +85,10 @@ def _tiny(experiment, **fields):
         ({"mesh.stage": 2, "population.seeds": 2}, r"^mesh.stage=2: a population's members"),
         ({"mesh.stage": 2, "model.scan_layers": False}, r"^mesh.stage=2: .*scan_layers=true"),
         ({"pipeline.repeats": 2}, r"^pipeline.repeats=2: .* mesh.stage=1"),
+        (
+            {"mesh.stage": 2, "model.feed_forward": "moe", "model.moe_every": 2},
+            r"^mesh.stage=2: .* alternate dense and MoE",
+        ),
     ],
 )
 def test_schedules_that_cannot_run_are_refused(experiment, fields, said):
