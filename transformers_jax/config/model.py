@@ -185,6 +185,12 @@ class ModelConfig:
   pool: str = "cls"  # vit: cls token or mean of patch tokens
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
   init: str = "gpt2"  # the initialisation (modules/inits.py; paper: the placement's own)
+  # how init scales, multipliers and per-tensor Adam rates follow width and depth
+  # (modules/parametrization.py, docs/mup.md): sp (standard) | mup (Yang et al. 2021) |
+  # complete_p (Dey et al. 2025: mup plus depth); the last two scale from a base shape
+  parametrization: str = "sp"
+  mup_base_width: int = 0  # mup, complete_p: the d_model the learning rate was tuned at
+  mup_base_depth: int = 0  # complete_p: the blocks per stack the learning rate was tuned at
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
   # mesh.stage > 1: the pipeline's microbatches (0 = one per stage; modules/pipeline.py), set
   # by training from --config.pipeline.microbatches

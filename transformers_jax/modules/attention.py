@@ -30,6 +30,7 @@ from transformers_jax.modules.cache import attend_cache, cross_cached, write_cac
 from transformers_jax.modules.context import context_size, split_attention
 from transformers_jax.modules.layer_types import nope_only, temperature
 from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
+from transformers_jax.modules import parametrization
 from transformers_jax.modules.norms import Norm, norm_over_heads
 from transformers_jax.modules.scores import max_attention_logit
 from transformers_jax.modules.placement_base import (
@@ -140,6 +141,9 @@ class Attention(nn.Module):
       q = q * jnp.asarray(K**0.5, q.dtype)
     elif c.score_scale_width:  # q.k / sqrt(width) instead (Gemma 2 27B)
       q = q * jnp.asarray((K / c.score_scale_width) ** 0.5, q.dtype)
+    query_multiplier = parametrization.of(c).query_multiplier(c)  # μP's 1/d attention
+    if query_multiplier != 1.0:
+      q = q * jnp.asarray(query_multiplier, q.dtype)
 
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")

@@ -13,7 +13,7 @@ from transformers_jax.modules.masks import AttentionMask, is_causal, with_patter
 from transformers_jax.modules.mla import MLA
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
-from transformers_jax.modules import inits, layer_types, pipeline, remat
+from transformers_jax.modules import inits, layer_types, parametrization, pipeline, remat
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import position_scheme
 
@@ -72,12 +72,15 @@ class Block(nn.Module):
     x = placement.enter(c, x)
     first = True if first_values is None else depth.layer == 0
     carried = {}  # the V_1 the self-attention returns
-    site = Site(
-        self,
-        depth,
-        make_norm=lambda name: Norm(c, name=name),
-        dropout=lambda y: nn.Dropout(c.dropout, deterministic=self.deterministic)(y),
-    )
+    # every placement passes each residual branch through the site's dropout, which also
+    # applies the parametrisation's branch multiplier (CompleteP's L_base / L)
+    branch = parametrization.of(c).branch_multiplier(c, depth.num_layers)
+
+    def branch_out(y):
+      y = nn.Dropout(c.dropout, deterministic=self.deterministic)(y)
+      return y if branch == 1.0 else y * jnp.asarray(branch, y.dtype)
+
+    site = Site(self, depth, make_norm=lambda name: Norm(c, name=name), dropout=branch_out)
 
     def parts(sublayer):  # what the placement sets inside each sublayer
       rules = inits.projection_rules(c, depth, sublayer)  # model.init's, then the placement's

@@ -13,7 +13,7 @@ import numpy as np
 
 from transformers_jax.machine import hardware
 from transformers_jax.models import counting, flops
-from transformers_jax.modules import pipeline
+from transformers_jax.modules import parametrization, pipeline
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
@@ -185,6 +185,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       "devices": len(devices),
       "device_kind": kind,
       "params": counting.count(model_cfg),
+      "parametrization": parametrization.describe(model_cfg),
       "batch_size": config.batch_size,
       "tokens_per_step": tokens,
       "hbm_gib": chip.hbm_gib if chip else None,

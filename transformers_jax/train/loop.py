@@ -10,6 +10,7 @@ import jax
 
 from transformers_jax.machine import parallel
 from transformers_jax.models import counting, flops
+from transformers_jax.modules import parametrization
 from transformers_jax.errors import UserError
 from transformers_jax.evaluate import harness as harness_lib
 from transformers_jax.run_folder.runs import Run
@@ -95,8 +96,8 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
           + ", the rest frozen)"
       )
     print(
-        f"{model_cfg.family} model, {counting.count(model_cfg, setup.abstract.params):,} "
-        f"parameters{trained}; "
+        f"{model_cfg.family} model, {parametrization.describe(model_cfg)}, "
+        f"{counting.count(model_cfg, setup.abstract.params):,} parameters{trained}; "
         f"{data.summary}"
     )
     print(
