@@ -13,22 +13,14 @@ Prints (and writes) JSON: one object per config with its settings and the figure
 
 from __future__ import annotations
 
-import json
-import pathlib
-import tempfile
-
 import numpy as np
-from absl import flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
-from transformers_jax.scripting import output_paths
+from transformers_jax.scripting import hf_check
 
 FLAGS = cli.ScriptFlags(__doc__)
-output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
-flags.DEFINE_integer("configs", 8, "Random configs to check.", lower_bound=1, flag_values=FLAGS)
-flags.DEFINE_integer("seed", 1, "Seed of the configs and weights.", flag_values=FLAGS)
-flags.DEFINE_string("out", "", "Also write the JSON here.", flag_values=FLAGS)
+hf_check.define_flags(FLAGS, configs=8, seed=1)
 
 
 def random_config(rng) -> dict:
@@ -79,81 +71,28 @@ def random_config(rng) -> dict:
 
 
 def check(config: dict, seed: int, scan: bool) -> dict:
-  import jax
-  import torch
-  import transformers
-
-  from transformers_jax import decode
-  from transformers_jax.config import ModelConfig
-  from transformers_jax.interop import load_hf, save_hf
-  from transformers_jax.models import build_model, counting
-  from transformers_jax.modules.block import loop_to_scan
-
-  torch.manual_seed(seed)
-  model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**config)).eval()
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.3 * torch.randn(p.shape, generator=g))
+  model, _ = hf_check.shaken_model("Llama4TextConfig", "Llama4ForCausalLM", config, seed)
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, config["vocab_size"], (2, 14))
-  prompt = rng.integers(0, config["vocab_size"], (1, 5))
-  with torch.no_grad():
-    want = model(torch.from_numpy(tokens)).logits.numpy()
-    greedy = model.generate(
-        torch.from_numpy(prompt),
-        max_new_tokens=12,
-        do_sample=False,
-        attention_mask=torch.ones_like(torch.from_numpy(prompt)),
-        pad_token_id=0,
-    )[:, 5:].numpy()
-  with tempfile.TemporaryDirectory() as tmp:
-    model.save_pretrained(pathlib.Path(tmp) / "hf")
-    fields, params = load_hf(pathlib.Path(tmp) / "hf")
-    c = ModelConfig(**fields).replace(scan_layers=scan)
-    run_params = loop_to_scan(params) if scan else params
-    got = jax.jit(build_model(c).apply)({"params": run_params}, tokens)["logits"]
-    out = decode.generate(c, run_params, [list(prompt[0])], 12)
-    save_hf(pathlib.Path(tmp) / "ours", fields, params)
-    back = transformers.Llama4ForCausalLM.from_pretrained(pathlib.Path(tmp) / "ours").eval()
-    with torch.no_grad():
-      again = back(torch.from_numpy(tokens)).logits.numpy()
-  hf_count = sum(p.numel() for p in model.parameters())
+  prompt = rng.integers(0, config["vocab_size"], 5).tolist()
+  fields, figures = hf_check.through_load_hf(model, tokens, prompt, 12, scan=scan)
   return {
       "config": {k: v for k, v in config.items() if v is not None},
       "read_as": {k: fields[k] for k in ("layer_types", "attention_chunk", "moe_every")},
       "scanned": scan,
-      "logits_max_abs_error": float(np.max(np.abs(np.asarray(got) - want))),
-      "logits_scale": float(np.max(np.abs(want))),
-      "greedy_equal": bool(np.array_equal(np.asarray(out.tokens)[:, :12], greedy)),
-      "greedy_hf": greedy[0].tolist(),
-      "greedy_ours": np.asarray(out.tokens)[0, :12].tolist(),
-      "params_hf": hf_count,
-      "params_ours": counting.count(fields),
-      "params_analytic": counting.analytic_count(fields),
-      "exported_logits_max_abs_error": float(np.max(np.abs(again - want))),
+      **figures,
   }
 
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
-  try:
-    import torch
-    import transformers
-  except ImportError:
-    raise UserError('this script needs torch and transformers: pip install -e ".[hf]"') from None
+  hf_check.require_hf()
   rng = np.random.default_rng(FLAGS.seed)
   results = [
       check(random_config(rng), FLAGS.seed + i, scan=i % 2 == 1) for i in range(FLAGS.configs)
   ]
-  text = json.dumps(
-      {"torch": torch.__version__, "transformers": transformers.__version__, "checks": results},
-      indent=1,
-  )
-  print(text)
-  if FLAGS.out:
-    pathlib.Path(FLAGS.out).write_text(text + "\n")
+  hf_check.write_checks(results, FLAGS.out)
 
 
 if __name__ == "__main__":

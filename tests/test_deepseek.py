@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from conftest import ROOT, run_worker
+from conftest import ROOT, run_worker, shaken
 from transformers_jax import decode
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, counting, init_params, lora
@@ -29,11 +29,7 @@ def tiny(experiment, **changes):
 
 def perturbed(c, scale=0.3):
   """Initial parameters shaken, and the routers' bias drawn, so every part acts."""
-  params = nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY))
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  leaves = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  return shaken(nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY)), scale)
 
 
 def test_latent_attention_decodes_from_its_latent_cache_as_the_forward_pass(experiment):

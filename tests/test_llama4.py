@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from conftest import shaken
 from transformers_jax import decode
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, counting, init_params
@@ -26,11 +27,7 @@ def tiny(experiment, **changes):
 
 def perturbed(c, scale=0.3):
   """Initial parameters shaken so that every part acts (the experts' choices vary)."""
-  params = nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY))
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  leaves = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  return shaken(nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY)), scale)
 
 
 def test_scanned_with_remat_and_decoding_past_every_chunk_equal_the_looped_forward(experiment):
@@ -99,12 +96,7 @@ def test_the_router_weight_scales_the_experts_input(experiment):
 
   @jax.jit
   def run(x):
-    params = MoE(c).init(KEY, x)["params"]
-    leaves, tree = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
-    params = jax.tree_util.tree_unflatten(
-        tree, [p + 0.5 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)]
-    )
+    params = shaken(MoE(c).init(KEY, x)["params"], 0.5, seed=2)
 
     def out(c):
       def loss(params):

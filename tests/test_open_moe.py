@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from conftest import shaken
 from transformers_jax.config import ModelConfig
 from transformers_jax.modules.attention import attend
 from transformers_jax.modules.feed_forward import MoE
@@ -152,12 +153,7 @@ def test_router_and_expert_options_take_dense_and_ragged_alike(options):
 
   @jax.jit
   def both(x):
-    params = MoE(c).init(jax.random.PRNGKey(1), x)["params"]
-    leaves, tree = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
-    params = jax.tree_util.tree_unflatten(
-        tree, [p + 0.5 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)]
-    )
+    params = shaken(MoE(c).init(jax.random.PRNGKey(1), x)["params"], 0.5, seed=2)
 
     def run(c):
       def loss(params):

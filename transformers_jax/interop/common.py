@@ -1,7 +1,7 @@
 """What every Hugging Face architecture mapping shares: the errors, tensor rules and their
-transforms, helpers for config.json, and `Family`, the interface one model type implements
-(interop/gpt2.py, bert.py, vit.py). A new architecture is one such file, registered in
-interop/hf.py, and its fixture test."""
+transforms, helpers for config.json and for the Llama-layout decoders, and `Family`, the interface
+one model type implements (interop/gpt2.py, bert.py, vit.py). A new architecture is one such
+file, registered in interop/hf.py, and its fixture test."""
 
 from __future__ import annotations
 
@@ -175,6 +175,33 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
   raise AssertionError(rule.kind)
 
 
+def linear(hf: str, path: tuple, n_in: int = 1, rows: tuple = (), bias: bool = False) -> list[Rule]:
+  """Torch Linear `hf` <-> our kernel at `path` (rows in `rows`' order); its bias with `bias`."""
+  rules = [Rule("linear", (hf + ".weight",), (path + ("kernel",),), n_in, rows=rows)]
+  if bias:
+    rules.append(Rule("bias", (hf + ".bias",), (path + ("bias",),)))
+  return rules
+
+
+PRE_NORMS = (("input_layernorm", "self_attn_norm"), ("post_attention_layernorm", "ffn_norm"))
+
+
+def decoder_rules(c: ModelConfig, base: str, block_rules, norms=PRE_NORMS, after_blocks=()):
+  """A Llama-layout decoder: embedding; per block h=`<base>layers.<i>.`, ours=decoder/layer_<i>:
+  `norms` (torch, ours) then block_rules(i, h, ours); `after_blocks`; final norm; untied lm_head."""
+  rules = [Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))]
+  for i in range(c.num_layers):
+    h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
+    for hf_name, name in norms:
+      rules.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
+    rules += block_rules(i, h, ours)
+  rules += after_blocks
+  rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
+  if not c.tie_embeddings:
+    rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
+  return rules
+
+
 def dense(hf: str, path: tuple[str, ...], kind: str = "linear", n_in: int = 1) -> list[Rule]:
   return [
       Rule(kind, (hf + ".weight",), (path + ("kernel",),), n_in),
@@ -231,6 +258,34 @@ def require(hf: Mapping, where: str, **expected) -> None:
       raise UnsupportedArchitecture(
           f"{where}: {key}={hf[key]!r} is not supported (only {want!r} maps onto our blocks)"
       )
+
+
+def decoder_shape(hf: Mapping) -> dict[str, Any]:
+  """ModelConfig fields of the keys a Llama-like config.json gives its shape (and GQA) in."""
+  heads = hf["num_attention_heads"]
+  return dict(
+      num_layers=hf["num_hidden_layers"],
+      d_model=hf["hidden_size"],
+      num_heads=heads,
+      num_kv_heads=get(hf, "num_key_value_heads", default=heads),
+      head_dim=get(hf, "head_dim", default=hf["hidden_size"] // heads),
+      d_ff=hf["intermediate_size"],
+      vocab_size=hf["vocab_size"],
+      max_len=hf["max_position_embeddings"],
+  )
+
+
+# The `requirements` every Llama-layout decoder (RoPE, pre-norm RMSNorm blocks) starts from.
+ROPE_DECODER = dict(
+    family="decoder",
+    norm_placement="pre",
+    has_final_norm=True,
+    embed_norm=False,
+    type_vocab_size=0,
+    positions="rope",
+    norm="rmsnorm",
+    has_norm_bias=False,
+)
 
 
 # BertConfig and ViTConfig share these keys (and defaults) for the encoder stack.

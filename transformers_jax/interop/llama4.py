@@ -20,20 +20,19 @@ blocks changes no score) and put back on export.
 from __future__ import annotations
 
 from transformers_jax.interop.common import (
+    ROPE_DECODER,
     Family,
     Rule,
     UnsupportedArchitecture,
     UnsupportedConfig,
-    get,
+    decoder_rules,
+    decoder_shape,
+    linear,
     require,
 )
 from transformers_jax.interop.deepseek import rope_rows
 from transformers_jax.interop.rope_scaling import read_rope, write_rope
 from transformers_jax.modules import layer_types as patterns
-
-
-def _linear(hf: str, path: tuple[str, ...], n_in: int = 1, rows: tuple[int, ...] = ()):
-  return [Rule("linear", (hf + ".weight",), (path + ("kernel",),), n_in, rows=rows)]
 
 
 def rope_flags(hf, where: str) -> list[int]:
@@ -147,18 +146,10 @@ class Llama4Text(Family):
           f"{where}: floor_scale={floor!r} is not supported (a whole number of positions)"
       )
     qk_norm = bool(hf["use_qk_norm"]) and rope
-    heads = hf["num_attention_heads"]
     chunk = hf.get("attention_chunk_size")
     return dict(
         family="decoder",
-        num_layers=layers,
-        d_model=hf["hidden_size"],
-        num_heads=heads,
-        num_kv_heads=get(hf, "num_key_value_heads", default=heads),
-        head_dim=get(hf, "head_dim", default=hf["hidden_size"] // heads),
-        d_ff=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"],
-        max_len=hf["max_position_embeddings"],
+        **decoder_shape(hf),
         positions="rope",
         rope_theta=theta,
         rope_scaling=scaling,
@@ -229,40 +220,31 @@ class Llama4Text(Family):
 
   def rules(self, c, base):
     H, G, K = c.num_heads, c.kv_heads, c.head_width
-    rules = [
-        Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))
-    ]
-    for i in range(c.num_layers):
-      h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
+    names = (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo"))
+
+    def block(i, h, ours):
       attn, a, ffn, f = (
           ours + ("self_attn",),
           h + "self_attn.",
           ours + ("ffn",),
           h + "feed_forward.",
       )
-      rules += [
-          Rule("copy", (h + "input_layernorm.weight",), (ours + ("self_attn_norm", "scale"),)),
-          Rule("copy", (h + "post_attention_layernorm.weight",), (ours + ("ffn_norm", "scale"),)),
-      ]
-      rules += _linear(a + "q_proj", attn + ("query",), rows=rope_rows(0, K, H))
-      rules += _linear(a + "k_proj", attn + ("key",), rows=rope_rows(0, K, G))
-      rules += _linear(a + "v_proj", attn + ("value",))
-      rules += _linear(a + "o_proj", attn + ("out",), n_in=2)
-      names = (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo"))
+      rules = linear(a + "q_proj", attn + ("query",), rows=rope_rows(0, K, H))
+      rules += linear(a + "k_proj", attn + ("key",), rows=rope_rows(0, K, G))
+      rules += linear(a + "v_proj", attn + ("value",))
+      rules += linear(a + "o_proj", attn + ("out",), n_in=2)
       if not c.is_moe_layer(i):
-        rules += [r for hf_name, name in names for r in _linear(f + hf_name, ffn + (name,))]
-        continue
-      rules += _linear(f + "router", ffn + ("router",))
+        return rules + [r for hf_name, name in names for r in linear(f + hf_name, ffn + (name,))]
+      rules += linear(f + "router", ffn + ("router",))
       rules += [
           Rule("gate_up_halves", (f + "experts.gate_up_proj",), (ffn + ("wi",), ffn + ("wi_1",))),
           Rule("copy", (f + "experts.down_proj",), (ffn + ("wo",),)),
       ]
       for hf_name, name in names:
-        rules += _linear(f + "shared_expert." + hf_name, ffn + ("shared", name))
-    rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
-    if not c.tie_embeddings:
-      rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
-    return rules
+        rules += linear(f + "shared_expert." + hf_name, ffn + ("shared", name))
+      return rules
+
+    return decoder_rules(c, base, block)
 
   def ignorable(self, c):
     return [r"lm_head\.weight"] if c.tie_embeddings else []
@@ -276,14 +258,7 @@ class Llama4Text(Family):
   def requirements(self, c, architecture):
     nope = any(t.rope == "none" for t in patterns.pattern(c))
     return dict(
-        family="decoder",
-        norm_placement="pre",
-        has_final_norm=True,
-        embed_norm=False,
-        type_vocab_size=0,
-        positions="rope",
-        norm="rmsnorm",
-        has_norm_bias=False,
+        ROPE_DECODER,
         use_bias=False,
         feed_forward="moe",
         activation="swiglu",

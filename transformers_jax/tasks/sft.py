@@ -40,7 +40,7 @@ from transformers_jax.data.errors import DataError
 from transformers_jax.data.token_cache import build_cache
 from transformers_jax.data.tokenizers import ChatTokenizer
 from transformers_jax.tasks.base import TaskData
-from transformers_jax.tasks.lm import LanguageModeling
+from transformers_jax.tasks.lm import LanguageModeling, generate_sample
 from transformers_jax.tasks.text_data import run_tokenizer
 
 
@@ -190,21 +190,10 @@ class SupervisedFineTuning(LanguageModeling):
 
   def sample(self, data, model_cfg, params, config):
     """The config's sample prompt as a user turn, answered with the KV cache."""
-    from transformers_jax import decode
-
     tok, template = data.tokenizer, data.chat_template
     prompt = chat_prompt(tok, template, config.sample.prompt)[-model_cfg.max_len :]
     stop = end_of_turn_ids(tok, template)
-    out = decode.generate(
-        model_cfg,
-        params,
-        [prompt],
-        config.sample.max_new_tokens,
-        temperature=config.sample.temperature,
-        top_k=config.sample.top_k,
-        seed=config.seed,
-        stop_tokens=stop,
-    )
+    out = generate_sample(model_cfg, params, config, prompt, stop_tokens=stop)
     return f"user: {config.sample.prompt}\nassistant: {tok.decode(out.ids()[0])}"
 
 
