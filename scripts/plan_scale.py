@@ -229,8 +229,8 @@ ROWS = [
     # every fourth block NoPE) with float32 parameters and Adam state (6.4 TB with the
     # gradients): experts over 16 chips (8 each), everything over fsdp; one sequence of 4,096
     # tokens per chip, the logits an 8th at a time, the experts' receive buffers sized by a
-    # capacity of 1.25; on v5p-256 and on half the chips. Neither fits: the temporaries (114
-    # GiB per chip on v5p-256; 117 dropless) exceed the HBM on their own
+    # capacity of 1.25; on v5p-512, v5p-256 and v5p-128. The smallest that fits is v5p-512
+    # (XLA peak 90.0 GiB); v5p-256 is refused for 114 GiB of temporaries (117 dropless)
     *(
         row(
             f"Llama 4 Maverick expert 16 x fsdp {chips // 16} {label}",
@@ -246,7 +246,11 @@ ROWS = [
                 "--config.loss_chunks=8",
             ],
         )
-        for label, topology, chips in (("v5p-256", "v5p:4x4x8", 128), ("v5p-128", "v5p:4x4x4", 64))
+        for label, topology, chips in (
+            ("v5p-512", "v5p:8x8x4", 256),
+            ("v5p-256", "v5p:4x4x8", 128),
+            ("v5p-128", "v5p:4x4x4", 64),
+        )
     ),
 ]
 
@@ -464,7 +468,11 @@ MAXTEXT_ROWS = [
             "source": "MaxText's DeepSeek-V3 671B on v5p-256: 4 x 1,024 tokens per chip, bf16 "
             "weights; here experts over 16 chips, capacity factor 1.25",
         }
-        for label, topology, chips in (("v5p-256", "v5p:4x4x8", 128), ("v5p-128", "v5p:4x4x4", 64))
+        for label, topology, chips in (
+            ("v5p-512", "v5p:8x8x4", 256),
+            ("v5p-256", "v5p:4x4x8", 128),
+            ("v5p-128", "v5p:4x4x4", 64),
+        )
     ),
     {
         **row(
