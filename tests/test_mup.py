@@ -15,7 +15,9 @@ import pytest
 from flax import linen as nn
 
 from transformers_jax.models import ModelConfig, build_model, counting, initializer
+from transformers_jax.modules import parametrization
 from transformers_jax.modules.parametrization import role_of
+from transformers_jax.modules.placement_base import Init
 from transformers_jax.modules.placements import PLACEMENTS
 
 from conftest import ROOT, load_script
@@ -79,6 +81,27 @@ def test_roles_from_logical_axes():
   assert role_of(("embed", "vocab")) == "readout"
   assert role_of(("embed", "experts")) == "output"  # a router
   assert role_of(("heads", "head_dim"), "bias") == "vector"
+  # the experts' biases [E, 1, width]: the size-1 axis only broadcasts
+  assert role_of(("experts", None, "mlp"), "bi", (4, 1, 64)) == "vector"
+  assert role_of(("embed", None), "kernel", (64, 8)) == "output"  # a fixed-rank down-projection
+
+
+@pytest.mark.parametrize(
+    "role, names, shape, variance",
+    [  # Table 3 against the base (width 16): input and readout as there, output / m^2
+        ("input", ("patch", "embed"), (48, 64), 2 / (48 + 16)),
+        ("readout", ("embed", "classes"), (64, 10), 2 / (16 + 10)),
+        ("output", ("embed", "experts"), (64, 4), 2 / (16 + 4) / 16),
+        ("hidden", ("embed", "mlp"), (64, 256), 2 / (64 + 256)),  # Xavier's own 1/m
+    ],
+)
+def test_xavier_under_mup_keeps_the_base_width_variance(role, names, shape, variance):
+  c = tiny("mup", width=64, base=16, init="xavier")  # m = 4
+  rule = parametrization.kernel_rule(c, names, Init("normal", 1.0))
+  assert role_of(names) == role
+  # 64 kernels at once (a batch axis, not a fan) so the sample variance is within a few %
+  kernels = rule.initializer(batch_axis=(0,))(KEY, (64, *shape))
+  np.testing.assert_allclose(float(jnp.var(kernels)), variance, rtol=0.05)
 
 
 def test_complete_p_scales_each_residual_branch_by_base_over_depth():
@@ -168,3 +191,16 @@ def test_optax_groups_see_the_right_rates():
   assert isinstance(
       coord.optim.make_optimizer(coord.train_config(c, 1e-3, 1)), optax.GradientTransformation
   )
+
+
+def test_complete_p_groups_the_experts_biases_with_the_vectors(experiment):
+  """gpt-oss's expert biases [E, 1, width] are vectors (epsilon / l), its experts hidden, its
+  router an output tensor (rate / m)."""
+  fields = dict(experiment("gpt_oss", "tiny").model)  # d_model 64, 2 blocks
+  fields.update(parametrization="complete_p", mup_base_width=32, mup_base_depth=1)
+  groups = coord.optim.tensor_groups(ModelConfig.from_dict(fields))
+  ffn = "['decoder']['layer_0']['ffn']"
+  for bias in ("bi", "bi_1", "bo"):
+    assert groups[f"{ffn}['{bias}']"] == (1.0, 0.5, 1.0)
+  assert groups[f"{ffn}['wi']"] == (0.5, 0.25, 2.0)  # rate / m, epsilon / (m l), decay x m
+  assert groups[f"{ffn}['router']['kernel']"] == (0.5, 1.0, 1.0)

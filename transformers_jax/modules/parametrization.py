@@ -4,10 +4,14 @@ the base shape its hyperparameters were tuned at, so that the base's best learni
 best (docs/mup.md).
 
 Every tensor has a role, read off its logical axis names (leading stack axes dropped: the scan
-axis `layers`, the experts of expert weights): an axis is *wide* when its size grows with d_model (WIDE_AXES), fixed otherwise.
+axis `layers`, the experts of expert weights; and unnamed axes of size 1, which broadcast): an axis
+is *wide* when its size grows with d_model (WIDE_AXES), fixed otherwise.
 
-  vector  no wide axis, or one axis in all: biases, norm scales, gains, the class token
-  input   fixed axes then wide ones: token, position and type tables, ViT's patch projection
+  vector  no wide axis, or one axis in all: biases (the experts' too), norm scales, gains,
+          the class token
+  input   fixed axes then wide ones: token, position and type tables, ViT's patch projection,
+          multi-head latent attention's up-projections (the latent's rank is read as fixed: a
+          sweep that widens it with d_model is outside these rules)
   hidden  every axis wide: attention, feed-forward, expert and pooler matrices
   output  wide axes then fixed ones: the unembedding and classifiers (READOUT_AXES, which take
           the output multiplier), routers (the rest, which take Table 3's own output rule)
@@ -18,10 +22,14 @@ as the `mup` package writes it):
 
   hidden  initial std / sqrt(m) (an initialisation whose std is fixed; Xavier's already scales
           so), Adam rate / m
-  output  readouts: logits times 1 / m, initial std and rate as at the base; routers: initial
-          std / m and rate / m (variance 1 / fan_in^2, rate 1 / fan_in)
+  output  readouts: logits times 1 / m, initial std and rate as at the base; routers (and
+          latent attention's down-projections): initial std / m and rate / m (variance
+          1 / fan_in^2, rate 1 / fan_in)
   input, vector   as at the base (an initialisation whose embedding std shrinks with d_model
           keeps the base width's)
+  Xavier's variance, 2 / (fan_in + fan_out), is read at the base width's fans wherever one fan
+  is fixed and the other wide (input, readout, output), so that "as at the base" holds for it
+  too (placement_base.Init's fan_divisors).
   attention       q.k scaled by sqrt(K_b) / K rather than 1 / sqrt(K), K_b the head width at
           the base width: 1/d attention, equal to the usual at the base
 
@@ -48,10 +56,13 @@ READOUT_AXES = frozenset({"vocab", "classes"})
 ROLES = ("vector", "input", "hidden", "output", "readout")
 
 
-def role_of(names, leaf: str = "kernel") -> str:
-  """A tensor's role (module docstring) from its logical axis names (None: an unnamed axis) and
-  its parameter's name (`leaf`: a bias is a vector whatever its shape)."""
+def role_of(names, leaf: str = "kernel", shape=None) -> str:
+  """A tensor's role (module docstring) from its logical axis names (None: an unnamed axis), its
+  parameter's name (`leaf`: a bias is a vector whatever its shape) and, where known, its shape
+  (an unnamed axis of size 1 broadcasts, as in the experts' biases [E, 1, width]: not a fan)."""
   axes = list(names)
+  if shape is not None:
+    axes = [n for n, size in zip(axes, shape, strict=True) if n is not None or size != 1]
   while axes and axes[0] in STACK_AXES:  # leading stack axes (a router's experts are its output)
     axes = axes[1:]
   wide = [n in WIDE_AXES for n in axes]
@@ -128,10 +139,14 @@ class MuP(Standard):
 
   def init(self, cfg, role, rule):
     m = self.width_ratio(cfg)
-    if role == "hidden" and rule.distribution == "std":  # Xavier's fans already scale by 1/m
-      return Init("std", rule.gain / math.sqrt(m))
-    if role == "output":  # variance 1 / fan_in^2 against the base's
-      return Init(rule.distribution, rule.gain / m)
+    xavier = rule.distribution != "std"
+    if role == "hidden":  # Xavier's fans (both wide) already scale its variance by 1/m
+      return rule if xavier else Init("std", rule.gain / math.sqrt(m))
+    if role in ("readout", "output"):  # the base's variance (readout), / m^2 (output)
+      gain = rule.gain / m if role == "output" else rule.gain
+      return Init(rule.distribution, gain, (m, 1.0) if xavier else rule.fan_divisors)
+    if role == "input" and xavier:  # the base's variance: fan-out read at the base width
+      return Init(rule.distribution, rule.gain, (1.0, m))
     return rule
 
   def output_multiplier(self, cfg):
@@ -264,9 +279,12 @@ class _AtWidth:
 @functools.lru_cache(maxsize=64)
 def optimizer_groups(cfg, leaves: tuple) -> dict[str, tuple[float, float, float]]:
   """{parameter path: (rate, epsilon, decay) multipliers} for `leaves`, a tuple of (path,
-  parameter name, logical names) of the model's parameters."""
+  parameter name, logical names, shape) of the model's parameters."""
   entry = of(cfg)
-  return {path: entry.optimizer_scales(cfg, role_of(names, leaf)) for path, leaf, names in leaves}
+  return {
+      path: entry.optimizer_scales(cfg, role_of(names, leaf, shape))
+      for path, leaf, names, shape in leaves
+  }
 
 
 def config_problem(cfg) -> tuple[str, str, str] | None:

@@ -93,7 +93,7 @@ def tensor_groups(model_cfg) -> dict[str, tuple[float, float, float]]:
   for path, leaf in jax.tree_util.tree_flatten_with_path(boxed, is_leaf=is_box)[0]:
     names = tuple(leaf.names) if isinstance(leaf, nn.Partitioned) else (None,) * leaf.ndim
     leaf_name = jax.tree_util.keystr(path[-1:], simple=True)
-    pairs.append((jax.tree_util.keystr(path), leaf_name, names))
+    pairs.append((jax.tree_util.keystr(path), leaf_name, names, tuple(nn.unbox(leaf).shape)))
   return parametrization.optimizer_groups(model_cfg, tuple(pairs))
 
 
