@@ -100,7 +100,7 @@ def test_hyper_connections_start_as_the_paper_says_and_equal_pre_ln():
   its parameters being pre-LN's plus the connections: the sum of the n streams is n times
   pre-LN's stream (a final norm takes out the n but for its epsilon). mHC starts alike."""
   c = tiny("decoder", "hyper", num_layers=3, hyper_dynamic=True)
-  params = nn.unbox(initializer(c)(KEY))
+  params = nn.unbox(jax.jit(initializer(c))(KEY))  # one program per init and forward below
   for layer in range(3):
     block = params["decoder"][f"layer_{layer}"]
     for j, name in enumerate(("self_attn", "ffn")):
@@ -116,15 +116,15 @@ def test_hyper_connections_start_as_the_paper_says_and_equal_pre_ln():
   for placement in ("hyper", "mhc"):
     c = tiny("decoder", placement, num_layers=3, final_norm=False)
     c = c.replace(hyper_dynamic=placement == "hyper")
-    params = nn.unbox(initializer(c)(KEY))
+    params = nn.unbox(jax.jit(initializer(c))(KEY))
     shared = jax.tree_util.tree_map_with_path(
         lambda path, _, params=params: _at(params, path),
         nn.unbox(jax.eval_shape(initializer(pre), KEY)),
     )
     # the n streams stay copies of pre-LN's one; the stack's output is their sum
     np.testing.assert_allclose(
-        build_model(c).apply({"params": params}, tokens)["hidden"],
-        N * build_model(pre).apply({"params": shared}, tokens)["hidden"],
+        jax.jit(build_model(c).apply)({"params": params}, tokens)["hidden"],
+        N * jax.jit(build_model(pre).apply)({"params": shared}, tokens)["hidden"],
         rtol=1e-5,
         atol=1e-5,
     )
@@ -238,8 +238,8 @@ def test_ngpt_block_equals_the_papers_formula():
 
 def test_ngpt_logits_are_s_z_times_cosines_and_the_chunked_loss_reads_the_same():
   c = tiny("decoder", "ngpt", tie_embeddings=False)
-  params = perturbed(nn.unbox(initializer(c)(KEY)))
-  out = build_model(c).apply({"params": params}, jnp.arange(6)[None] % c.vocab_size)
+  params = perturbed(nn.unbox(jax.jit(initializer(c))(KEY)))  # one program each
+  out = jax.jit(build_model(c).apply)({"params": params}, jnp.arange(6)[None] % c.vocab_size)
   hidden = np.asarray(out["hidden"])
   np.testing.assert_allclose(np.linalg.norm(hidden, axis=-1), 1.0, rtol=1e-5)
   s_z = params["logit_gain"]["scale"] * c.d_model**0.5
@@ -291,12 +291,12 @@ def test_ngpt_weights_are_unit_norm_after_every_update_solo_and_in_a_population(
   update = make_update(
       task_for(model_cfg, config), model_cfg, config, lambda h: optim.make_optimizer(config, h)
   )
-  params = nn.unbox(initializer(model_cfg)(KEY))
+  params = nn.unbox(jax.jit(initializer(model_cfg))(KEY))  # (a scanned init: one program)
   assert_unit_norms(params)  # the initial parameters are constrained too
   batch = {"tokens": jax.random.randint(KEY, (2, 7), 0, 16)}
   hparams = optim.config_hparams(config)
   step = jax.jit(update)
-  state = (params, optim.make_optimizer(config).init(params))
+  state = (params, jax.jit(optim.make_optimizer(config).init)(params))
   for i in range(3):
     *state, _ = step(*state, batch, jax.random.PRNGKey(i), hparams)
   wo = lambda p: p["decoder"]["layers"]["ffn"]["wo"]["kernel"]  # noqa: E731
@@ -306,7 +306,9 @@ def test_ngpt_weights_are_unit_norm_after_every_update_solo_and_in_a_population(
   members = {k: jnp.asarray([v, v]) for k, v in hparams.items()}
   members["learning_rate"] = jnp.asarray([0.05, 0.2])
   stacked = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), params)
-  opt_state = jax.vmap(lambda p, h: optim.make_optimizer(config, h).init(p))(stacked, members)
+  opt_state = jax.jit(jax.vmap(lambda p, h: optim.make_optimizer(config, h).init(p)))(
+      stacked, members
+  )
   vstep = jax.jit(jax.vmap(update, in_axes=(0, 0, None, None, 0)))
   new, _, _ = vstep(stacked, opt_state, batch, KEY, members)
   assert_unit_norms(new, member_axis=True)
@@ -318,9 +320,9 @@ def test_value_residual_equals_resformers_formula_on_two_blocks_looped_and_scann
   block's values: the looped stack, and the scanned one with the same parameters."""
   c = tiny("encoder", "pre", num_layers=2, head="pooler", value_residual=True, num_kv_heads=1)
   stack = Stack(c, 2)
-  params = nn.unbox(stack.init(KEY, X)["params"])
+  params = nn.unbox(jax.jit(stack.init)(KEY, X)["params"])  # one program each
   params["layer_1"]["self_attn"]["value_residual_gain"] = jnp.asarray([0.7, -0.4])
-  out = stack.apply({"params": params}, X)
+  out = jax.jit(stack.apply)({"params": params}, X)
   H, K = c.num_heads, c.head_width
 
   def block(x, p, first_values=None):
@@ -354,8 +356,8 @@ def test_value_residual_works_with_any_placement_and_is_counted_as_gains(placeme
   assert breakdown == counting.analytic_breakdown(c)
   without = counting.analytic_breakdown(c.replace(value_residual=False))
   assert breakdown["gains"] - without.get("gains", 0) == 2 * (2 + 2)  # (l1, l2) per block
-  params = nn.unbox(initializer(c)(KEY))
-  assert np.isfinite(float(load_script("norm_zoo_grid").loss_of(c)(params)))
+  params = nn.unbox(jax.jit(initializer(c))(KEY))  # one program each, not one per operation
+  assert np.isfinite(float(jax.jit(load_script("norm_zoo_grid").loss_of(c))(params)))
 
 
 @pytest.mark.parametrize(
