@@ -100,7 +100,7 @@ def test_hyper_connections_start_as_the_paper_says_and_equal_pre_ln():
   its parameters being pre-LN's plus the connections: the sum of the n streams is n times
   pre-LN's stream (a final norm takes out the n but for its epsilon). mHC starts alike."""
   c = tiny("decoder", "hyper", num_layers=3, hyper_dynamic=True)
-  params = nn.unbox(jax.jit(initializer(c))(KEY))  # one program per init and forward below
+  params = nn.unbox(initializer(c)(KEY))
   for layer in range(3):
     block = params["decoder"][f"layer_{layer}"]
     for j, name in enumerate(("self_attn", "ffn")):
@@ -116,15 +116,15 @@ def test_hyper_connections_start_as_the_paper_says_and_equal_pre_ln():
   for placement in ("hyper", "mhc"):
     c = tiny("decoder", placement, num_layers=3, final_norm=False)
     c = c.replace(hyper_dynamic=placement == "hyper")
-    params = nn.unbox(jax.jit(initializer(c))(KEY))
+    params = nn.unbox(initializer(c)(KEY))
     shared = jax.tree_util.tree_map_with_path(
         lambda path, _, params=params: _at(params, path),
         nn.unbox(jax.eval_shape(initializer(pre), KEY)),
     )
     # the n streams stay copies of pre-LN's one; the stack's output is their sum
     np.testing.assert_allclose(
-        jax.jit(build_model(c).apply)({"params": params}, tokens)["hidden"],
-        N * jax.jit(build_model(pre).apply)({"params": shared}, tokens)["hidden"],
+        build_model(c).apply({"params": params}, tokens)["hidden"],
+        N * build_model(pre).apply({"params": shared}, tokens)["hidden"],
         rtol=1e-5,
         atol=1e-5,
     )
@@ -320,9 +320,9 @@ def test_value_residual_equals_resformers_formula_on_two_blocks_looped_and_scann
   block's values: the looped stack, and the scanned one with the same parameters."""
   c = tiny("encoder", "pre", num_layers=2, head="pooler", value_residual=True, num_kv_heads=1)
   stack = Stack(c, 2)
-  params = nn.unbox(jax.jit(stack.init)(KEY, X)["params"])  # one program each
+  params = nn.unbox(stack.init(KEY, X)["params"])
   params["layer_1"]["self_attn"]["value_residual_gain"] = jnp.asarray([0.7, -0.4])
-  out = jax.jit(stack.apply)({"params": params}, X)
+  out = stack.apply({"params": params}, X)
   H, K = c.num_heads, c.head_width
 
   def block(x, p, first_values=None):
@@ -356,8 +356,8 @@ def test_value_residual_works_with_any_placement_and_is_counted_as_gains(placeme
   assert breakdown == counting.analytic_breakdown(c)
   without = counting.analytic_breakdown(c.replace(value_residual=False))
   assert breakdown["gains"] - without.get("gains", 0) == 2 * (2 + 2)  # (l1, l2) per block
-  params = nn.unbox(jax.jit(initializer(c))(KEY))  # one program each, not one per operation
-  assert np.isfinite(float(jax.jit(load_script("norm_zoo_grid").loss_of(c))(params)))
+  params = nn.unbox(initializer(c)(KEY))
+  assert np.isfinite(float(load_script("norm_zoo_grid").loss_of(c)(params)))
 
 
 @pytest.mark.parametrize(
