@@ -186,13 +186,15 @@ def test_multi_token_prediction_adds_its_weighted_losses_within_documents(experi
 def test_expert_parallel_deepseek_training_equals_one_device():
   """Latent attention, shared experts, grouped sigmoid routing with the bias and multi-token
   prediction under fsdp x tensor x expert and context x expert meshes: the one-device run's
-  losses and routers' bias."""
+  losses and routers' bias. One block, an MoE one (the multi-token prediction's block is a
+  second): a dense first block splits over the meshes as any dense block does."""
   meshes = {
       "one": {"data": 1},
       "fsdp2_tensor2_expert2": {"data": 1, "fsdp": 2, "tensor": 2, "expert": 2},
       "context2_expert2": {"data": 2, "context": 2, "expert": 2},
   }
-  spec = {"steps": 3, "meshes": meshes, "experiment": "deepseek.py:tiny", "num_layers": 2}
+  spec = {"steps": 3, "meshes": meshes, "experiment": "deepseek.py:tiny", "num_layers": 1}
+  spec["model"] = {"moe_first_dense": 0}
   runs = run_worker("moe_worker.py", spec, devices=8)
   one = runs.pop("one")
   assert one["bias"] and np.any(np.asarray(one["bias"]))  # it moved

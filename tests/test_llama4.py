@@ -232,7 +232,7 @@ def test_a_llama_4_population_member_trains_as_its_solo_run(experiment, tmp_path
     c.update_from_flattened_dict(
         {"steps": 2, "batch_size": 2, "seq_len": 32, "log_every": 1, "eval_every": 100}
         | {"checkpoint_every": 100, "sample.max_new_tokens": 0, "model.scan_layers": True}
-        | {"model.remat": "full", **fields}
+        | {"model.remat": "full", "eval_batches": 1, "device_peak_flops": 1e12, **fields}
     )
     return c
 
