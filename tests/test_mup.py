@@ -45,12 +45,16 @@ def tiny(parametrization="mup", width=32, base=16, **kw):
 def adam_update(c, lr=1e-2):
   """The first AdamW update of `c`'s parameters on one batch (the project's optimizer)."""
   optimizer = coord.optim.make_optimizer(coord.train_config(c, lr, 1))
-  model, params = build_model(c), nn.unbox(initializer(c)(KEY))
-  tokens = jax.random.randint(KEY, (2, 16), 0, c.vocab_size)
+  model, tokens = build_model(c), jax.random.randint(KEY, (2, 16), 0, c.vocab_size)
   loss = coord.loss_fn(model, c.family)
-  grads = jax.grad(loss)(params, tokens, tokens[:, 1:])
-  updates, _ = optimizer.update(grads, optimizer.init(params), params)
-  return params, updates
+
+  @jax.jit  # one program (op by op, the per-tensor optimizer compiles one per leaf shape)
+  def first_update(key):
+    params = nn.unbox(initializer(c)(key))
+    grads = jax.grad(loss)(params, tokens, tokens[:, 1:])
+    return params, optimizer.update(grads, optimizer.init(params), params)[0]
+
+  return first_update(KEY)
 
 
 def test_at_the_base_width_mup_is_sp_and_wider_hidden_tensors_take_rate_over_m():
