@@ -191,6 +191,7 @@ class ModelConfig:
   # | fp8 (e4m3 forward, e5m2 gradients) | int8_weights (weights only); docs/quantization.md
   quantization: str = ""
   quantization_head: bool = False  # the output head's matmul quantized too (else float)
+  kv_cache_dtype: str = ""  # decoding: '' = the compute dtype | int8 (per-token, per-head scales)
 
   # ------------------------------------------------------------------ derived values
   @property

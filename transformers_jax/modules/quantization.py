@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from qwix._src.core import dot_general_qt
 
 # mode -> (forward operand type, gradient type); int8_weights quantizes the weight operand only
 MODES = {
@@ -29,14 +28,32 @@ MODES = {
 FP8_GPU_MIN_CAPABILITY = 8.9
 
 
+def qwix_dot_general_qt():
+  """qwix's quantized dot_general module (qwix._src.core.dot_general_qt: the op its QtProvider
+  runs, called directly so that the projections need no module-path rules), or None when qwix
+  is not installed."""
+  try:
+    from qwix._src.core import dot_general_qt
+  except ImportError:
+    return None
+  return dot_general_qt
+
+
 def config_problem(c) -> tuple[str, str, str] | None:
   """(field, value, fix) when model.quantization names no mode, or None."""
   if c.quantization not in MODES:
     names = ", ".join(repr(m) for m in MODES)
     return "quantization", repr(c.quantization), f"one of {names} ('' = float matmuls)"
+  if c.quantization and qwix_dot_general_qt() is None:
+    return "quantization", repr(c.quantization), "needs qwix: pip install -e '.[quant]'"
   if c.quantization and c.feed_forward == "moe" and c.moe_impl == "ragged":
     fix = "the grouped expert matmul has no quantized form here: use moe_impl=dense, or ''"
     return "quantization", repr(c.quantization), fix
+  if c.kv_cache_dtype not in KV_CACHE_DTYPES:
+    fix = "'' (the compute dtype) or int8 (per-token, per-head scales)"
+    return "kv_cache_dtype", repr(c.kv_cache_dtype), fix
+  if c.kv_cache_dtype and qwix_dot_general_qt() is None:
+    return "kv_cache_dtype", repr(c.kv_cache_dtype), "needs qwix: pip install -e '.[quant]'"
   if c.quantization_head and not c.quantization:
     return "quantization_head", "True", "quantizes the output head: set model.quantization too"
   return None
@@ -49,6 +66,7 @@ def qt_config(mode: str, weight_is_rhs: bool = True):
   forward, grads = MODES[mode]
   if forward is None:
     return None
+  dot_general_qt = qwix_dot_general_qt()
   if mode == "int8_weights":  # the weight alone; the backward multiplies by the float operands
     lhs, rhs = (None, forward) if weight_is_rhs else (forward, None)
     return dot_general_qt.DotGeneralQtConfig(
@@ -68,6 +86,7 @@ def tensordot(x, kernel, contract: int, mode: str):
   config = qt_config(mode)
   if config is None:
     return jnp.tensordot(x, kernel, contract)
+  dot_general_qt = qwix_dot_general_qt()
   dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
   return dot_general_qt.dot_general_qt(x, kernel, dims, config).astype(x.dtype)
 
@@ -77,6 +96,8 @@ def einsum(spec: str, x, weight, mode: str):
   each of jnp.einsum's dot_generals through qwix's quantized one when `mode` is set."""
   if not MODES[mode][0]:
     return jnp.einsum(spec, x, weight)
+
+  dot_general_qt = qwix_dot_general_qt()
 
   def quantized_dot_general(lhs, rhs, dimension_numbers, precision=None, **_):
     # jnp.einsum may hand the operands over in either order: the weight is the one of its shape
@@ -92,11 +113,31 @@ def dot_general(mode: str):
   config = qt_config(mode)
   if config is None:
     return jax.lax.dot_general
+  dot_general_qt = qwix_dot_general_qt()
 
   def quantized(lhs, rhs, dimension_numbers, precision=None, **_):
     return dot_general_qt.dot_general_qt(lhs, rhs, dimension_numbers, config).astype(lhs.dtype)
 
   return quantized
+
+
+KV_CACHE_DTYPES = ("", "int8")  # model.kv_cache_dtype: '' = the compute dtype
+
+
+def kv_quantize(x):
+  """Keys or values x [B, G, T, K] -> (int8 [B, G, T, K], float32 scales [B, G, T, 1]): one
+  absmax scale per token and kv head (qwix.quantize), as the int8 KV cache stores them."""
+  import qwix
+
+  quantized = qwix.quantize(x, jnp.int8, channelwise_axes=(0, 1, 2), scale_dtype=jnp.float32)
+  return quantized.qvalue, quantized.scale
+
+
+def kv_dequantize(values, scales, dtype):
+  """`kv_quantize`'s (int8, scales) back to `dtype` (qwix.dequantize)."""
+  import qwix
+
+  return qwix.dequantize(qwix.QArray(values, scales, None, jnp.int8)).astype(dtype)
 
 
 def head_mode(c) -> str:
