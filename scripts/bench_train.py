@@ -77,7 +77,7 @@ def timed(config):
   import jax
 
   from transformers_jax.machine import parallel
-  from transformers_jax.models import counting
+  from transformers_jax.models import counting, flops
   from transformers_jax.train import metrics as metrics_lib
   from transformers_jax.train.compile import build_step
 
@@ -100,7 +100,7 @@ def timed(config):
   step_s = float(np.median(times))  # the median step: robust to a noisy neighbour on the host
   tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens = config.batch_size * tokens_per_example
-  flops = counting.flops_per_token(model_cfg, tokens_per_example) * tokens
+  flops = flops.flops_per_token(model_cfg, tokens_per_example) * tokens
   peak, source = metrics_lib.device_peak()
   print(
       json.dumps(

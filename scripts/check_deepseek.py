@@ -12,22 +12,14 @@ Prints (and writes) JSON: one object per config with its settings and the figure
 
 from __future__ import annotations
 
-import json
-import pathlib
-import tempfile
-
 import numpy as np
-from absl import flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
-from transformers_jax.scripting import output_paths
+from transformers_jax.scripting import hf_check
 
 FLAGS = cli.ScriptFlags(__doc__)
-output_paths.declare(FLAGS, out=output_paths.FILE)  # checked before any work
-flags.DEFINE_integer("configs", 6, "Random configs to check.", lower_bound=1, flag_values=FLAGS)
-flags.DEFINE_integer("seed", 1, "Seed of the configs and weights.", flag_values=FLAGS)
-flags.DEFINE_string("out", "", "Also write the JSON here.", flag_values=FLAGS)
+hf_check.define_flags(FLAGS, configs=6, seed=1)
 
 
 def random_config(rng) -> dict:
@@ -81,77 +73,29 @@ def random_config(rng) -> dict:
 
 
 def check(config: dict, seed: int) -> dict:
-  import jax
   import torch
-  import transformers
 
-  from transformers_jax import decode
-  from transformers_jax.config import ModelConfig
-  from transformers_jax.interop import load_hf, save_hf
-  from transformers_jax.models import build_model, counting
-
-  torch.manual_seed(seed)
-  model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**config)).eval()
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.3 * torch.randn(p.shape, generator=g))
+  model, generator = hf_check.shaken_model(
+      "DeepseekV3Config", "DeepseekV3ForCausalLM", config, seed
+  )
+  with torch.no_grad():  # the routers' bias too (a buffer: shaken_model moves only weights)
     for name, buffer in model.named_buffers():
       if name.endswith("e_score_correction_bias"):
-        buffer.copy_(0.1 * torch.randn(buffer.shape, generator=g))
+        buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, config["vocab_size"], (2, 12))
-  prompt = rng.integers(0, config["vocab_size"], (1, 5))
-  with torch.no_grad():
-    want = model(torch.from_numpy(tokens)).logits.numpy()
-    greedy = model.generate(
-        torch.from_numpy(prompt),
-        max_new_tokens=8,
-        do_sample=False,
-        attention_mask=torch.ones_like(torch.from_numpy(prompt)),
-        pad_token_id=0,
-    )[:, 5:].numpy()
-  with tempfile.TemporaryDirectory() as tmp:
-    model.save_pretrained(pathlib.Path(tmp) / "hf")
-    fields, params = load_hf(pathlib.Path(tmp) / "hf")
-    got = jax.jit(build_model(fields).apply)({"params": params}, tokens)["logits"]
-    out = decode.generate(ModelConfig(**fields), params, [list(prompt[0])], 8)
-    save_hf(pathlib.Path(tmp) / "ours", fields, params)
-    back = transformers.DeepseekV3ForCausalLM.from_pretrained(pathlib.Path(tmp) / "ours").eval()
-    with torch.no_grad():
-      again = back(torch.from_numpy(tokens)).logits.numpy()
-  hf_count = sum(p.numel() for p in model.parameters())
-  return {
-      "config": {k: v for k, v in config.items() if v is not None},
-      "logits_max_abs_error": float(np.max(np.abs(np.asarray(got) - want))),
-      "logits_scale": float(np.max(np.abs(want))),
-      "greedy_equal": bool(np.array_equal(np.asarray(out.tokens)[:, :8], greedy)),
-      "greedy_hf": greedy[0].tolist(),
-      "greedy_ours": np.asarray(out.tokens)[0, :8].tolist(),
-      "params_hf": hf_count,
-      "params_ours": counting.count(fields),
-      "params_analytic": counting.analytic_count(fields),
-      "exported_logits_max_abs_error": float(np.max(np.abs(again - want))),
-  }
+  prompt = rng.integers(0, config["vocab_size"], 5).tolist()
+  _, figures = hf_check.through_load_hf(model, tokens, prompt, 8)
+  return {"config": {k: v for k, v in config.items() if v is not None}, **figures}
 
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
-  try:
-    import torch
-    import transformers
-  except ImportError:
-    raise UserError('this script needs torch and transformers: pip install -e ".[hf]"') from None
+  hf_check.require_hf()
   rng = np.random.default_rng(FLAGS.seed)
   results = [check(random_config(rng), FLAGS.seed + i) for i in range(FLAGS.configs)]
-  text = json.dumps(
-      {"torch": torch.__version__, "transformers": transformers.__version__, "checks": results},
-      indent=1,
-  )
-  print(text)
-  if FLAGS.out:
-    pathlib.Path(FLAGS.out).write_text(text + "\n")
+  hf_check.write_checks(results, FLAGS.out)
 
 
 if __name__ == "__main__":

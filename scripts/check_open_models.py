@@ -18,26 +18,13 @@ end ids. Prints one JSON object per config and a summary; --out writes them all.
 
 from __future__ import annotations
 
-import json
-import pathlib
-import tempfile
-
 import numpy as np
-from absl import flags, logging
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
-from transformers_jax.scripting import output_paths
+from transformers_jax.scripting import hf_check
 
 FLAGS = cli.ScriptFlags(__doc__)
-flags.DEFINE_integer(
-    "configs", 3, "Random configs per model type.", lower_bound=1, flag_values=FLAGS
-)
-flags.DEFINE_list("types", [], "Model types to check (default: all of them).", flag_values=FLAGS)
-flags.DEFINE_integer("seed", 45, "Seed of the configs and the weights.", flag_values=FLAGS)
-flags.DEFINE_integer("new_tokens", 10, "Greedy tokens compared.", lower_bound=1, flag_values=FLAGS)
-flags.DEFINE_string("out", None, "Write every result as one JSON file here.", flag_values=FLAGS)
-output_paths.declare(FLAGS, out=output_paths.FILE)
 
 NONE = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
@@ -231,49 +218,26 @@ TYPES = {  # model type: (config class, model class, draw)
     "bart": ("BartConfig", "BartForConditionalGeneration", bart),
 }
 SEQ2SEQ = ("marian", "bart")
+hf_check.define_flags(FLAGS, configs=3, seed=45, types=TYPES)
 
 
-def check(model_type: str, index: int, root: pathlib.Path) -> dict:
-  import jax
+def check(model_type: str, index: int, rng, seed: int, root) -> dict:
   import torch
-  import transformers
 
   from transformers_jax import decode
-  from transformers_jax.convert import export_hf, import_hf
-  from transformers_jax.models import build_model
-  from transformers_jax.run_folder.runs import Run
 
   config_class, model_class, draw = TYPES[model_type]
-  seed = FLAGS.seed * 1000 + index
-  rng = np.random.default_rng([FLAGS.seed, sorted(TYPES).index(model_type), index])
   kw = draw(rng)
-  torch.manual_seed(seed)
-  model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kw)).eval()
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for p in model.parameters():
-      if p.requires_grad:
-        p.add_(0.3 * torch.randn(p.shape, generator=g))
-  hf_dir, run_dir = root / f"{model_type}_{index}", root / f"{model_type}_{index}_run"
-  model.save_pretrained(hf_dir)
-  scanned = bool(index % 2)
-  import_hf(hf_dir, run_dir, scan_layers=scanned)
-  run = Run(run_dir)
-  c, (params, _) = run.model_config(), run.load_params()
-  apply = jax.jit(build_model(c).apply)
+  model, _ = hf_check.shaken_model(config_class, model_class, kw, seed)
+  name, scanned = f"{model_type}_{index}", bool(index % 2)
+  run, c, params = hf_check.import_run(model, root, name, scanned)
   vocab, N = kw["vocab_size"], FLAGS.new_tokens
   tokens = rng.integers(3, vocab, (2, 12))
   result = dict(model_type=model_type, config=kw, scanned=scanned)
-
-  def hf_logits(m):
-    with torch.no_grad():
-      if model_type in SEQ2SEQ:
-        return m(input_ids=torch.tensor(tokens), decoder_input_ids=torch.tensor(tokens[:, :7]))
-      return m(torch.tensor(tokens))
-
-  want = hf_logits(model).logits.numpy()
+  inputs = (tokens, tokens[:, :7]) if model_type in SEQ2SEQ else (tokens,)
+  want = hf_check.hf_logits(model, *inputs)
+  got = hf_check.our_logits(c, params, *inputs)
   if model_type in SEQ2SEQ:
-    got = apply({"params": params}, tokens, tokens[:, :7])["logits"]
     source = [int(t) for t in tokens[0, :6]]
     with torch.no_grad():
       hf_tokens = model.generate(torch.tensor([source]), max_new_tokens=N, do_sample=False)
@@ -285,89 +249,21 @@ def check(model_type: str, index: int, root: pathlib.Path) -> dict:
     ours = np.asarray(out.tokens)[0, : max(out.lengths[0] + out.stopped[0], 1)]
     hf_tokens = hf_tokens[: len(ours)] if out.stopped[0] else hf_tokens
   else:
-    got = apply({"params": params}, tokens)["logits"]
     prompt = [int(t) for t in tokens[0, :6]]
-
-    def hf_greedy(cached):
-      with torch.no_grad():
-        generated = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=N,
-            do_sample=False,
-            pad_token_id=0,
-            use_cache=cached,
-        )
-      return generated[0, len(prompt) :].numpy()
-
-    # transformers' cache against its own forward passes: where they part (a window of 1,
-    # whose cache keeps every key), ours is held to the forward passes
-    hf_tokens, uncached = hf_greedy(True), hf_greedy(False)
-    result["hf_cache_equals_its_forward"] = bool(np.array_equal(hf_tokens, uncached))
-    hf_tokens = uncached
-    ours = np.asarray(decode.generate(c, params, [prompt], N).tokens)[0]
-  result["logits_max_abs_error"] = float(np.max(np.abs(np.asarray(got)[..., :vocab] - want)))
-  same = int(np.argmin(np.append(ours[: len(hf_tokens)] == hf_tokens, False)))
-  result["greedy_match"] = bool(same == len(hf_tokens) == len(ours))
-  result["greedy_tokens_compared"] = len(hf_tokens)
-  if not result["greedy_match"]:
-    result.update(hf_greedy=hf_tokens.tolist(), ours_greedy=ours.tolist(), parted_at=same)
-  export_hf(run_dir, root / f"{model_type}_{index}_out")
-  back = getattr(transformers, model_class).from_pretrained(root / f"{model_type}_{index}_out")
-  again = hf_logits(back.eval()).logits.numpy()
-  result["round_trip_max_abs_error"] = float(np.max(np.abs(again - want)))
-  result["ok"] = bool(
-      result["greedy_match"]
-      and result["logits_max_abs_error"] < 1e-4
-      and result["round_trip_max_abs_error"] < 1e-5
-  )
-  return result
-
-
-def _worst(results, model_type, key):
-  values = [r[key] for r in results if r["model_type"] == model_type and r[key] is not None]
-  return max(values) if values else None
+    ours, hf_tokens, cache_agrees = hf_check.decoder_greedy(model, c, params, prompt, N)
+    result["hf_cache_equals_its_forward"] = cache_agrees
+  result["logits_max_abs_error"] = hf_check.max_abs_error(got, want)
+  result.update(hf_check.greedy_figures(ours, hf_tokens))
+  again = hf_check.hf_logits(hf_check.exported_model(model, root, name), *inputs)
+  result["round_trip_max_abs_error"] = hf_check.max_abs_error(again, want)
+  return dict(result, ok=hf_check.passed(result))
 
 
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
-  unknown = sorted(set(FLAGS.types) - set(TYPES))
-  if unknown:
-    raise UserError(f"--types: no model type {unknown[0]}; the types are {', '.join(TYPES)}")
-  logging.set_verbosity(logging.WARNING)
-  try:
-    import torch
-    import transformers
-  except ImportError as e:
-    raise UserError(f"this script needs {e.name}: pip install -e '.[hf]'") from None
-  transformers.logging.set_verbosity_error()
-  results = []
-  with tempfile.TemporaryDirectory(prefix="open_models_") as tmp:
-    for model_type in FLAGS.types or TYPES:
-      for index in range(FLAGS.configs):
-        try:
-          result = check(model_type, index, pathlib.Path(tmp))
-        except Exception as e:  # noqa: BLE001  (a refusal or a failure: recorded, not fatal)
-          result = dict(model_type=model_type, index=index, error=f"{type(e).__name__}: {e}")
-          result.update(ok=False, logits_max_abs_error=None, round_trip_max_abs_error=None)
-        print(json.dumps(result), flush=True)
-        results.append(result)
-  summary = {
-      t: {
-          "configs": sum(r["model_type"] == t for r in results),
-          "ok": sum(r["ok"] for r in results if r["model_type"] == t),
-          "worst_logits_error": _worst(results, t, "logits_max_abs_error"),
-          "worst_round_trip_error": _worst(results, t, "round_trip_max_abs_error"),
-      }
-      for t in dict.fromkeys(r["model_type"] for r in results)
-  }
-  versions = dict(torch=torch.__version__, transformers=transformers.__version__)
-  print(json.dumps({"summary": summary, **versions}, indent=1))
-  if FLAGS.out:
-    pathlib.Path(FLAGS.out).write_text(
-        json.dumps({"summary": summary, **versions, "results": results}, indent=1) + "\n"
-    )
+  results = hf_check.check_types(TYPES, FLAGS, check, prefix="open_models_")
+  hf_check.write_summary(results, FLAGS.out)
 
 
 if __name__ == "__main__":

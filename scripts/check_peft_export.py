@@ -6,7 +6,9 @@ a few steps from it (`init_from`, adapters on q, k, v, out and both MLP projecti
 exported merged (`convert --to_hf`) and as a PEFT adapter folder (`--lora=peft`). Prints one
 JSON object: the largest relative logit difference of peft's PeftModel (adapter folder on its
 base model) and of the merged export, each against this project's adapted model, and how far
-the frozen base alone is from it (the adapters must matter).
+the frozen base alone is from it (the adapters must matter); and the same tune on the vocabulary
+widened to 300 ids with model.lora_modules_to_save=embed, its PEFT folder loaded by peft onto the
+original model resized to 300 ids.
 
     pip install -e ".[hf]"
     python scripts/check_peft_export.py [--out DIR]
@@ -38,6 +40,31 @@ output_paths.declare(FLAGS, out=output_paths.FOLDER)
 
 def relative(a, b) -> float:
   return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def check_modules_to_save(root, config, tokens, torch_logits) -> float:
+  """The same LoRA tune on the vocabulary widened to 300 ids with lora_modules_to_save=embed
+  (GPT-2's head is its embedding): its PEFT folder, loaded by peft onto the original Hugging Face
+  model resized to 300 ids, against our adapted model's logits (max relative difference)."""
+  import peft
+  import transformers
+
+  from transformers_jax.convert import export_hf
+  from transformers_jax.models import build_model
+  from transformers_jax.run_folder.runs import Run
+  from transformers_jax.train.entry import train
+
+  config = config.copy_and_resolve_references()
+  config.model.vocab_size, config.model.lora_modules_to_save = 300, "embed"
+  train(config, str(root / "widened"))
+  export_hf(root / "widened", root / "widened_peft", overwrite=True, lora_as="peft")
+  run = Run(root / "widened")
+  params, _ = run.load_params()
+  ours = np.asarray(build_model(run.model_config()).apply({"params": params}, tokens)["logits"])
+  base = transformers.GPT2LMHeadModel.from_pretrained(root / "hf")
+  base.resize_token_embeddings(300)  # new rows drawn at random: the saved embedding replaces them
+  adapted = torch_logits(peft.PeftModel.from_pretrained(base, root / "widened_peft"))
+  return relative(adapted, ours)
 
 
 def main(argv=None):
@@ -101,12 +128,14 @@ def main(argv=None):
   frozen = torch_logits(base)
   with_adapters = torch_logits(peft.PeftModel.from_pretrained(base, root / "peft"))
   merged = torch_logits(transformers.GPT2LMHeadModel.from_pretrained(root / "merged"))
+  widened = check_modules_to_save(root, config, tokens, torch_logits)
   print(
       json.dumps(
           {
               "peft_vs_ours_max_relative": relative(with_adapters, ours),
               "merged_vs_ours_max_relative": relative(merged, ours),
               "frozen_base_vs_ours_max_relative": relative(frozen, ours),
+              "modules_to_save_peft_on_resized_base_vs_ours_max_relative": widened,
               "peft_version": peft.__version__,
               "transformers_version": transformers.__version__,
           },

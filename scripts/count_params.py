@@ -27,6 +27,7 @@ FILES = (
     "mixtral",
     "gpt_oss",
     "qwen3_moe",
+    "llama4",
     "llama",
     "mistral",
     "qwen2",

@@ -49,7 +49,7 @@ def preset_count(file: str, preset: str) -> int:
 def main(argv=None) -> None:
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: this script takes none")
-  from transformers_jax.models import counting
+  from transformers_jax.models import counting, flops
 
   for name, layers, d in GPT2_SIZES:
     print(
@@ -79,7 +79,7 @@ def main(argv=None) -> None:
       f"({'equal to' if n == estimate else 'differs from'} the formula)"
   )
   print()
-  s = counting.summary(preset_config("gpt2", "small"))
+  s = flops.summary(preset_config("gpt2", "small"))
   total = s["total"]
   print(f"where GPT-2 small's {total:,} parameters live:")
   for key, value in s["breakdown"].items():

@@ -368,8 +368,48 @@ DEEPSEEK_V3 = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
+# Llama 4 (text): 4 blocks, RoPE on blocks 0, 1 and 3 in chunks of 4 (shorter than the 10 test
+# tokens and the 13 positions of greedy decoding), NoPE on block 2 (an interval of 3) with the
+# temperature from a floor of 3 positions at strength 0.3, the L2 q/k norm on the RoPE blocks, 6
+# query heads of 12 over 2 key/value heads (d_model 32), Llama 3.1's RoPE scaling over an
+# original 8 positions at another base, experts in every second block (5, 2 chosen per token,
+# width 24) beside a shared one, the dense blocks 40 wide, an odd vocabulary
+LLAMA4 = dict(
+    vocab_size=83,
+    hidden_size=32,
+    intermediate_size=24,
+    intermediate_size_mlp=40,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=12,
+    num_local_experts=5,
+    num_experts_per_tok=2,
+    interleave_moe_layer_step=2,
+    no_rope_layer_interval=3,
+    attention_chunk_size=4,
+    use_qk_norm=True,
+    attn_temperature_tuning=True,
+    floor_scale=3,
+    attn_scale=0.3,
+    max_position_embeddings=64,
+    rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=7000.0,
+        factor=4.0,
+        low_freq_factor=1.0,
+        high_freq_factor=2.0,
+        original_max_position_embeddings=8,
+    ),
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 DECODERS = {
     **{name: config for name, (_, _, config) in OPEN_MODELS.items()},
+    "llama4_text": LLAMA4,
     "deepseek_v3": DEEPSEEK_V3,
     "gpt2": GPT2,
     "gpt_oss": GPT_OSS,
@@ -451,6 +491,12 @@ flags.DEFINE_list(
     "names",
     [],
     "Write only these fixtures (e.g. --names=bart,marian); default: all of them.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+    "tokenizers_only",
+    False,
+    "Write only the decoder fixtures' tokenizer and chat template files into their folders.",
     flag_values=FLAGS,
 )
 flags.DEFINE_bool(
@@ -567,6 +613,8 @@ def build(name: str):
   elif name in OPEN_MODELS:
     config_class, model_class, config = OPEN_MODELS[name]
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+  elif name == "llama4_text":
+    model = transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(**LLAMA4))
   elif name == "deepseek_v3":
     model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**DEEPSEEK_V3))
     g = torch.Generator().manual_seed(SEED + 5)
@@ -596,7 +644,7 @@ def build(name: str):
   shake = 1.0 if name.startswith("t5") else 0.4 if name.startswith(("gemma", "qwen3")) else 0.05
   shake = 0.4 if name in ("olmo2", "olmo3", "smollm3") else shake
   shake = 0.2 if name == "gpt_oss" else shake
-  shake = 0.3 if name == "deepseek_v3" else shake
+  shake = 0.3 if name in ("deepseek_v3", "llama4_text") else shake
   shake, draw = {"marian": (0.3, 2), "bart": (0.3, 2), "t5_tied": (0.4, 3)}.get(name, (shake, 1))
   shake, draw = {"marian_shapes": (0.3, 2)}.get(name, (shake, draw))
   perturb(model, SEED + draw, shake)
@@ -773,6 +821,76 @@ def write_rope_yarn() -> None:
   print("rope_yarn       transformers' YaRN RoPE frequencies")
 
 
+# Every decoder fixture's tokenizer but GPT-2's (tokenizer.json, tokenizer_config.json with a chat template):
+# a character-level BPE over lowercase text (letters, digits, a metaspace for the space, some
+# punctuation and the newline), merges learnt from CHAT_TEXT up to the fixture's vocabulary, and
+# ChatML's turn markers as special tokens. The template refuses roles it does not know.
+CHAT_ALPHABET = list("abcdefghijklmnopqrstuvwxyz0123456789\u2581.,?!'-:\n")
+CHAT_SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CHAT_TEXT = (
+    "system\nuser\nassistant\nyou are a helpful assistant. what is the answer? the answer is "
+    "forty two. hello, how are you today? i am fine, thank you! tell me a story about a cat and "
+    "a dog. once upon a time there was a small model that learnt to answer questions: it read "
+    "the text, one token at a time, and wrote the next one. 0 1 2 3 4 5 6 7 8 9 10 100 2026. "
+)
+
+
+def chat_tokenizer(vocab_size: int):
+  """A small real tokenizer (tokenizers' BPE) of at most `vocab_size` ids."""
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.normalizer = normalizers.Lowercase()
+  tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+  tok.decoder = decoders.Metaspace(prepend_scheme="never")
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=CHAT_SPECIALS,
+      initial_alphabet=CHAT_ALPHABET,
+      limit_alphabet=len(CHAT_ALPHABET),
+      show_progress=False,
+  )
+  tok.train_from_iterator([CHAT_TEXT] * 4, trainer=trainer)
+  assert tok.get_vocab_size() <= vocab_size, (tok.get_vocab_size(), vocab_size)
+  return tok
+
+
+def write_chat_tokenizer(name: str, directory: pathlib.Path) -> None:
+  """tokenizer.json and tokenizer_config.json (the chat template, the end-of-turn token) of
+  decoder fixture `name`; checked against transformers' own loading and apply_chat_template."""
+  import json
+
+  vocab_size = DECODERS[name]["vocab_size"]
+  tok = chat_tokenizer(vocab_size)
+  tok.save(str(directory / "tokenizer.json"))
+  config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "chat_template": CHAT_TEMPLATE,
+      "bos_token": None,
+      "eos_token": "<|im_end|>",
+      "pad_token": "<|im_end|>",
+      "unk_token": "<unk>",
+      "model_max_length": 64,
+  }
+  (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+  hf = transformers.AutoTokenizer.from_pretrained(directory)
+  messages = [{"role": "user", "content": "What is it?"}, {"role": "assistant", "content": "42."}]
+  rendered = hf.apply_chat_template(messages, tokenize=False)
+  from transformers_jax.data.chat import read_template
+
+  assert read_template(directory).render(messages) == rendered, rendered
+  print(f"{name:15s} tokenizer of {tok.get_vocab_size()} ids (of {vocab_size}), chat template")
+
+
 def main(argv=None):
   if cli.parse_script_flags(FLAGS, argv):
     raise UserError("unexpected arguments: pass options as --flag=value")
@@ -781,15 +899,17 @@ def main(argv=None):
   print(f"torch {torch.__version__}, transformers {transformers.__version__}")
   names = ("gpt2", "bert", "bert_mlm", "vit", "vit_classifier", "llama", "mistral", "qwen2")
   names += ("mixtral", "gemma", "gemma2", "t5", "marian", "bart", "t5_tied", "marian_shapes")
-  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe", "deepseek_v3")
+  names += tuple(OPEN_MODELS) + ("gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text")
   unknown = sorted(set(FLAGS.names) - set(names))
   if unknown:
     raise UserError(f"--names: no fixture called {unknown[0]}; the fixtures are {', '.join(names)}")
-  if not FLAGS.names:
+  if not FLAGS.names and not FLAGS.tokenizers_only:
     write_rope()
   for name in FLAGS.names or names:
-    directory = write(name)
-    if FLAGS.check:
+    directory = OUT / name if FLAGS.tokenizers_only else write(name)
+    if name in DECODERS and name != "gpt2":  # GPT-2: the model converted without a tokenizer
+      write_chat_tokenizer(name, directory)
+    if FLAGS.check and not FLAGS.tokenizers_only:
       check_export(name, directory)
     if name == "gpt_oss":
       packed = write_mxfp4(directory)

@@ -103,11 +103,16 @@ def train_steps(cfg, steps: int, rate: float = 0.3) -> list[float]:
 
   params = nn.unbox(initializer(cfg.replace(scan_layers=False))(jax.random.PRNGKey(0)))
   params = loop_to_scan(params) if cfg.scan_layers else params
-  step = jax.jit(jax.value_and_grad(loss_of(cfg)))
+  loss_and_grads = jax.value_and_grad(loss_of(cfg))
+
+  @jax.jit  # the update inside the one program: op by op it would compile per leaf shape
+  def step(params):
+    loss, grads = loss_and_grads(params)
+    return loss, jax.tree_util.tree_map(lambda p, g: p - rate * g, params, grads)
+
   losses = []
   for _ in range(steps):
-    loss, grads = step(params)
-    params = jax.tree_util.tree_map(lambda p, g: p - rate * g, params, grads)
+    loss, params = step(params)
     losses.append(float(loss))
   return losses
 

@@ -4,6 +4,7 @@
     python scripts/plan_scale.py                    # every row, skipping those already written
     python scripts/plan_scale.py --only=gpt3,bert --redo  # recompile rows naming gpt3 or bert
     python scripts/plan_scale.py --table=maxtext    # MaxText's published recipes: maxtext.md
+    python scripts/plan_scale.py --table=fit        # --fit's answers for two of them: fit.md
 
 Each row is one `python -m transformers_jax.train --compile_only --config.mesh.topology=...`
 run (bf16 compute, float32 parameters and Adam state, scanned layers, full remat unless the row
@@ -36,9 +37,17 @@ flags.DEFINE_bool("redo", False, "Recompile rows already in tpu.json.", flag_val
 flags.DEFINE_enum(
     "table",
     "presets",
-    ["presets", "maxtext"],
+    ["presets", "maxtext", "fit"],
     "presets: this project's presets (tpu.json, tpu.md); maxtext: MaxText's published recipes "
-    "with their shapes, meshes, batches and remat policies (maxtext.json, maxtext.md).",
+    "with their shapes, meshes, batches and remat policies (maxtext.json, maxtext.md); fit: "
+    "what --fit chooses for MaxText's 32B and 1M-token recipes from this project's default "
+    "flags (fit.json, fit.md).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "fit_cache",
+    None,
+    "--table=fit: the --fit compile cache (a rerun of the same rows compiles nothing).",
     flag_values=FLAGS,
 )
 flags.DEFINE_integer(
@@ -214,6 +223,34 @@ ROWS = [
         4096,
         8,
         extra=["--config.mesh.expert=4"],
+    ),
+    # Llama 4 Maverick (400.7B: 128 SwiGLU experts of 8,192 and a shared one in every second
+    # block, dense SwiGLU blocks of 16,384 between, chunked attention over 8,192 tokens with
+    # every fourth block NoPE) with float32 parameters and Adam state (6.4 TB with the
+    # gradients): experts over 16 chips (8 each), everything over fsdp; one sequence of 4,096
+    # tokens per chip, the logits an 8th at a time, the experts' receive buffers sized by a
+    # capacity of 1.25; on v5p-512, v5p-256 and v5p-128. The smallest that fits is v5p-512
+    # (XLA peak 90.0 GiB); v5p-256 is refused for 114 GiB of temporaries (117 dropless)
+    *(
+        row(
+            f"Llama 4 Maverick expert 16 x fsdp {chips // 16} {label}",
+            "experiments/llama4.py:maverick",
+            topology,
+            chips,
+            4096,
+            chips // 16,
+            expert=16,
+            extra=[
+                "--config.model.moe_dropless=False",
+                "--config.model.capacity_factor=1.25",
+                "--config.loss_chunks=8",
+            ],
+        )
+        for label, topology, chips in (
+            ("v5p-512", "v5p:8x8x4", 256),
+            ("v5p-256", "v5p:4x4x8", 128),
+            ("v5p-128", "v5p:4x4x4", 64),
+        )
     ),
 ]
 
@@ -431,7 +468,11 @@ MAXTEXT_ROWS = [
             "source": "MaxText's DeepSeek-V3 671B on v5p-256: 4 x 1,024 tokens per chip, bf16 "
             "weights; here experts over 16 chips, capacity factor 1.25",
         }
-        for label, topology, chips in (("v5p-256", "v5p:4x4x8", 128), ("v5p-128", "v5p:4x4x4", 64))
+        for label, topology, chips in (
+            ("v5p-512", "v5p:8x8x4", 256),
+            ("v5p-256", "v5p:4x4x8", 128),
+            ("v5p-128", "v5p:4x4x4", 64),
+        )
     ),
     {
         **row(
@@ -450,7 +491,139 @@ MAXTEXT_ROWS = [
         ),
         "source": "GPT-3 175B data parallel across 2 slices of 512 chips (1,536 x 2,048 tokens)",
     },
+    # Pipelined across the 2 slices: each slice one stage of half the blocks (dcn_stage 2,
+    # GPipe), fsdp 128 x tensor 4 inside it; the batch in microbatches of one sequence per fsdp
+    # group. Only stage-to-stage sends and reductions over `stage` should cross DCN.
+    *(
+        {
+            **row(
+                f"{name} pipelined across 2 slices (dcn_stage 2) v5p-512 x 2",
+                config,
+                "v5p:8x8x8",
+                batch,
+                seq_len,
+                128,
+                tensor=4,
+                extra=[
+                    "--config.mesh.num_slices=2",
+                    "--config.mesh.dcn_data=1",
+                    "--config.mesh.dcn_stage=2",
+                    f"--config.pipeline.microbatches={microbatches}",
+                    "--config.model.attention_impl=auto",
+                    *extra,
+                ],
+            ),
+            "source": f"{name}, {batch:,} x {seq_len:,} tokens, 2 stages x {microbatches} "
+            f"microbatches: bubble 1/{microbatches + 1} = {1 / (microbatches + 1):.1%}",
+        }
+        for name, config, batch, seq_len, microbatches, extra in (
+            ("GPT-3 175B", "experiments/gpt3.py:175b", 1536, 2048, 12, []),
+            (
+                "Llama-3.1-405B",
+                "experiments/llama.py:3.1-405b",
+                512,
+                2048,
+                4,
+                [
+                    "--config.model.max_len=2048",
+                    "--config.rules.act_embed=tensor",
+                    "--config.loss_chunks=8",
+                ],
+            ),
+        )
+    ),
 ]
+
+
+LONG_CONTEXT_1M = next(r for r in MAXTEXT_ROWS if r["name"].startswith("Llama-3.1-8B 1M"))
+
+
+# --fit from this project's default flags: each MaxText recipe's shape, topology, mesh and
+# batch, and nothing of its layout (no remat policy, sharding rule, loss chunks or context
+# strategy: --fit searches those), then once more with the recipe's remat policy kept.
+def without_layout(args, keep=()):
+  layout = ("--config.model.remat=", "--config.rules.", "--config.loss_chunks=")
+  layout += ("--config.model.context_strategy=",)
+  return [a for a in args if a in keep or not a.startswith(layout)]
+
+
+FIT_ROWS = [
+    {
+        "name": "32B llama v5p-64, from default flags",
+        "config": MAXTEXT_32B[0]["config"],
+        "source": "MaxText's 32B recipe: fsdp 16 x tensor 4, 6 x 2,048 tokens per chip",
+        "args": ["--fit", *without_layout(MAXTEXT_32B[0]["args"])],
+        "flops_policies": ("full",),
+    },
+    {
+        "name": "32B llama v5p-64, remat minimal as given",
+        "config": MAXTEXT_32B[0]["config"],
+        "source": "the same, with MaxText's policy set on the command line (kept by --fit)",
+        "args": [
+            "--fit",
+            *without_layout(MAXTEXT_32B[0]["args"], keep=("--config.model.remat=minimal",)),
+        ],
+        "flops_policies": (),  # the row above measures them
+    },
+    {
+        "name": "Llama-3.1-8B 1M tokens context 64 v5p-64, from default flags",
+        "config": "experiments/llama.py:3.1-8b",
+        "source": "MaxText's long-context recipe: 2 sequences of 1,048,576 tokens, context 64",
+        "args": ["--fit", *without_layout(LONG_CONTEXT_1M["args"])],
+        "flops_policies": ("full",),
+    },
+]
+
+
+def fit_row(r) -> dict:
+  """One --fit search (its report), then the compiled FLOPs per model FLOP of every remat policy
+  among the layouts it tried and of the row's reference policies, from loop-free programs of at
+  most 8,192 tokens per sequence (train/fit.py's FLOPS_PROGRAM_MAX_TOKENS: einsum attention
+  over a million tokens does not compile)."""
+  cache = [f"--fit_cache={FLAGS.fit_cache}"] if FLAGS.fit_cache else []
+  result = bench_report.compile_only([*r["args"], *cache], FLAGS.timeout)
+  result["command"] = "python -m transformers_jax.train --compile_only " + " ".join(r["args"])
+  out = {"name": r["name"], "config": r["config"], **result}
+  if not r["flops_policies"]:
+    return out
+  tried = [t["changes"].get("model.remat") for t in result.get("fit", {}).get("tries", [])]
+  given = [a.split("=")[1] for a in r["args"] if a.startswith("--config.model.remat=")]
+  policies = dict.fromkeys(p for p in (*tried, *given, *r["flops_policies"]) if p and p != "none")
+  seq = [int(a.split("=")[1]) for a in r["args"] if a.startswith("--config.seq_len=")]
+  capped = [] if seq and seq[-1] <= 8192 else ["--config.seq_len=8192"]
+  base = {**r, "args": [a for a in r["args"] if a != "--fit"] + capped}
+  out["flops_per_model_flop_by_policy"] = recompute_flops(base | {"flops_policies": policies})
+  return out
+
+
+def fit_markdown(results: list[dict]) -> str:
+  lines = [
+      "| recipe | source | layouts tried | --fit's flags | per-chip peak GiB (XLA) | HBM GiB | "
+      "fits | compiled FLOPs per model FLOP: chosen | by policy | fresh compiles |",
+      "|---|---|---:|---|---:|---:|---|---:|---|---:|",
+  ]
+  sources = {r["name"]: r["source"] for r in FIT_ROWS}
+  for r in results:
+    fit = r.get("fit", {})
+    tries = fit.get("tries", [])
+    flops = r.get("flops_per_model_flop")
+    lines.append(
+        f"| {r['name']} | {sources.get(r['name'], '')} | {len(tries)} | "
+        f"`{fit.get('flags') or '(none)'}` | {gib(r.get('per_device_peak_xla_gib'))} | "
+        f"{gib(r.get('hbm_gib'))} | {'yes' if r.get('fits') else '**no**'} | "
+        f"{flops if isinstance(flops, float) else '—'} | "
+        f"{flops_text(r.get('flops_per_model_flop_by_policy'))} | {len(tries) + 2} |"
+    )
+  lines += ["", "Each search, one line per layout tried (per-chip peak, whether it fits):", ""]
+  for r in results:
+    lines.append(f"- {r['name']}:")
+    for i, t in enumerate(r.get("fit", {}).get("tries", []), 1):
+      peak = "—" if t.get("peak_gib") is None else f"{t['peak_gib']:.1f} GiB"
+      fits = "fits" if t.get("fits") else "does not fit"
+      lines.append(f"  {i}. `{t.get('flags') or '(as given)'}`: {peak}, {fits}")
+  commands = [f"- {r['name']}: `{r.get('command', '')}`" for r in results]
+  lines += ["", "Commands:", "", *commands, ""]
+  return "\n".join(lines)
 
 
 def compile_row(r) -> dict:
@@ -595,7 +768,7 @@ def check_flags() -> str:
   """What is wrong with the flags (one line naming the fix), or ''."""
   if FLAGS.timeout < 1:
     return f"--timeout={FLAGS.timeout}: give the seconds one compile may take, e.g. 900"
-  rows = MAXTEXT_ROWS if FLAGS.table == "maxtext" else ROWS
+  rows = {"maxtext": MAXTEXT_ROWS, "fit": FIT_ROWS}.get(FLAGS.table, ROWS)
   unmatched = [t for t in FLAGS.only if not any(t in r["name"] for r in rows)]
   if unmatched:
     return (
@@ -611,11 +784,10 @@ def main(argv=None):
   problem = check_flags()
   if problem:
     raise UserError(problem)
-  maxtext = FLAGS.table == "maxtext"
-  table = maxtext_markdown if maxtext else markdown
+  table = {"maxtext": maxtext_markdown, "fit": fit_markdown}.get(FLAGS.table, markdown)
   ordered = bench_report.compile_table(
-      MAXTEXT_ROWS if maxtext else ROWS,
-      compile_row,
+      {"maxtext": MAXTEXT_ROWS, "fit": FIT_ROWS}.get(FLAGS.table, ROWS),
+      fit_row if FLAGS.table == "fit" else compile_row,
       FLAGS.out,
       FLAGS.only,
       FLAGS.redo,
@@ -624,7 +796,7 @@ def main(argv=None):
           f"fits={result.get('fits')} peak={gib(result.get('per_device_peak_estimate_gib'))} "
           f"GiB compile={result.get('compile_s')} s {result.get('error', '')}".rstrip()
       ),
-      name="maxtext" if maxtext else "tpu",
+      name=FLAGS.table if FLAGS.table != "presets" else "tpu",
   )
   print(table(ordered))
 

@@ -98,7 +98,7 @@ def main(argv=None):
   import jax
 
   from transformers_jax.machine import parallel
-  from transformers_jax.models import counting
+  from transformers_jax.models import flops
   from transformers_jax.train import metrics as metrics_lib
   from transformers_jax.train.compile import build_step
 
@@ -182,7 +182,7 @@ def main(argv=None):
       "kinds_s": dict(kinds.most_common()),
       "kinds_busy_s": {k: busy[k] for k in kinds},
       "xla_flops": cost.get("flops"),
-      "model_flops": counting.flops_per_token(c, tokens_per_example) * tokens,
+      "model_flops": flops.flops_per_token(c, tokens_per_example) * tokens,
       "xla_bytes_accessed": cost.get("bytes accessed"),
       "peak_flops_per_s": peak,
       "peak_source": peak_source,

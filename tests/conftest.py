@@ -318,6 +318,15 @@ def load_script(name: str):
   return module
 
 
+def shaken(tree, scale: float, seed: int = 1):
+  """`tree` with every leaf moved by scale * N(0, 1), each leaf's key split from PRNGKey(seed):
+  initial parameters shaken so that every part of a tiny model acts (experts' choices vary)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  leaves = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
 def param_digest(tree) -> str:
   """SHA-256 over every leaf of a parameter tree: its path, dtype, shape and bytes (equal
   digests: the same parameters, bit for bit, wherever they were loaded)."""

@@ -4,7 +4,8 @@
     python tests/crossmesh_worker.py '{"mode": "read", "out": OUT_DIR}'   # 1 device
 
 `train` trains four tiny runs on two devices, each split another way (RUNS: parameters over
-fsdp, sequences over context, experts over expert, and a population of two over fsdp), then
+fsdp, sequences over context, experts over expert, a population of two over fsdp, and blocks
+over two pipeline stages), then
 reads each back where it was trained. `read` reads the same runs on one device, and starts a
 run from each with init_from. Both print one JSON object: per run, the greedy token ids that
 `generate` prints, and a digest of the parameters loaded (and, for `read`, of the parameters
@@ -67,6 +68,9 @@ RUNS = {
         {"init_member": 1},
     ),
 }
+# pipeline stages: the blocks (a scanned stack) split over 2 stages; read on one device
+PIPELINED = {"model.num_layers": 2, "model.scan_layers": True}
+RUNS["stage"] = ("gpt2.py:tiny", {"mesh.stage": 2, **PIPELINED}, PIPELINED)
 MEMBER = {"population": 1}  # the population member read
 
 

@@ -141,10 +141,12 @@ def test_every_script_checks_its_output_paths_before_its_work(tmp_path, monkeypa
   from transformers_jax.errors import UserError
 
   # every flag that names where a script writes is declared, so parse_script_flags checks it
-  for script in sorted((ROOT / "scripts").glob("*.py")):
+  # (those the scripts' shared helpers define for them too)
+  helpers = sorted((ROOT / "transformers_jax" / "scripting").glob("*.py"))
+  for script in sorted((ROOT / "scripts").glob("*.py")) + helpers:
     text = script.read_text()
     names = re.findall(r'DEFINE_string\(\s*"(out|json|trace|workdir)"', text)
-    declared = re.findall(r"output_paths\.declare\(\s*FLAGS,\s*([^)]*)\)", text)
+    declared = re.findall(r"output_paths\.declare\(\s*(?:FLAGS|flag_values),\s*([^)]*)\)", text)
     for name in names:
       assert declared and f"{name}=" in declared[0], f"{script.name}: --{name} is not declared"
   (tmp_path / "file.txt").write_text("x")

@@ -19,7 +19,7 @@ def test_remat_custom_is_counted_compiled_and_exported(experiment):
   kept remat_save, which the config then refused ("read by model.remat=custom only")."""
   from transformers_jax.config import ModelConfig
   from transformers_jax.interop.families import expected_shapes
-  from transformers_jax.models import counting
+  from transformers_jax.models import flops
   from transformers_jax.run_folder.runs import IMPLEMENTATION_FIELDS
   from transformers_jax.train import compile as compile_step
 
@@ -27,12 +27,12 @@ def test_remat_custom_is_counted_compiled_and_exported(experiment):
   config.model.update(num_layers=1, **CUSTOM)
   plain = experiment("gpt2", "tiny")
   plain.model.num_layers = 1
-  assert counting.summary(config)["total"] == counting.summary(plain)["total"]  # param_count
+  assert flops.summary(config)["total"] == flops.summary(plain)["total"]  # param_count
   cfg = ModelConfig.from_dict(config.model)
   assert cfg.unrolled().remat_save == "" and cfg.unrolled().remat == "none"
   assert expected_shapes(cfg) == expected_shapes(ModelConfig.from_dict(plain.model))
   report = compile_step.report(config, verbose=False)  # --compile_only (training's step)
-  assert report["params"] == counting.summary(plain)["total"]
+  assert report["params"] == flops.summary(plain)["total"]
   # a resume may change how the model is computed, remat_save and the context strategy too
   assert {"model.remat_save", "model.context_strategy"} <= set(IMPLEMENTATION_FIELDS)
 
@@ -152,9 +152,9 @@ def test_param_count_marks_a_published_figure_of_another_model(experiment):
   """Qwen3-8B's shape built from qwen2.py:0.5b printed Qwen2.5-0.5B's 494,032,768 as if it
   were this model's published count."""
   from transformers_jax import param_count
-  from transformers_jax.models import counting
+  from transformers_jax.models import flops
 
-  summary = counting.summary(experiment("gpt2", "tiny"))
+  summary = flops.summary(experiment("gpt2", "tiny"))
   summary.update(published=494_032_768, published_source="Qwen2")
   given = {"model.num_layers": 36, "model.dtype": "bfloat16", "steps": 3}
   overridden = param_count.architecture_overrides(given)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from transformers_jax import models
-from transformers_jax.models import counting
+from transformers_jax.models import counting, flops
 from transformers_jax.config import ModelConfig, load_config_module
 from transformers_jax.models import as_model_config
 
@@ -26,8 +26,9 @@ def param_shapes(cfg):
 
 @pytest.fixture(autouse=True)
 def shared_shapes(monkeypatch):
-  """counting.count and counting.summary read the shared shapes too."""
+  """counting.count and flops.summary read the shared shapes too."""
   monkeypatch.setattr(counting, "param_shapes", param_shapes)
+  monkeypatch.setattr(flops, "param_shapes", param_shapes)
 
 
 EXACT = {
@@ -161,7 +162,7 @@ def test_random_configs_analytic_equals_eval_shape(seed):
 
 
 def test_gpt2_small_shares_match_the_lesson(experiment):
-  s = counting.summary(experiment("gpt2", "small"))
+  s = flops.summary(experiment("gpt2", "small"))
   assert 0.64 < s["blocks_share"] < 0.70  # "about two thirds of the parameters are in the blocks"
   assert 0.64 < s["feed_forward_share_of_blocks"] < 0.69  # "two thirds of each block"
 
@@ -171,9 +172,9 @@ def test_vit_flops_count_its_patches_not_the_text_seq_len(experiment):
   config's text seq_len (128), as in training's MFU."""
   for preset, tokens in (("tiny", 17), ("b16", 197)):
     config = experiment("vit", preset)
-    s = counting.summary(config)
+    s = flops.summary(config)
     assert s["flops_seq_len"] == tokens != config.seq_len
-    assert s["flops_per_token"] == counting.flops_per_token(
+    assert s["flops_per_token"] == flops.flops_per_token(
         counting.as_model_config(config.model), tokens
     )
 
@@ -182,16 +183,16 @@ def test_flops_per_token_name_their_length_and_the_models_context(experiment):
   """GPT-3's presets train 128-token sequences on a CPU; its context is 2,048: param_count says
   which length its FLOPs are for, and gives them at the model's context too."""
   config = experiment("gpt3", "small")
-  s = counting.summary(config)
+  s = flops.summary(config)
   c = counting.as_model_config(config.model)
   assert s["flops_seq_len"] == config.seq_len == 128 and s["context_len"] == c.max_len == 2048
-  assert s["flops_per_token_at_context"] == counting.flops_per_token(c, 2048)
+  assert s["flops_per_token_at_context"] == flops.flops_per_token(c, 2048)
   assert s["flops_per_token_at_context"] > s["flops_per_token"]
-  text = counting.flops_text(s)
+  text = flops.flops_text(s)
   assert f"{s['flops_per_token']:.4g} at T = 128 (the config's seq_len)" in text
   assert f"{s['flops_per_token_at_context']:.4g} at the model's context T = 2,048" in text
   config.seq_len = 2048  # at the context: one figure, said to be the context's
-  assert counting.flops_text(counting.summary(config)).endswith("T = 2,048, the model's context)")
+  assert flops.flops_text(flops.summary(config)).endswith("T = 2,048, the model's context)")
 
 
 def test_moe_active_count_below_total():
@@ -205,10 +206,10 @@ def test_moe_active_count_below_total():
 
 def test_flops_per_token_convention(experiment):
   c = ModelConfig.from_dict(experiment("gpt2", "small").model)
-  n = counting.matmul_params_per_token(c)
+  n = flops.matmul_params_per_token(c)
   # attention and feed-forward weights plus the tied unembedding; no lookups, no norms
   assert n == 28_348_416 + 56_669_184 + 50257 * 768
-  assert counting.flops_per_token(c, 1024) == 6 * n + 12 * 12 * 768 * 1024
+  assert flops.flops_per_token(c, 1024) == 6 * n + 12 * 12 * 768 * 1024
 
 
 def test_params_cli_json():
@@ -250,7 +251,27 @@ def test_param_count_breakdown_sums_to_the_total_for_every_experiment_file(exper
     module = load_config_module(str(ROOT / "experiments" / f"{file}.py"))
     if not hasattr(module, "PRESETS"):
       continue
-    summary = counting.summary(experiment(file, next(iter(module.PRESETS))))
+    summary = flops.summary(experiment(file, next(iter(module.PRESETS))))
     assert sum(summary["breakdown"].values()) == summary["total"], file
-  t5 = counting.summary(experiment("t5", "tiny"))
+  t5 = flops.summary(experiment("t5", "tiny"))
   assert t5["total"] == 181_504 and t5["breakdown"]["position_bias"] == 256
+
+
+def test_flops_count_the_keys_a_window_or_chunk_attends(experiment):
+  """Mistral 7B v0.1 slides a 4,096-key window on every layer: at its 32,768-token context the
+  attention term is 12 H K L 4,096, and the whole step about half of what full layers cost. A
+  layer pattern counts each layer's own span (Gemma 3: 5 sliding to 1 full; chunked layers)."""
+  c = ModelConfig.from_dict(experiment("mistral", "7b-v0.1").model)
+  T, HK = 32_768, c.num_heads * c.head_width
+  windowed = flops.flops_per_token(c, T)
+  assert windowed == 6 * flops.matmul_params_per_token(c) + 12 * HK * c.num_layers * 4096
+  full = flops.flops_per_token(c.replace(sliding_window=0), T)
+  assert 0.45 < windowed / full < 0.55
+  config = experiment("mistral", "7b-v0.1")
+  config.seq_len = T
+  s = flops.summary(config)
+  assert s["flops_per_token_full_attention"] == full and s["flops_per_token"] == windowed
+  assert "were every layer full" in flops.flops_text(s)
+  assert flops.attended_keys(c, 32, 1000) == 32 * 1000  # a window longer than the sequence
+  layers = c.replace(layer_types="sliding,sliding,full,chunked", attention_chunk=512)
+  assert flops.attended_keys(layers, 8, T) == 4 * 4096 + 2 * T + 2 * 512

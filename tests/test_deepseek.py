@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from conftest import ROOT, run_worker
+from conftest import ROOT, run_worker, shaken
 from transformers_jax import decode
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, counting, init_params, lora
@@ -29,11 +29,7 @@ def tiny(experiment, **changes):
 
 def perturbed(c, scale=0.3):
   """Initial parameters shaken, and the routers' bias drawn, so every part acts."""
-  params = nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY))
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  leaves = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  return shaken(nn.unbox(jax.jit(lambda k: init_params(c, k))(KEY)), scale)
 
 
 def test_latent_attention_decodes_from_its_latent_cache_as_the_forward_pass(experiment):
@@ -190,13 +186,15 @@ def test_multi_token_prediction_adds_its_weighted_losses_within_documents(experi
 def test_expert_parallel_deepseek_training_equals_one_device():
   """Latent attention, shared experts, grouped sigmoid routing with the bias and multi-token
   prediction under fsdp x tensor x expert and context x expert meshes: the one-device run's
-  losses and routers' bias."""
+  losses and routers' bias. One block, an MoE one (the multi-token prediction's block is a
+  second): a dense first block splits over the meshes as any dense block does."""
   meshes = {
       "one": {"data": 1},
       "fsdp2_tensor2_expert2": {"data": 1, "fsdp": 2, "tensor": 2, "expert": 2},
       "context2_expert2": {"data": 2, "context": 2, "expert": 2},
   }
-  spec = {"steps": 3, "meshes": meshes, "experiment": "deepseek.py:tiny", "num_layers": 2}
+  spec = {"steps": 3, "meshes": meshes, "experiment": "deepseek.py:tiny", "num_layers": 1}
+  spec["model"] = {"moe_first_dense": 0}
   runs = run_worker("moe_worker.py", spec, devices=8)
   one = runs.pop("one")
   assert one["bias"] and np.any(np.asarray(one["bias"]))  # it moved

@@ -51,9 +51,11 @@ NAMES = [
     "gpt_oss",
     "qwen3_moe",
     "deepseek_v3",
+    "llama4_text",
 ]
 HEADS = {
     "deepseek_v3": "lm",
+    "llama4_text": "lm",
     "t5": "lm",
     "t5_tied": "lm",
     "marian": "lm",
@@ -83,8 +85,26 @@ def reference(name):
     return dict(f)
 
 
+_LOADED = {}
+
+
+def loaded(name):
+  """load_hf of a fixture, read once for the module's tests of it (containers copied: a test
+  may not change another's)."""
+  if name not in _LOADED:
+    _LOADED[name] = load_hf(FIXTURES / name)
+  fields, params = _LOADED[name]
+  return dict(fields), jax.tree_util.tree_map(lambda x: x, params)
+
+
+_APPLIES = {}  # one jitted apply per model config: tests that apply equal configs share it
+
+
 def forward(fields, params, ref):
-  apply = jax.jit(build_model(fields).apply)  # one program, not a compilation per operation
+  key = repr(ModelConfig.from_dict(dict(fields)))  # the config, every default filled in
+  if key not in _APPLIES:  # one program, not a compilation per operation
+    _APPLIES[key] = jax.jit(build_model(fields).apply)
+  apply = _APPLIES[key]
   if "images" in ref:
     return apply({"params": params}, ref["images"])
   if "src" in ref:  # encoder-decoder: source, teacher-forced target, source padding
@@ -108,7 +128,7 @@ def copy_fixture(name, tmp_path):
 # ------------------------------------------------------------------ golden outputs and counts
 @pytest.mark.parametrize("name", NAMES)
 def test_outputs_match_hugging_face(name):
-  fields, params = load_hf(FIXTURES / name)
+  fields, params = loaded(name)
   assert fields["head"] == HEADS[name]
   ref = reference(name)
   out = forward(fields, params, ref)
@@ -120,7 +140,7 @@ def test_outputs_match_hugging_face(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_parameter_count_equals_hugging_face(name):
-  fields, params = load_hf(FIXTURES / name)
+  fields, params = loaded(name)
   hf_count = int(reference(name)["hf_param_count"])
   state = counting.state_count(fields)  # DeepSeek-V3's routers' bias: state, not parameters
   assert sum(a.size for a in jax.tree_util.tree_leaves(params)) == hf_count + state
@@ -146,7 +166,7 @@ def test_gpt2_greedy_continuation_matches_generate():
 # ------------------------------------------------------------------ round trips
 @pytest.mark.parametrize("name", NAMES)
 def test_import_export_import_is_identity(name, tmp_path):
-  fields, params = load_hf(FIXTURES / name)
+  fields, params = loaded(name)
   architecture = save_hf(tmp_path, fields, params)
   assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [architecture]
   fields2, params2 = load_hf(tmp_path)
@@ -163,7 +183,7 @@ def test_export_reproduces_the_hugging_face_tensors(name, tmp_path):
   original = {}
   for path in sorted((FIXTURES / name).glob("*.safetensors")):
     original.update(load_file(path))
-  fields, params = load_hf(FIXTURES / name)
+  fields, params = loaded(name)
   # the scanned layout exports the same; Phi-3's fused tensors hold Llama's blocks, so only a
   # run converted from Phi-3 (convert.export_hf) or the asker names the architecture
   save_hf(tmp_path, fields, loop_to_scan(params), EXPORTED_AS.get(name))
@@ -496,7 +516,8 @@ def test_the_documented_python_path_applies_every_converted_architecture(tmp_pat
   from transformers_jax.run_folder.runs import load_run
 
   names = ["gpt2", "bert", "vit_classifier", "llama", "mistral", "qwen2", "mixtral", "gemma"]
-  for name in names + ["gemma2", "t5", "marian", "bart", "gpt_oss", "qwen3_moe", "deepseek_v3"]:
+  names += ["gemma2", "t5", "marian", "bart", "gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text"]
+  for name in names:
     import_hf(FIXTURES / name, tmp_path / name)
     cfg, params, _, step = load_run(tmp_path / name)
     assert step == 0

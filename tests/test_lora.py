@@ -14,7 +14,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.convert import export_hf, import_hf
 from transformers_jax.errors import UserError
 from transformers_jax.interop import load_hf, save_hf
-from transformers_jax.models import build_model, counting, initializer, lora, param_shapes
+from transformers_jax.models import build_model, counting, flops, initializer, lora, param_shapes
 from transformers_jax.run_folder.runs import Run
 
 RANK, ALPHA = 2, 4.0
@@ -84,7 +84,7 @@ def test_trainable_parameters_are_rank_times_inputs_plus_outputs_per_matrix():
       n_in = 2 if names[-2] == "out" else 1
       expected += RANK * (math.prod(leaf.shape[:n_in]) + math.prod(leaf.shape[n_in:]))
   assert expected == RANK * 2 * (3 * (32 + 32) + (32 + 32) + 2 * (32 + 128))
-  summary = counting.summary(
+  summary = flops.summary(
       __import__("ml_collections").ConfigDict({"model": cfg.to_dict(), "seq_len": 16})
   )
   assert summary["trainable"] == expected == summary["breakdown"]["lora"]
@@ -221,3 +221,66 @@ def test_init_from_a_lora_run_into_a_full_model_takes_the_merged_weights(tuned):
   np.testing.assert_allclose(
       logits(setup.model_cfg, state.params), logits(setup.model_cfg, merged), rtol=1e-5, atol=1e-6
   )
+
+
+# ----------------------------------------------------------------------------- modules_to_save
+def test_modules_to_save_are_trained_in_full_beside_the_adapters(tuned, tmp_path):
+  """A widened vocabulary (256 -> 300 ids): LoRA alone would leave the new embedding random and
+  frozen, so init_from refuses it naming the fix; with lora_modules_to_save=embed the embedding
+  trains (and has Adam's moments) beside the adapters, the blocks stay the base model's, and the
+  PEFT folder carries the embedding as PEFT's modules_to_save."""
+  from transformers_jax.train.entry import train
+
+  root, base_run, _ = tuned
+  config = base_run.config()
+  config.update_from_flattened_dict(
+      {
+          "steps": 2,
+          "batch_size": 2,
+          "seq_len": 16,
+          "eval_every": 0,
+          "warmup_steps": 0,
+          "sample.max_new_tokens": 0,
+          "data.path": str(root / "corpus.txt"),
+          "init_from": str(root / "base"),
+          "model.vocab_size": 300,
+          "model.lora_rank": RANK,
+          "model.lora_targets": "q,v",
+      }
+  )
+  with pytest.raises(UserError, match=r"lora_modules_to_save=embed to train them in full"):
+    train(config, str(tmp_path / "refused"))
+  assert Run(tmp_path / "refused").latest_step() is None  # nothing was saved
+  config.model.lora_modules_to_save = "embed"
+  train(config, str(tmp_path / "saved"))
+  run = Run(tmp_path / "saved")
+  cfg, (params, _), (base, _) = run.model_config(), run.load_params(), base_run.load_params()
+  trained = lora.trainable(params, cfg)
+  assert set(trained) == {"decoder", "embed"} and "kernel" not in json.dumps(
+      jax.tree_util.tree_map(np.shape, trained["decoder"])
+  )
+  assert counting.lora_count(cfg) == sum(np.size(x) for x in jax.tree_util.tree_leaves(trained))
+  np.testing.assert_equal(  # the blocks are the base model's
+      jax.device_get(lora.base(params)["decoder"]), jax.device_get(base["decoder"])
+  )
+  state = run.checkpoints(async_save=False).restore(2, None)
+  moments = sum(np.size(x) for x in jax.tree_util.tree_leaves(state["opt_state"]) if np.ndim(x) > 0)
+  assert moments == 2 * counting.lora_count(cfg)
+  export_hf(run.path, tmp_path / "peft", lora_as="peft")
+  adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+  assert adapter["modules_to_save"] == ["lm_head", "transformer.wpe", "transformer.wte"]
+  saved = load_file(tmp_path / "peft" / "adapter_model.safetensors")
+  base_weights = load_file(tmp_path / "peft" / "base_model" / "model.safetensors")
+  np.testing.assert_array_equal(
+      saved["base_model.model.transformer.wte.weight"], base_weights["transformer.wte.weight"]
+  )
+  assert base_weights["transformer.wte.weight"].shape == (300, 32)
+  np.testing.assert_array_equal(  # the tied head is saved too: PEFT's copy would not follow it
+      saved["base_model.model.lm_head.weight"], base_weights["transformer.wte.weight"]
+  )
+  for fields, said in (
+      (dict(lora_rank=2, lora_modules_to_save="embed,lm"), "lora_modules_to_save='embed,lm'"),
+      (dict(lora_rank=2, lora_modules_to_save="head"), "tie_embeddings"),
+  ):
+    with pytest.raises(ValueError, match=said):
+      BASE.replace(**fields)

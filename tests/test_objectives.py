@@ -195,3 +195,32 @@ def test_distillation_settings_are_checked_before_anything_is_built(teacher, exp
   bert.task, bert.distill.teacher = "distill", str(teacher_dir)
   with pytest.raises(ValueError, match=r"a decoder model .* cannot teach this encoder model"):
     validate(bert, ModelConfig.from_dict(bert.model), 1)
+
+
+def test_a_distilled_population_member_equals_its_solo_run(teacher, tmp_path):
+  """Distillation in a population (two learning rates, one vmapped program, the teacher's
+  parameters shared): member 0 logs the losses, distillation terms and held-out figures of
+  the same student distilled alone."""
+  config, teacher_dir = teacher
+  config = config.copy_and_resolve_references()
+  config.task, config.distill.teacher = "distill", str(teacher_dir)
+  config.update_from_flattened_dict(
+      {"steps": 8, "log_every": 2, "eval_every": 8, "checkpoint_every": 8, "seed": 3}
+  )
+  train(config, str(tmp_path / "solo"))
+  config.population.learning_rates = f"({config.learning_rate}, {config.learning_rate * 3})"
+  train(config, str(tmp_path / "population"))
+
+  def logged(workdir, member=None):
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
+    return [r for r in rows if r.get("member") == member and ("loss" in r or "eval_loss" in r)]
+
+  solo, member = logged(tmp_path / "solo"), logged(tmp_path / "population", 0)
+  assert [r["step"] for r in member] == [r["step"] for r in solo] and len(solo) == 5
+  assert "distill_kl" in solo[0] and "eval_distill_kl" in solo[-1]
+  for mine, alone in zip(member, solo):
+    for key in ("loss", "distill_kl", "eval_loss", "eval_distill_kl"):
+      if key in alone:
+        assert mine[key] == pytest.approx(alone[key], rel=1e-5), (mine["step"], key)
+  other = logged(tmp_path / "population", 1)
+  assert other[-1]["eval_loss"] != pytest.approx(member[-1]["eval_loss"], rel=1e-4)

@@ -40,6 +40,9 @@ PUBLISHED = {
     ("gpt_oss", "120b"): 116_829_156_672,
     ("qwen3_moe", "30b-a3b"): 30_532_122_624,
     ("qwen3_moe", "235b-a22b"): 235_093_634_560,
+    # transformers' Llama4ForCausalLM (the text model) from the released text configs
+    ("llama4", "scout"): 107_769_861_120,
+    ("llama4", "maverick"): 400_711_848_960,
     ("gemma", "2b"): 2_506_172_416,
     ("gemma", "7b"): 8_537_680_896,
     ("gemma", "2-2b"): 2_614_341_888,
@@ -198,7 +201,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 
 DECODERS = ["llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"]
 DECODERS += ["qwen3", "smollm3", "gemma3", "olmo2", "olmo3", "phi3", "llama_bias"]
-DECODERS += ["gpt_oss", "qwen3_moe", "deepseek_v3"]
+DECODERS += ["gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text"]
 
 
 @pytest.mark.parametrize("name", DECODERS)

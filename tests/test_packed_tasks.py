@@ -1,6 +1,8 @@
 """Packing for text classification and seq2seq (whole examples laid one after another in a row,
 each with its own segment id), and per-process rows for every task's data."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,8 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import TASKS, task_data, task_for
 from transformers_jax.train.entry import train
 from transformers_jax.train_config import validate
+
+from conftest import ROOT
 
 SHORT_TEXTS = [
     ("import os", 0),
@@ -184,6 +188,16 @@ def test_each_task_builds_just_the_rows_asked_for(experiment, tmp_path):
       "prefix_lm": experiment("gpt2", "tiny"),  # the LM's rows and each row's prefix length
       "mtp": experiment("deepseek", "tiny"),  # the preset's own objective: lm's rows
   }
+  configs["sft"] = experiment("gpt2", "tiny")  # conversations in the llama fixture's template
+  configs["sft"].task = "sft"
+  chats = tmp_path / "chats.jsonl"
+  turns = lambda n: [{"role": "user", "content": "a" * (n % 7 + 1)}, {"role": "assistant", "content": "ok"}]  # noqa: E731
+  chats.write_text("".join(json.dumps({"messages": turns(n)}) + "\n" for n in range(200)))
+  configs["sft"].data.path = str(chats)
+  configs["sft"].data.tokenizer = str(
+      ROOT / "tests" / "fixtures" / "hf" / "llama" / "tokenizer.json"
+  )
+  configs["sft"].sft.chat_template = str(ROOT / "tests" / "fixtures" / "hf" / "llama")
   configs["prefix_lm"].task = "prefix_lm"
   configs["span_corruption"].task = "span_corruption"
   configs["span_corruption"].model.vocab_size = 288  # room for the sentinels

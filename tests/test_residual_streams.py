@@ -16,7 +16,7 @@ from flax import linen as nn
 from transformers_jax.config import ModelConfig
 from transformers_jax.interop.common import UnsupportedConfig
 from transformers_jax.interop.hf_export import save_hf
-from transformers_jax.models import build_model, counting, initializer
+from transformers_jax.models import build_model, counting, flops, initializer
 from transformers_jax.modules.block import Block, Stack, loop_to_scan
 from transformers_jax.modules.placement_base import Placement
 from transformers_jax.modules.placements import PLACEMENTS, sinkhorn
@@ -238,8 +238,8 @@ def test_ngpt_block_equals_the_papers_formula():
 
 def test_ngpt_logits_are_s_z_times_cosines_and_the_chunked_loss_reads_the_same():
   c = tiny("decoder", "ngpt", tie_embeddings=False)
-  params = perturbed(nn.unbox(initializer(c)(KEY)))
-  out = build_model(c).apply({"params": params}, jnp.arange(6)[None] % c.vocab_size)
+  params = perturbed(nn.unbox(jax.jit(initializer(c))(KEY)))  # one program each
+  out = jax.jit(build_model(c).apply)({"params": params}, jnp.arange(6)[None] % c.vocab_size)
   hidden = np.asarray(out["hidden"])
   np.testing.assert_allclose(np.linalg.norm(hidden, axis=-1), 1.0, rtol=1e-5)
   s_z = params["logit_gain"]["scale"] * c.d_model**0.5
@@ -291,12 +291,12 @@ def test_ngpt_weights_are_unit_norm_after_every_update_solo_and_in_a_population(
   update = make_update(
       task_for(model_cfg, config), model_cfg, config, lambda h: optim.make_optimizer(config, h)
   )
-  params = nn.unbox(initializer(model_cfg)(KEY))
+  params = nn.unbox(jax.jit(initializer(model_cfg))(KEY))  # (a scanned init: one program)
   assert_unit_norms(params)  # the initial parameters are constrained too
   batch = {"tokens": jax.random.randint(KEY, (2, 7), 0, 16)}
   hparams = optim.config_hparams(config)
   step = jax.jit(update)
-  state = (params, optim.make_optimizer(config).init(params))
+  state = (params, jax.jit(optim.make_optimizer(config).init)(params))
   for i in range(3):
     *state, _ = step(*state, batch, jax.random.PRNGKey(i), hparams)
   wo = lambda p: p["decoder"]["layers"]["ffn"]["wo"]["kernel"]  # noqa: E731
@@ -306,7 +306,9 @@ def test_ngpt_weights_are_unit_norm_after_every_update_solo_and_in_a_population(
   members = {k: jnp.asarray([v, v]) for k, v in hparams.items()}
   members["learning_rate"] = jnp.asarray([0.05, 0.2])
   stacked = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), params)
-  opt_state = jax.vmap(lambda p, h: optim.make_optimizer(config, h).init(p))(stacked, members)
+  opt_state = jax.jit(jax.vmap(lambda p, h: optim.make_optimizer(config, h).init(p)))(
+      stacked, members
+  )
   vstep = jax.jit(jax.vmap(update, in_axes=(0, 0, None, None, 0)))
   new, _, _ = vstep(stacked, opt_state, batch, KEY, members)
   assert_unit_norms(new, member_axis=True)
@@ -446,7 +448,7 @@ def test_compile_only_with_remat_compiles_the_step_and_counts_it(experiment, fie
       {**model, "model.num_layers": 2, "model.remat": "full"}
       | {k: v for k, v in fields.items() if "." in k}
   )
-  summary = counting.summary(config)
+  summary = flops.summary(config)
   assert (
       sum(summary["breakdown"].values())
       == summary["total"]

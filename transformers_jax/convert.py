@@ -3,7 +3,8 @@
     python -m transformers_jax.convert --from_hf DIR --workdir OUT [--dtype bfloat16] [--scan_layers]
     python -m transformers_jax.convert --to_hf DIR --workdir RUN
 
-`--from_hf` reads a local GPT-2 / BERT / ViT directory (config.json + safetensors) and writes OUT
+`--from_hf` reads a local model folder (config.json + safetensors), or a model the local Hugging
+Face cache holds by its hub name (`Qwen/Qwen3-0.6B`, `ORG/NAME@REVISION`; no network), and writes OUT
 with an orbax checkpoint of the parameters (OUT/checkpoints/0), the run config (OUT/config.json
 and OUT/config.py, usable as `--config OUT/config.py`) and the tokenizer if DIR has a
 tokenizer.json. `generate --workdir OUT` samples from it (a GPT-2),
@@ -16,7 +17,6 @@ member I of a population's run); a LoRA run's adapters are merged into the weigh
 
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 import shutil
@@ -29,13 +29,19 @@ from transformers_jax import cli
 from transformers_jax.errors import UserError
 from transformers_jax.config import DTYPES, ModelConfig
 from transformers_jax.train_config import experiment_config
-from transformers_jax.interop import load_hf, save_hf
+from transformers_jax.interop import hub_cache, load_hf, save_hf
 from transformers_jax.interop.peft import save_peft_adapter
 from transformers_jax.models import lora
 from transformers_jax.modules.block import loop_to_scan, scan_to_loop
+from transformers_jax.run_folder.export_target import check_export_target
 from transformers_jax.run_folder.runs import Run
 
-flags.DEFINE_string("from_hf", None, "Hugging Face model directory to import.")
+flags.DEFINE_string(
+    "from_hf",
+    None,
+    "Hugging Face model to import: its folder, or ORG/NAME[@REVISION] from the local Hugging "
+    "Face cache (HF_HUB_CACHE / HF_HOME; no network).",
+)
 flags.DEFINE_string("to_hf", None, "Directory to write a Hugging Face model into.")
 flags.DEFINE_string(
     "workdir", None, "This project's run directory (written by --from_hf, read " "by --to_hf)."
@@ -112,6 +118,7 @@ def _check_tokenizer(path: pathlib.Path) -> None:
 # chat template, its special tokens, a SentencePiece model, the generation defaults.
 HF_FILES_KEPT = (
     "tokenizer_config.json",
+    "chat_template.jinja",
     "special_tokens_map.json",
     "tokenizer.model",
     "generation_config.json",
@@ -151,7 +158,8 @@ def import_hf(
   config.json is written last, so a folder without it holds no finished conversion: what an
   interrupted convert left there (`_check_workdir`) is replaced, with a note; a convert that fails
   removes what it wrote, so the same command can run again."""
-  tokenizer = pathlib.Path(source) / "tokenizer.json"
+  source = hub_cache.resolve(source)  # a hub name: its folder in the local cache
+  tokenizer = source / "tokenizer.json"
   if tokenizer.is_file():
     _check_tokenizer(tokenizer)
   run = Run(workdir)
@@ -176,11 +184,11 @@ def import_hf(
     (run.path / "config.py").write_text(CONFIG_PY)
     if tokenizer.is_file():
       shutil.copy(tokenizer, run.tokenizer_path)
-    shutil.copy(pathlib.Path(source) / "config.json", run.hf_config_path)  # its special token ids
+    shutil.copy(source / "config.json", run.hf_config_path)  # its special token ids
     for name in HF_FILES_KEPT:  # carried back out by --to_hf
-      if (pathlib.Path(source) / name).is_file():
+      if (source / name).is_file():
         run.hf_files_dir.mkdir(exist_ok=True)
-        shutil.copy(pathlib.Path(source) / name, run.hf_files_dir / name)
+        shutil.copy(source / name, run.hf_files_dir / name)
     run.write_config(config)  # last: it marks the conversion finished
   except BaseException:  # a full disk, Ctrl-C ...: what this call wrote goes, nothing else
     for path in sorted(_entries(run) - before, key=lambda p: len(p.parts)):
@@ -239,46 +247,6 @@ def _remove(path: pathlib.Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _check_target(run: pathlib.Path, target: pathlib.Path, overwrite: bool) -> None:
-  """Refuse a --to_hf folder that is the run itself (or inside it, or holding it), or that
-  already holds files unless `overwrite`: a Hugging Face export writes config.json, which
-  would replace a run's own."""
-  run, target = run.resolve(), target.resolve()
-  if target == run or run in target.parents or target in run.parents:
-    raise UserError(
-        f"--to_hf {target} is the run's own folder (or contains or lies in "
-        f"it): export into a separate folder"
-    )
-  if target.exists() and not target.is_dir():
-    raise UserError(f"--to_hf {target} is a file: give a folder")
-  held = _run_files(target)
-  if held:
-    raise UserError(
-        f"--to_hf {target} holds a run of this project ({held}): --overwrite never replaces "
-        "a run's files; export into another folder"
-    )
-  if target.is_dir() and any(target.iterdir()) and not overwrite:
-    raise UserError(
-        f"--to_hf {target} already holds files: give an empty or new folder, "
-        "or pass --overwrite to replace them"
-    )
-
-
-def _run_files(folder: pathlib.Path) -> str:
-  """What marks `folder` as a run of this project (a config.json with a model, checkpoints,
-  a run history), or ''."""
-  if not folder.is_dir():
-    return ""
-  found = [name for name in ("checkpoints", "run_history.jsonl") if (folder / name).exists()]
-  try:
-    saved = json.loads((folder / "config.json").read_text())
-    if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
-      found.insert(0, "config.json with a model")
-  except (OSError, ValueError):  # none, or not JSON: not a run's config
-    pass
-  return ", ".join(found)
-
-
 def export_hf(
     workdir,
     target,
@@ -294,7 +262,7 @@ def export_hf(
   run = Run(workdir)
   if not run.config_path.is_file():
     raise UserError(f"{run.path} has no config.json: pass a run directory")
-  _check_target(run.path, pathlib.Path(target), overwrite)
+  check_export_target(run.path, pathlib.Path(target), overwrite)
   model_cfg = run.model_config()
   architecture = architecture or run.hf_architecture(model_cfg)  # as converted, where it fits
   params, step = run.load_params(member=member)
@@ -319,7 +287,7 @@ def export_hf(
     model_folder = model_folder / "base_model"
     architecture = save_hf(
         model_folder,
-        model_cfg.replace(lora_rank=0),
+        lora.without_lora(model_cfg),
         lora.base(params),
         architecture,
         extra_config=extra,

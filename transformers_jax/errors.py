@@ -4,7 +4,7 @@ codes: a UserError is printed as one `error:` line with exit code 2 (transformer
 Exit codes of every command line (`python -m transformers_jax.train` and the scripts):
   0   done
   2   a user's mistake, or a failure the one `error:` line explains (nothing lost)
-  3   --compile_only: the step does not fit in device memory
+  3   --compile_only: the step does not fit in device memory (with --fit: no layout tried does)
   75  stopped by a signal (SIGTERM, Ctrl-C) after saving a checkpoint: run the same command
       again to resume. A batch script requeues the job on it (scripts/cluster/train.sbatch).
       75 is EX_TEMPFAIL of BSD's sysexits.h: a temporary failure, to be retried.

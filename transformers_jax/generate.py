@@ -3,6 +3,7 @@
     python -m transformers_jax.generate --workdir runs/x --prompt "def main(" --max_new_tokens 200 \
         [--temperature 0.8 --top_k 40 --top_p 0.95 --seed 0 | --beam_size 4 --alpha 0.6]
     python -m transformers_jax.generate --workdir runs/numbers --source "4213"
+    python -m transformers_jax.generate --workdir runs/sft --chat "What is it?" --temperature 0
 
 `--temperature 0` is greedy. The encoder-decoder translates `--source` with beam search (beam 4,
 alpha 0.6) unless a sampling flag or `--beam_size 0` is given, and stops at the tokenizer's eos.
@@ -20,11 +21,19 @@ from absl import flags
 from transformers_jax import cli
 from transformers_jax.errors import UserError
 from transformers_jax.cli import parse_ids
+from transformers_jax.data.chat import chat_prompt, find_template
 from transformers_jax.run_folder.runs import Run, load_run
+from transformers_jax.tasks.sft import end_of_turn_ids
 
 flags.DEFINE_string("workdir", None, "A training run's directory (config.json, checkpoints/).")
 flags.DEFINE_string("prompt", None, "Decoder-only: text to continue.")
 flags.DEFINE_string("prompt_ids", None, "Decoder-only: token ids to continue, e.g. 1,2,3.")
+flags.DEFINE_string(
+    "chat",
+    None,
+    "Decoder-only: a user turn, rendered by the run's chat template with the generation prompt; "
+    "prints the assistant's reply, which ends at the template's end-of-turn token.",
+)
 flags.DEFINE_string("source", None, "Encoder-decoder: text to translate.")
 flags.DEFINE_string("source_ids", None, "Encoder-decoder: token ids to translate.")
 flags.DEFINE_bool("print_ids", False, "Print the generated token ids instead of text.")
@@ -92,6 +101,23 @@ def decoding_config(cfg, quantization: str, kv_cache_dtype: str):
   if quantization == "int8":
     changes["quantization"] = "int8_weights"
   return dataclasses.replace(cfg, **changes) if changes else cfg
+def _chat_template(tok):
+  """The run's chat template when --chat is given (None without --chat); --chat with
+  --prompt or --prompt_ids, or a run without a tokenizer or template, is refused."""
+  if FLAGS.chat is None:
+    return None
+  if FLAGS.prompt is not None or FLAGS.prompt_ids is not None:
+    raise UserError("--chat is a user turn in place of --prompt/--prompt_ids: give only one")
+  if tok is None:
+    raise UserError(f"--chat: {FLAGS.workdir} has no tokenizer.json to write the turn with")
+  template = find_template(FLAGS.workdir)
+  if template is None:
+    raise UserError(
+        f"--chat: {FLAGS.workdir} keeps no chat template (hf_files/chat_template.jinja or a "
+        "tokenizer_config.json with chat_template): convert a model that has one, train with "
+        "--config.task=sft, or use --prompt"
+    )
+  return template
 
 
 def main(argv):
@@ -129,9 +155,15 @@ def main(argv):
           "this run is a decoder-only model: --source/--source_ids are an encoder-decoder's; "
           "give only --prompt or --prompt_ids"
       )
-    prompt = _input_ids(tok, "prompt", "prompt_ids")
+    template = _chat_template(tok)
+    if template is not None:
+      prompt = chat_prompt(tok, template, FLAGS.chat)
+    else:
+      prompt = _input_ids(tok, "prompt", "prompt_ids")
     if FLAGS.stop_ids is not None:
       stop = parse_ids(FLAGS.stop_ids, "stop_ids")
+    elif template is not None:
+      stop = end_of_turn_ids(tok, template)
     else:
       stop = [tok.eos_id] if tok is not None and tok.eos_id is not None else []
     out = decode.generate(
@@ -144,6 +176,8 @@ def main(argv):
         **common,
     )
   elif cfg.family == "encoder_decoder":
+    if FLAGS.chat is not None:
+      raise UserError("--chat: this run is an encoder-decoder model: give --source")
     if FLAGS.prompt is not None or FLAGS.prompt_ids is not None:
       raise UserError(
           "this run is an encoder-decoder model: --prompt/--prompt_ids are a decoder-only "
@@ -184,6 +218,8 @@ def main(argv):
   ids = out.ids()[0]
   if FLAGS.print_ids or tok is None:
     print(",".join(map(str, ids)))
+  elif FLAGS.chat is not None:  # the reply alone
+    print(tok.decode(ids))
   elif cfg.family == "decoder":
     print((FLAGS.prompt if FLAGS.prompt is not None else tok.decode(prompt)) + tok.decode(ids))
   else:

@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from transformers_jax import cli
 from transformers_jax.errors import UserError
-from transformers_jax.models import counting
+from transformers_jax.models import counting, flops
 from transformers_jax.run_folder.runs import IMPLEMENTATION_FIELDS
 from transformers_jax.train import field_checks
 
@@ -75,7 +75,7 @@ def render(s: dict, name: str) -> str:
       f"  in the blocks: {s['blocks_share']:.1%} of all parameters; feed-forward is "
       f"{s['feed_forward_share_of_blocks']:.1%} of the blocks"
   )
-  lines.append(f"  training FLOPs per token: {counting.flops_text(s)}")
+  lines.append(f"  training FLOPs per token: {flops.flops_text(s)}")
   return "\n".join(lines)
 
 
@@ -85,7 +85,7 @@ def main(argv):
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config experiments/gpt2.py:small")
   field_checks.check_model(counting.as_model_config(FLAGS.config.model))
-  s = counting.summary(FLAGS.config)
+  s = flops.summary(FLAGS.config)
   if s["published"]:  # the preset's figure, which architecture overrides make another model's
     given = config_flags.get_override_values(FLAGS["config"])
     s["published_overridden"] = architecture_overrides(given)

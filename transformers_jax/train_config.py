@@ -11,7 +11,6 @@ from typing import Any
 
 import ml_collections
 
-
 from transformers_jax.config import model_config_dict
 from transformers_jax.data.fields import add_data_fields, check_split_is_read
 from transformers_jax.machine.parallel import rule_names
@@ -98,8 +97,12 @@ def training_fields() -> ml_collections.ConfigDict:
           "num_slices": 1,
           "dcn_data": -1,  # slices the data axis spans (-1 = the rest)
           "dcn_fsdp": 1,  # slices the fsdp axis spans (parameters sharded across slices too)
+          "stage": 1,  # pipeline stages: each holds L/stage blocks (docs/pipeline.md)
+          "dcn_stage": 1,  # slices the stage axis spans (stage-to-stage sends cross them)
       }
   )
+  # mesh.stage > 1: microbatches per update (0 = one per stage); passes over the stages (1 = GPipe)
+  c.pipeline = ml_collections.ConfigDict({"microbatches": 0, "repeats": 1})
   # logical-axis rule overrides, one field per logical name (transformers_jax/machine/parallel.py):
   # unset = the default rule, "" = replicated, "fsdp" or "data,fsdp" = the mesh axes to split over;
   # e.g. --config.rules.mlp='' keeps the feed-forward hidden dimension whole on every device
@@ -293,10 +296,8 @@ def validate_context(config, model_cfg, task=None) -> None:
   from transformers_jax.tasks import task_for
 
   task = task or task_for(model_cfg, config)
-  length, parts = (
-      task.tokens_per_example(model_cfg, config),
-      2 * shards if task.attends_causally(model_cfg) else shards,
-  )
+  length = task.tokens_per_example(model_cfg, config)
+  parts = 2 * shards if task.attends_causally(model_cfg) else shards
   what = "seq_len" if task.reads_seq_len else "the patch sequence (with class token)"
   if length % parts:
     raise ValueError(

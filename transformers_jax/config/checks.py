@@ -8,7 +8,7 @@ import math
 import numbers
 
 from transformers_jax.modules import feed_forward, glu, inits, layer_types, lora, mla
-from transformers_jax.modules import moe_routing, quantization, remat, scores
+from transformers_jax.modules import moe_routing, parametrization, quantization, remat, scores
 from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
@@ -42,6 +42,7 @@ def registries() -> dict[str, dict]:
       "positions": POSITION_SCHEMES,  # modules/positions/
       "norm_placement": PLACEMENTS,  # modules/placements/
       "init": inits.INITS,  # modules/inits.py
+      "parametrization": parametrization.PARAMETRIZATIONS,  # modules/parametrization.py
       "norm": NORM_KINDS,  # modules/norms.py, modules/norm_kinds.py
       "activation": ACTIVATIONS,  # modules/activations.py
       "feed_forward": feed_forward.FEED_FORWARDS,  # modules/feed_forward.py
@@ -59,6 +60,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       "positions": named["positions"],
       "norm_placement": named["norm_placement"],
       "init": named["init"],
+      "parametrization": named["parametrization"],
       "norm": named["norm"],
       "activation": named["activation"],
       "feed_forward": named["feed_forward"],
@@ -137,6 +139,9 @@ def validate(c) -> None:
     _fail("head", repr(c.head), f"the {c.family} family has heads {', '.join(HEADS[c.family])}")
   positive = "num_layers d_model num_heads max_len attention_query_blocks vocab_multiple"
   positive += " residual_streams"
+  for field in ("mup_base_width", "mup_base_depth"):
+    if getattr(c, field) < 0:
+      _fail(field, str(getattr(c, field)), "must be >= 0 (0: none)")
   for field in positive.split() + ["sliding_every"]:
     if getattr(c, field) < 1:
       _fail(field, str(getattr(c, field)), "must be a positive integer")
@@ -206,6 +211,7 @@ def validate(c) -> None:
   checks = (
       lambda c: config_problem(c, PLACEMENTS[c.norm_placement]),  # placement_base.py
       inits.config_problem,
+      parametrization.config_problem,
       lora.config_problem,
       remat.config_problem,
       position_scheme(c).config_problem,

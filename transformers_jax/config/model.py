@@ -77,6 +77,9 @@ class ModelConfig:
   # Gemma 3) | full (the whole projection, H*K and G*K wide: OLMo 2) | l2 (each head's over
   # head_dim, RMS without gains: Llama 4)
   qk_norm_kind: str = "head"
+  # qk_norm on the blocks RoPE rotates only, the NoPE blocks' queries and keys left as they are
+  # (Llama 4; with qk_norm_kind=l2, which has no parameters to differ between blocks)
+  qk_norm_rope_only: bool = False
   norm_scale: bool = True  # learned scale (gamma) in every norm
   norm_unit_offset: bool = False  # the scale is stored as w and applied as 1 + w (Gemma)
   # learned shift (beta); None = the norm kind's default (the + beta of its formula)
@@ -121,6 +124,10 @@ class ModelConfig:
   # the global layers' 1,000,000); 0 = as the other layers
   rope_local_theta: float = 0.0
   attention_chunk: int = 0  # chunked layers: a query sees its own chunk of this many positions
+  # NoPE layers' attention temperature (Llama 4's attn_temperature_tuning): queries at position p
+  # times 1 + attention_temperature_scale * log(1 + floor((p + 1) / this)); 0 = off (Llama 4: 8192)
+  attention_temperature_floor: int = 0
+  attention_temperature_scale: float = 0.1  # the temperature's strength (Llama 4's attn_scale)
   attention_softcap: float = 0.0  # attention scores s -> cap tanh(s / cap) (Gemma 2: 50); 0 = off
   # a learned logit per query head in every softmax's denominator, as a key with value zero that
   # every query sees: a head may attend nowhere (gpt-oss's attention sinks; modules/sinks.py)
@@ -152,6 +159,9 @@ class ModelConfig:
   moe_groups: int = 1  # moe: experts in this many groups; tokens choose within moe_top_groups
   moe_top_groups: int = 1  # moe: groups each token's experts come from (DeepSeek-V3: 4 of 8)
   moe_routed_scale: float = 1.0  # moe: routed experts' weights times this (DeepSeek-V3: 2.5)
+  # moe: each chosen expert's weight multiplies the token on its way in, f(w x), rather than the
+  # expert's output, w f(x) (Llama 4)
+  moe_scale_input: bool = False
   # Multi-head latent attention (DeepSeek-V2/V3; modules/mla.py): keys and values expanded from
   # one compressed latent of this width per token, all decoding caches; 0 = plain attention
   kv_lora_rank: int = 0
@@ -175,7 +185,18 @@ class ModelConfig:
   pool: str = "cls"  # vit: cls token or mean of patch tokens
   init_std: float = 0.02  # stddev of the normal initialiser for weights and embeddings
   init: str = "gpt2"  # the initialisation (modules/inits.py; paper: the placement's own)
+  # how init scales, multipliers and per-tensor Adam rates follow width and depth
+  # (modules/parametrization.py, docs/mup.md): sp (standard) | mup (Yang et al. 2021) |
+  # complete_p (Dey et al. 2025: mup plus depth); the last two scale from a base shape
+  parametrization: str = "sp"
+  mup_base_width: int = 0  # mup, complete_p: the d_model the learning rate was tuned at
+  mup_base_depth: int = 0  # complete_p: the blocks per stack the learning rate was tuned at
   scan_layers: bool = False  # nn.scan over the blocks: one compiled body for any depth
+  # mesh.stage > 1: the pipeline's microbatches (0 = one per stage; modules/pipeline.py), set
+  # by training from --config.pipeline.microbatches
+  pipeline_microbatches: int = 0
+  # the pipeline's passes over the stages (1 = GPipe), set by training from --config.pipeline.repeats
+  pipeline_repeats: int = 1
   # what the backward pass keeps and what it recomputes (modules/remat.py)
   remat: str = "none"
   remat_save: str = ""  # remat=custom: name:device|offload|remat,... e.g. qkv_proj:offload
@@ -192,6 +213,9 @@ class ModelConfig:
   quantization: str = ""
   quantization_head: bool = False  # the output head's matmul quantized too (else float)
   kv_cache_dtype: str = ""  # decoding: '' = the compute dtype | int8 (per-token, per-head scales)
+  # LoRA: modules trained in full beside the adapters (PEFT's modules_to_save), comma-separated:
+  # embed, head, or a block projection as lora_targets names them; "" = the adapters alone
+  lora_modules_to_save: str = ""
 
   # ------------------------------------------------------------------ derived values
   @property

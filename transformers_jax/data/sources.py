@@ -156,6 +156,11 @@ def _decode(data: bytes, unit: Unit) -> str:
     ) from e
 
 
+# text_field that makes read_unit yield each JSONL row whole, as its line of JSON (the chat
+# objective's rows: messages, not one text field)
+WHOLE_ROW = "*"
+
+
 def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]]:
   """(text, ends_document) pieces of a unit in order. A .txt file is one document, read in
   pieces; each JSONL line and each Parquet or Arrow row is one document."""
@@ -174,6 +179,9 @@ def read_unit(unit: Unit, text_field: str = "text") -> Iterator[tuple[str, bool]
             f"'{unit.path}': line {number + 1} after byte {unit.start} is not JSON ({e}): "
             "write one JSON object per line"
         ) from None
+      if text_field == WHOLE_ROW and isinstance(row, dict):  # the row itself (a conversation)
+        yield line.decode("utf-8", errors="replace"), True
+        continue
       if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
         raise DataError(
             f"'{unit.path}': a line after byte {unit.start} has no string field "

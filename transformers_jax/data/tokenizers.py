@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from transformers_jax.data import chat
 from transformers_jax.data.errors import DataError
 from transformers_jax.records import write_text_atomically
 
@@ -117,6 +118,49 @@ class BPETokenizer(Tokenizer):
     return self.hf.to_str()
 
 
+class ChatTokenizer(Tokenizer):
+  """A conversation row (its JSON text) -> ids 2 * token + (1 if trained on): the token cache
+  and its packing carry the loss mask in the ids themselves (data.chat.decode_ids splits
+  them back)."""
+
+  kind = "chat"
+
+  def __init__(self, inner: Tokenizer, template: chat.ChatTemplate):
+    self.inner, self.template = inner, template
+    self.vocab_size = 2 * inner.vocab_size
+    self.pad_id = 2 * inner.pad_id if inner.pad_id is not None else None
+
+  def encode(self, text: str) -> list[int]:
+    if not text.strip():  # the separator between documents: the template ends each turn
+      return []
+    try:
+      row = json.loads(text)
+    except ValueError as e:
+      raise chat.ChatRowError(
+          f"the row is not JSON ({e}): write one JSON object per line", text
+      ) from None
+    try:
+      ids, mask = chat.encode_conversation(self.inner, self.template, chat.conversation(row))
+    except chat.ChatRowError as e:
+      raise chat.ChatRowError(e.problem, text) from None
+    return [2 * i + m for i, m in zip(ids, mask)]
+
+  def decode(self, ids) -> str:
+    return self.inner.decode([int(i) // 2 for i in ids])
+
+  def to_json(self) -> str:
+    return json.dumps(
+        {"kind": self.kind, "tokenizer": self.inner.to_json(), **self.template.to_spec()}
+    )
+
+  @classmethod
+  def from_spec(cls, spec: dict) -> ChatTokenizer:
+    template = chat.ChatTemplate(
+        spec["template"], spec.get("special_tokens"), spec.get("where", "")
+    )
+    return cls(load_tokenizer_json(spec["tokenizer"]), template)
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
   """Train byte-level BPE on ``texts``; the vocabulary may be smaller if the text is tiny."""
   from tokenizers import Tokenizer as HFTokenizer
@@ -156,6 +200,8 @@ def load_tokenizer_json(text: str, path: str | pathlib.Path = "<json>") -> Token
   spec = json.loads(text)
   if isinstance(spec, dict) and spec.get("kind") == "byte":
     return ByteTokenizer(bool(spec.get("specials")))
+  if isinstance(spec, dict) and spec.get("kind") == "chat":  # conversations: data/chat.py
+    return ChatTokenizer.from_spec(spec)
   if isinstance(spec, dict) and "model" in spec:
     from tokenizers import Tokenizer as HFTokenizer
 

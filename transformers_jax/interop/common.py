@@ -1,7 +1,7 @@
 """What every Hugging Face architecture mapping shares: the errors, tensor rules and their
-transforms, helpers for config.json, and `Family`, the interface one model type implements
-(interop/gpt2.py, bert.py, vit.py). A new architecture is one such file, registered in
-interop/hf.py, and its fixture test."""
+transforms, helpers for config.json and for the Llama-layout decoders, and `Family`, the interface
+one model type implements (interop/gpt2.py, bert.py, vit.py). A new architecture is one such
+file, registered in interop/hf.py, and its fixture test."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ class Rule:
   several kernels [in, ...]: Phi-3's qkv_proj and gate_up_proj); patch (conv [D, C, P, P] <->
   [P*P*C, D]); batch1 ([1, N, D] <-> [N, D]); experts (one torch Linear [out, in] per expert
   <-> our [E, in, out]); gate_up (gpt-oss's experts [E, in, 2F], gate and up interleaved in the
-  last axis <-> our two [E, in, F]); gate_up_bias ([E, 2F] interleaved <-> our two [E, 1, F]);
+  last axis <-> our two [E, in, F]); gate_up_halves (Llama 4's [E, in, 2F], the gate's columns
+  then up's); gate_up_bias ([E, 2F] interleaved <-> our two [E, 1, F]);
   expert_bias ([E, W] <-> our [E, 1, W]). `patch` holds (P, C) for the patch kind. `rows`
   (linear): the order our outputs take the torch weight's rows in (DeepSeek's interleaved RoPE
   features, laid out as our RoPE pairs them); () = as they are.
@@ -87,9 +88,9 @@ def hf_shapes(rule: Rule, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]
   n = rule.n_in
   if rule.kind == "experts":
     return [(s[2], s[1])] * s[0]
-  if rule.kind in ("gate_up", "gate_up_bias", "expert_bias"):
+  if rule.kind in ("gate_up", "gate_up_halves", "gate_up_bias", "expert_bias"):
     wide = s[:-1] + (s[-1] * (1 if rule.kind == "expert_bias" else 2),)
-    return [wide if rule.kind == "gate_up" else (wide[0], wide[-1])]
+    return [wide if rule.kind in ("gate_up", "gate_up_halves") else (wide[0], wide[-1])]
   if rule.kind == "copy":
     return [s]
   if rule.kind == "bias":
@@ -118,6 +119,9 @@ def to_ours(rule: Rule, arrays: list[np.ndarray], shapes: list[tuple]) -> list[n
   if rule.kind in ("gate_up", "gate_up_bias"):  # even columns the gate, odd ones up
     (a,) = arrays
     return [a[..., 0::2].reshape(shapes[0]), a[..., 1::2].reshape(shapes[1])]
+  if rule.kind == "gate_up_halves":  # the first half of the columns the gate, the second up
+    (a,) = arrays
+    return [a[..., : a.shape[-1] // 2], a[..., a.shape[-1] // 2 :]]
   (a,) = arrays
   if rule.kind == "expert_bias":
     return [a.reshape(shapes[0])]
@@ -166,7 +170,36 @@ def to_hf(rule: Rule, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [both if rule.kind == "gate_up" else both[:, 0]]
   if rule.kind == "expert_bias":
     return [a.reshape(a.shape[0], -1)]
+  if rule.kind == "gate_up_halves":
+    return [np.concatenate(arrays, axis=-1)]
   raise AssertionError(rule.kind)
+
+
+def linear(hf: str, path: tuple, n_in: int = 1, rows: tuple = (), bias: bool = False) -> list[Rule]:
+  """Torch Linear `hf` <-> our kernel at `path` (rows in `rows`' order); its bias with `bias`."""
+  rules = [Rule("linear", (hf + ".weight",), (path + ("kernel",),), n_in, rows=rows)]
+  if bias:
+    rules.append(Rule("bias", (hf + ".bias",), (path + ("bias",),)))
+  return rules
+
+
+PRE_NORMS = (("input_layernorm", "self_attn_norm"), ("post_attention_layernorm", "ffn_norm"))
+
+
+def decoder_rules(c: ModelConfig, base: str, block_rules, norms=PRE_NORMS, after_blocks=()):
+  """A Llama-layout decoder: embedding; per block h=`<base>layers.<i>.`, ours=decoder/layer_<i>:
+  `norms` (torch, ours) then block_rules(i, h, ours); `after_blocks`; final norm; untied lm_head."""
+  rules = [Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))]
+  for i in range(c.num_layers):
+    h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
+    for hf_name, name in norms:
+      rules.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
+    rules += block_rules(i, h, ours)
+  rules += after_blocks
+  rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
+  if not c.tie_embeddings:
+    rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
+  return rules
 
 
 def dense(hf: str, path: tuple[str, ...], kind: str = "linear", n_in: int = 1) -> list[Rule]:
@@ -225,6 +258,34 @@ def require(hf: Mapping, where: str, **expected) -> None:
       raise UnsupportedArchitecture(
           f"{where}: {key}={hf[key]!r} is not supported (only {want!r} maps onto our blocks)"
       )
+
+
+def decoder_shape(hf: Mapping) -> dict[str, Any]:
+  """ModelConfig fields of the keys a Llama-like config.json gives its shape (and GQA) in."""
+  heads = hf["num_attention_heads"]
+  return dict(
+      num_layers=hf["num_hidden_layers"],
+      d_model=hf["hidden_size"],
+      num_heads=heads,
+      num_kv_heads=get(hf, "num_key_value_heads", default=heads),
+      head_dim=get(hf, "head_dim", default=hf["hidden_size"] // heads),
+      d_ff=hf["intermediate_size"],
+      vocab_size=hf["vocab_size"],
+      max_len=hf["max_position_embeddings"],
+  )
+
+
+# The `requirements` every Llama-layout decoder (RoPE, pre-norm RMSNorm blocks) starts from.
+ROPE_DECODER = dict(
+    family="decoder",
+    norm_placement="pre",
+    has_final_norm=True,
+    embed_norm=False,
+    type_vocab_size=0,
+    positions="rope",
+    norm="rmsnorm",
+    has_norm_bias=False,
+)
 
 
 # BertConfig and ViTConfig share these keys (and defaults) for the encoder stack.

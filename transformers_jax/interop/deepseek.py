@@ -20,21 +20,21 @@ import math
 import re
 
 from transformers_jax.interop.common import (
+    PRE_NORMS,
+    ROPE_DECODER,
     Family,
     Rule,
     UnsupportedArchitecture,
     UnsupportedConfig,
+    decoder_rules,
     get,
+    linear,
     require,
 )
 from transformers_jax.interop.rope_scaling import read_rope, write_rope
 from transformers_jax.modules.yarn import mscale, parse_yarn
 
 MTP_OWN_COPIES = ("embed_tokens.weight", "shared_head.head.weight")  # the hub's copies
-
-
-def _linear(hf: str, path: tuple[str, ...], n_in: int = 1, rows: tuple[int, ...] = ()):
-  return [Rule("linear", (hf + ".weight",), (path + ("kernel",),), n_in, rows=rows)]
 
 
 def rope_rows(lead: int, rope: int, heads: int = 1) -> tuple[int, ...]:
@@ -243,29 +243,29 @@ class DeepSeekV3(Family):
     H, N, R, C = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
     attn, a = ours + ("self_attn",), h + "self_attn."
     rules = [
-        Rule("copy", (h + "input_layernorm.weight",), (ours + ("self_attn_norm", "scale"),)),
-        Rule("copy", (h + "post_attention_layernorm.weight",), (ours + ("ffn_norm", "scale"),)),
+        Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),))
+        for hf_name, name in PRE_NORMS
     ]
     q_rows = rope_rows(N, R, H)
     if c.q_lora_rank:
-      rules += _linear(a + "q_a_proj", attn + ("query_down",))
+      rules += linear(a + "q_a_proj", attn + ("query_down",))
       rules.append(
           Rule("copy", (a + "q_a_layernorm.weight",), (attn + ("query_latent_norm", "scale"),))
       )
-      rules += _linear(a + "q_b_proj", attn + ("query_up",), rows=q_rows)
+      rules += linear(a + "q_b_proj", attn + ("query_up",), rows=q_rows)
     else:
-      rules += _linear(a + "q_proj", attn + ("query",), rows=q_rows)
-    rules += _linear(a + "kv_a_proj_with_mqa", attn + ("kv_down",), rows=rope_rows(C, R))
+      rules += linear(a + "q_proj", attn + ("query",), rows=q_rows)
+    rules += linear(a + "kv_a_proj_with_mqa", attn + ("kv_down",), rows=rope_rows(C, R))
     rules.append(
         Rule("copy", (a + "kv_a_layernorm.weight",), (attn + ("kv_latent_norm", "scale"),))
     )
-    rules += _linear(a + "kv_b_proj", attn + ("kv_up",))
-    rules += _linear(a + "o_proj", attn + ("out",), n_in=2)
+    rules += linear(a + "kv_b_proj", attn + ("kv_up",))
+    rules += linear(a + "o_proj", attn + ("out",), n_in=2)
     ffn, m = ours + ("ffn",), h + "mlp."
     names = (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo"))
     if not moe:
-      return rules + [r for hf_name, name in names for r in _linear(m + hf_name, ffn + (name,))]
-    rules += _linear(m + "gate", ffn + ("router",))
+      return rules + [r for hf_name, name in names for r in linear(m + hf_name, ffn + (name,))]
+    rules += linear(m + "gate", ffn + ("router",))
     rules.append(
         Rule("copy", (m + "gate.e_score_correction_bias",), (ffn + ("e_score_correction_bias",),))
     )
@@ -273,30 +273,23 @@ class DeepSeekV3(Family):
       experts = tuple(f"{m}experts.{e}.{hf_name}.weight" for e in range(c.num_experts))
       rules.append(Rule("experts", experts, (ffn + (name,),)))
     for hf_name, name in names:
-      rules += _linear(m + "shared_experts." + hf_name, ffn + ("shared", name))
+      rules += linear(m + "shared_experts." + hf_name, ffn + ("shared", name))
     return rules
 
   def rules(self, c, base):
-    rules = [
-        Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))
-    ]
-    for i in range(c.num_layers):
-      rules += self.block_rules(
-          c, f"{base}layers.{i}.", ("decoder", f"layer_{i}"), c.is_moe_layer(i)
-      )
-    for k in range(c.mtp_depth):  # the hub's layout: one more `layers.<L + k>` each
+    mtp = []  # the hub's layout: one more `layers.<L + k>` each
+    for k in range(c.mtp_depth):
       h, ours = f"{base}layers.{c.num_layers + k}.", ("mtp", f"depth_{k}")
       for hf_name, name in (("enorm", "embed_norm"), ("hnorm", "hidden_norm")):
-        rules.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
-      rules += _linear(h + "eh_proj", ours + ("proj",))
-      rules.append(
-          Rule("copy", (h + "shared_head.norm.weight",), (ours + ("final_norm", "scale"),))
-      )
-      rules += self.block_rules(c, h, ours + ("block",), c.is_moe_layer(c.num_layers + k))
-    rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
-    if not c.tie_embeddings:
-      rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
-    return rules
+        mtp.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
+      mtp += linear(h + "eh_proj", ours + ("proj",))
+      mtp.append(Rule("copy", (h + "shared_head.norm.weight",), (ours + ("final_norm", "scale"),)))
+      mtp += self.block_rules(c, h, ours + ("block",), c.is_moe_layer(c.num_layers + k))
+
+    def block(i, h, ours):  # (block_rules names the norms: the MTP blocks' too)
+      return self.block_rules(c, h, ours, c.is_moe_layer(i))
+
+    return decoder_rules(c, base, block, norms=(), after_blocks=mtp)
 
   def ignorable(self, c):
     patterns = [
@@ -324,14 +317,7 @@ class DeepSeekV3(Family):
 
   def requirements(self, c, architecture):
     return dict(
-        family="decoder",
-        norm_placement="pre",
-        has_final_norm=True,
-        embed_norm=False,
-        type_vocab_size=0,
-        positions="rope",
-        norm="rmsnorm",
-        has_norm_bias=False,
+        ROPE_DECODER,
         use_bias=False,
         feed_forward="moe",
         activation="swiglu",

@@ -1,5 +1,5 @@
 """The Hugging Face architectures this project reads and writes, one Family each (interop/gpt2.py,
-bert.py, vit.py, llama.py, qwen3.py, gemma3.py, olmo.py, phi3.py ...), and the parameter shapes a config implies: what reading (hf.py) and writing
+bert.py, vit.py, llama.py, llama4.py, qwen3.py, gemma3.py, olmo.py, phi3.py ...), and the parameter shapes a config implies: what reading (hf.py) and writing
 (hf_export.py) share."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers_jax.interop.gemma import Gemma, Gemma2
 from transformers_jax.interop.gemma3 import Gemma3
 from transformers_jax.interop.gpt_oss import GptOss
 from transformers_jax.interop.llama import Llama, Mistral, Mixtral, Qwen2
+from transformers_jax.interop.llama4 import Llama4Text
 from transformers_jax.interop.marian import Marian
 from transformers_jax.interop.olmo import Olmo2, Olmo3
 from transformers_jax.interop.phi3 import Phi3
@@ -34,6 +35,7 @@ FAMILIES: tuple[Family, ...] = (
     ViT(),
     DeepSeekV3(),  # before Llama: a RoPE decoder with latent attention is written as DeepSeek-V3
     GptOss(),
+    Llama4Text(),  # before Qwen3-MoE: experts scaled on the way in (with q/k norms or none)
     Qwen3Moe(),
     Llama(),
     Mistral(),

@@ -15,11 +15,13 @@ into floating-point matrices one tensor at a time (interop/mxfp4.py); exports ar
 from __future__ import annotations
 
 from transformers_jax.interop.common import (
+    ROPE_DECODER,
     Family,
     Rule,
     UnsupportedArchitecture,
+    decoder_rules,
+    decoder_shape,
     dense,
-    get,
     require,
 )
 from transformers_jax.interop.mxfp4 import packed_experts
@@ -118,17 +120,9 @@ class GptOss(Family):
           "the window's length"
       )
     theta, scaling = read_rope(hf, where, 150000.0, YARN)
-    heads = hf["num_attention_heads"]
     return dict(
         family="decoder",
-        num_layers=layers,
-        d_model=hf["hidden_size"],
-        num_heads=heads,
-        num_kv_heads=get(hf, "num_key_value_heads", default=heads),
-        head_dim=get(hf, "head_dim", default=hf["hidden_size"] // heads),
-        d_ff=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"],
-        max_len=hf["max_position_embeddings"],
+        **decoder_shape(hf),
         positions="rope",
         rope_theta=theta,
         rope_scaling=scaling,
@@ -182,18 +176,8 @@ class GptOss(Family):
     )
 
   def rules(self, c, base):
-    rules = [
-        Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))
-    ]
-    for i in range(c.num_layers):
-      h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
-      attn, ffn = ours + ("self_attn",), ours + ("ffn",)
-      rules.append(
-          Rule("copy", (h + "input_layernorm.weight",), (ours + ("self_attn_norm", "scale"),))
-      )
-      rules.append(
-          Rule("copy", (h + "post_attention_layernorm.weight",), (ours + ("ffn_norm", "scale"),))
-      )
+    def block(i, h, ours):
+      attn, ffn, rules = ours + ("self_attn",), ours + ("ffn",), []
       for hf_name, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
         rules += dense(h + "self_attn." + hf_name, attn + (name,))  # weight and bias
       rules += dense(h + "self_attn.o_proj", attn + ("out",), n_in=2)
@@ -206,10 +190,9 @@ class GptOss(Family):
           Rule("copy", (experts + "down_proj",), (ffn + ("wo",),)),
           Rule("expert_bias", (experts + "down_proj_bias",), (ffn + ("bo",),)),
       ]
-    rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
-    if not c.tie_embeddings:
-      rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
-    return rules
+      return rules
+
+    return decoder_rules(c, base, block)
 
   def adjust_loaded(self, tensors, fields):
     packed_experts(tensors)  # the released files' MXFP4 experts, dequantized as they are taken
@@ -225,14 +208,7 @@ class GptOss(Family):
 
   def requirements(self, c, architecture):
     return dict(
-        family="decoder",
-        norm_placement="pre",
-        has_final_norm=True,
-        embed_norm=False,
-        type_vocab_size=0,
-        positions="rope",
-        norm="rmsnorm",
-        has_norm_bias=False,
+        ROPE_DECODER,
         use_bias=True,
         qkv_bias=(None, True),
         attention_sinks=True,

@@ -57,6 +57,8 @@ def _check_exportable(c: ModelConfig, architecture: str) -> None:
       embed_scale_learned=False,
       qk_norm=False,  # only Qwen3, Gemma 3 and OLMo 2/3 normalise queries and keys
       qk_norm_kind="head",
+      qk_norm_rope_only=False,  # Llama 4's alone, as its temperature on NoPE layers
+      attention_temperature_floor=0,
       kv_heads=c.num_heads,
       activation=tuple(ACTIVATIONS_OUT),
       qkv_bias=(None, c.use_bias),
@@ -103,7 +105,7 @@ def exportable_as(c: ModelConfig, architecture) -> bool:
   if architecture not in FAMILY_OF:
     return False
   try:
-    _check_exportable(c.replace(lora_rank=0), architecture)
+    _check_exportable(c.replace(lora_rank=0, lora_modules_to_save=""), architecture)
   except UnsupportedConfig:
     return False
   return True

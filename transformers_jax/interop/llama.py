@@ -10,22 +10,19 @@ it (`rope_theta`, `rope_scaling`) and as transformers 5.x does (`rope_parameters
 from __future__ import annotations
 
 from transformers_jax.interop.common import (
+    PRE_NORMS,
+    ROPE_DECODER,
     Family,
     Rule,
     UnsupportedArchitecture,
-    get,
+    decoder_rules,
+    decoder_shape,
+    linear,
     require,
 )
 from transformers_jax.modules import layer_types
 from transformers_jax.modules.positions import linear_rope_factor, parse_rope_scaling
 from transformers_jax.modules.yarn import parse_yarn
-
-
-def _linear(hf: str, path: tuple[str, ...], bias: bool = False, n_in: int = 1) -> list[Rule]:
-  rules = [Rule("linear", (hf + ".weight",), (path + ("kernel",),), n_in)]
-  if bias:
-    rules.append(Rule("bias", (hf + ".bias",), (path + ("bias",),)))
-  return rules
 
 
 def _rope(hf, where: str) -> tuple[float, str]:
@@ -85,7 +82,7 @@ class Llama(Family):
   gemma = False  # Gemma: embeddings times sqrt(d_model), norms applying 1 + w, tied
   feed_forward = "dense"  # Mixtral: moe
   # each block's norms: (Hugging Face's name, ours); pre-norm, one before each sublayer
-  norms = (("input_layernorm", "self_attn_norm"), ("post_attention_layernorm", "ffn_norm"))
+  norms = PRE_NORMS
   explicit_head_dim = True  # config.json's head_dim may differ from hidden_size / heads
   # the config class's special ids: one outside a smaller vocabulary is written as null
   # (transformers refuses a padding id outside it); a converted run's tokenizer overrides them
@@ -119,21 +116,15 @@ class Llama(Family):
 
   def fields(self, hf, architecture, where):
     self.check(hf, where)
-    d, heads = hf["hidden_size"], hf["num_attention_heads"]
     theta, scaling = _rope(hf, where)
-    head_dim = get(hf, "head_dim", default=d // heads)
+    shape = decoder_shape(hf)
+    if shape["head_dim"] * shape["num_heads"] == shape["d_model"]:
+      shape["head_dim"] = None  # (the default)
     attention_bias = "attention_bias" in self.biases and bool(hf.get("attention_bias"))
     mlp_bias = "mlp_bias" in self.biases and bool(hf.get("mlp_bias"))
     return dict(
         family="decoder",
-        num_layers=hf["num_hidden_layers"],
-        d_model=d,
-        num_heads=heads,
-        num_kv_heads=get(hf, "num_key_value_heads", default=heads),
-        head_dim=None if head_dim * heads == d else head_dim,
-        d_ff=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"],
-        max_len=hf["max_position_embeddings"],
+        **shape,
         positions="rope",
         rope_theta=theta,
         rope_scaling=scaling,
@@ -187,32 +178,23 @@ class Llama(Family):
     return out
 
   def rules(self, c, base):
-    rules = [
-        Rule("copy", (base + "embed_tokens.weight",), (("embed", "token_embed", "embedding"),))
-    ]
-    for i in range(c.num_layers):
-      h, ours = f"{base}layers.{i}.", ("decoder", f"layer_{i}")
-      attn = ours + ("self_attn",)
-      for hf_name, name in self.norms:
-        rules.append(Rule("copy", (h + hf_name + ".weight",), (ours + (name, "scale"),)))
-      rules += self.attention_rules(c, h + "self_attn.", attn)
-      rules += self.ffn_rules(c, h, ours + ("ffn",))
-    rules.append(Rule("copy", (base + "norm.weight",), (("final_norm", "scale"),)))
-    if not c.tie_embeddings:
-      rules.append(Rule("linear", ("lm_head.weight",), (("lm_head", "kernel"),)))
-    return rules
+    def block(i, h, ours):
+      attn = self.attention_rules(c, h + "self_attn.", ours + ("self_attn",))
+      return attn + self.ffn_rules(c, h, ours + ("ffn",))
+
+    return decoder_rules(c, base, block, norms=self.norms)
 
   def attention_rules(self, c, h: str, attn: tuple[str, ...]) -> list[Rule]:
     qkv_bias = c.use_bias if c.qkv_bias is None else c.qkv_bias
     rules = []
     for hf_name, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-      rules += _linear(h + hf_name, attn + (name,), bias=qkv_bias)
-    return rules + _linear(h + "o_proj", attn + ("out",), bias=c.use_bias, n_in=2)
+      rules += linear(h + hf_name, attn + (name,), bias=qkv_bias)
+    return rules + linear(h + "o_proj", attn + ("out",), bias=c.use_bias, n_in=2)
 
   def ffn_rules(self, c, h: str, ffn: tuple[str, ...]) -> list[Rule]:
     rules = []
     for hf_name, name in (("gate_proj", "wi_0"), ("up_proj", "wi_1"), ("down_proj", "wo")):
-      rules += _linear(h + "mlp." + hf_name, ffn + (name,), bias=c.has_ffn_bias)
+      rules += linear(h + "mlp." + hf_name, ffn + (name,), bias=c.has_ffn_bias)
     return rules
 
   def ignorable(self, c):
@@ -247,14 +229,7 @@ class Llama(Family):
 
   def requirements(self, c, architecture):
     return dict(
-        family="decoder",
-        norm_placement="pre",
-        has_final_norm=True,
-        embed_norm=False,
-        type_vocab_size=0,
-        positions="rope",
-        norm="rmsnorm",
-        has_norm_bias=False,
+        ROPE_DECODER,
         use_bias=c.use_bias if "attention_bias" in self.biases else False,
         has_ffn_bias=c.has_ffn_bias if "mlp_bias" in self.biases else False,
         qkv_bias=(True,) if self.qkv_bias else (None, c.use_bias),

@@ -21,10 +21,12 @@ import numpy as np
 
 from transformers_jax.interop.common import UnsupportedConfig
 from transformers_jax.interop.families import FAMILY_OF
+from transformers_jax.modules.lora import trained_in_full
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 KERNEL_KINDS = ("linear", "conv1d", "fused_kernel")
+TOKEN_EMBEDDING = ("embed", "token_embed", "embedding")
 # PEFT's task type per architecture (the PeftModel class it loads as); None = the plain model
 TASK_TYPES = {"GPT2LMHeadModel": "CAUSAL_LM"}
 
@@ -60,11 +62,38 @@ def peft_tensors(c, flat, rules) -> tuple[dict[str, np.ndarray], dict[str, int]]
   return tensors, ranks
 
 
+def saved_modules(c, rules, base_folder) -> tuple[dict[str, np.ndarray], list[str]]:
+  """({PEFT tensor name: array}, [Hugging Face module]) of the modules model.lora_modules_to_save
+  trained in full, as the base model in `base_folder` (written from the same parameters) holds
+  them: PEFT stores a saved module's weights under the module's own name."""
+  from safetensors.numpy import load_file
+
+  names = [n for rule in rules if any(trained_in_full(c, p) for p in rule.ours) for n in rule.hf]
+  if not names:
+    return {}, []
+  stored = {}
+  for path in sorted(pathlib.Path(base_folder).glob("*.safetensors")):
+    stored.update(load_file(str(path)))
+  names = [n for n in names if n in stored]  # a tied head is the embedding: stored once
+  tensors = {f"base_model.model.{n}": stored[n] for n in names}
+  modules = {n.rsplit(".", 1)[0] for n in names}
+  if c.family == "decoder" and c.tie_embeddings:
+    # PEFT wraps the embedding in a copy that the tied head does not follow: the head is saved
+    # too, with the embedding's weights, so that both read the trained table
+    token = [n for r in rules if TOKEN_EMBEDDING in r.ours for n in r.hf if n in names]
+    if token:
+      tensors["base_model.model.lm_head.weight"] = stored[token[0]]
+      modules.add("lm_head")
+  return tensors, sorted(modules)
+
+
 def save_peft_adapter(directory, model, params, architecture: str, base_model: str = "") -> int:
   """Write `params`' LoRA adapters (model: a ModelConfig with lora_rank > 0) as a PEFT adapter
   folder `directory` for the Hugging Face `architecture` (what save_hf writes the base as);
-  `base_model` goes into adapter_config.json as base_model_name_or_path. Returns the number of
-  adapted modules."""
+  `base_model` goes into adapter_config.json as base_model_name_or_path; the modules
+  model.lora_modules_to_save trained in full are read from the safetensors there (the base model
+  written from the same parameters) into the adapter file. Returns the number of adapted
+  modules."""
   from flax import linen as nn
   from safetensors.numpy import save_file
 
@@ -78,10 +107,12 @@ def save_peft_adapter(directory, model, params, architecture: str, base_model: s
         "(--lora=merge, the default)"
     )
   family = FAMILY_OF[architecture]
-  base_cfg = c.replace(lora_rank=0)
+  base_cfg = c.replace(lora_rank=0, lora_modules_to_save="")
   rules = family.rules(base_cfg, family.base_prefix.get(architecture, ""))
   flat = {p: np.asarray(v) for p, v in flat_arrays(scan_to_loop(nn.unbox(params))).items()}
   tensors, ranks = peft_tensors(c, flat, rules)
+  saved, modules = saved_modules(c, rules, base_model) if base_model else ({}, [])
+  tensors.update(saved)
   scale = c.lora_alpha / c.lora_rank
   fan_in_fan_out = any(rule.kind == "conv1d" for rule in rules)  # GPT-2's Conv1D: [in, out]
   config = {
@@ -101,7 +132,7 @@ def save_peft_adapter(directory, model, params, architecture: str, base_model: s
       "use_dora": False,
       "init_lora_weights": True,
       "inference_mode": True,
-      "modules_to_save": None,
+      "modules_to_save": modules or None,
   }
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)

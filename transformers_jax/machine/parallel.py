@@ -1,8 +1,10 @@
 """Meshes and logical-axis rules: how parameters and activations map onto devices.
 
 Parameters carry logical names (`embed`, `heads`, `mlp`, …; activations `act_*`); one rules table
-maps each name to a mesh axis (or None: replicated). The mesh has five named axes:
+maps each name to a mesh axis (or None: replicated). The mesh has six named axes:
   data    — pure data parallelism (parameters replicated)
+  stage   — pipeline stages: each holds a contiguous share of a scanned stack's blocks (the
+            `layers` axis) and microbatches flow from stage to stage (modules/pipeline.py)
   fsdp    — data parallelism with parameters and optimizer state sharded (ZeRO-3 style)
   context — the tokens of each sequence (activations' `act_length`); attention gathers keys
             and values over it (modules/context.py)
@@ -10,7 +12,8 @@ maps each name to a mesh axis (or None: replicated). The mesh has five named axe
   expert  — mixture-of-experts experts; the batch is split over it too, and the MoE layers
             send each token to the devices of its experts and back (modules/moe_ragged.py)
 The batch is split over data × fsdp × expert. Axes are laid out in this order, the last ones on the
-nearest chips: context and tensor, whose collectives run in every layer, get the fastest links.
+nearest chips: context and tensor, whose collectives run in every layer, get the fastest links;
+stage, whose sends run once per microbatch and stage, may cross slices.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
-DCN_AXES = ("data", "fsdp")  # the axes that may span slices (mesh.dcn_data, mesh.dcn_fsdp)
-SLICE_FIELDS = ("num_slices", "dcn_data", "dcn_fsdp")
+MESH_AXES = ("data", "stage", "fsdp", "context", "tensor", "expert")
+# the axes that may span slices (mesh.dcn_data, mesh.dcn_stage, mesh.dcn_fsdp)
+DCN_AXES = ("data", "stage", "fsdp")
+SLICE_FIELDS = ("num_slices", "dcn_data", "dcn_stage", "dcn_fsdp")
 BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical name -> mesh axis (None = replicated)
@@ -43,13 +47,17 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # multi-head latent attention's latents (the input of its up-projections): split like embed
     ("latent", "fsdp"),
     ("classes", None),
-    ("layers", None),
+    ("layers", "stage"),  # a scanned stack's blocks: split over pipeline stages
     ("position", None),
     ("type_vocab", None),
     ("patch", None),
     ("act_batch", BATCH_AXES),
     ("act_length", "context"),  # the sequence: split only when mesh.context > 1
-    ("act_embed", None),
+    # the residual stream's width, split over tensor as MaxText's activation_embed rule does:
+    # without it the 32B recipe on v5p:4x4x4 (fsdp 16 x tensor 4) is refused at 128 GiB per
+    # chip, with it XLA's peak is 85.5 GiB (experiments/results/scale/maxtext.md); GPT-3 175B
+    # there (64 x 2,048 tokens, full remat) 67.7 -> 53.8 GiB; a size-1 tensor axis leaves it whole
+    ("act_embed", "tensor"),
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),  # logits: split over the vocabulary like the unembedding
@@ -80,8 +88,8 @@ def resolve_preset(axes: Mapping[str, object]) -> dict[str, int]:
 
 
 def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
-  """Resolve `-1` ("the rest") and check the product equals the device count. `context` is
-  listed only when it splits sequences (> 1); make_mesh gives the mesh every axis either way."""
+  """Resolve `-1` ("the rest") and check the product equals the device count. `context` and
+  `stage` are listed only when > 1; make_mesh gives the mesh every axis either way."""
   axes = resolve_preset(axes)
   sizes = {a: int(axes.get(a, 1)) for a in MESH_AXES}
   unknown = sorted(set(axes) - set(MESH_AXES))
@@ -93,6 +101,11 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
   for a, n in sizes.items():
     if n == 0 or n < -1:
       raise ValueError(f"mesh.{a}={n}: axis sizes are positive, or -1 for the rest")
+  if sizes["stage"] > 1 and num_devices % sizes["stage"]:
+    raise ValueError(
+        f"mesh.stage={sizes['stage']}: the pipeline stages do not divide the {num_devices} "
+        "devices: choose a stage count that divides them"
+    )
   known = math.prod(n for n in sizes.values() if n != -1)
   if rest:
     if num_devices % known:
@@ -106,14 +119,15 @@ def mesh_shape(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
         f"mesh {sizes} needs {math.prod(sizes.values())} devices but there are "
         f"{num_devices}: make the axis sizes multiply to {num_devices} (or use -1)"
     )
-  if sizes["context"] == 1:
-    del sizes["context"]
+  for axis in ("context", "stage"):
+    if sizes[axis] == 1:
+      del sizes[axis]
   return sizes
 
 
 def dcn_shape(axes: Mapping[str, int], num_slices: int) -> dict[str, int]:
-  """{axis: slices it spans} for the axes DCN_AXES names (`mesh.dcn_data`, `mesh.dcn_fsdp`;
-  -1 = the rest), checked to multiply to `num_slices`."""
+  """{axis: slices it spans} for the axes DCN_AXES names (`mesh.dcn_data`, `mesh.dcn_stage`,
+  `mesh.dcn_fsdp`; -1 = the rest), checked to multiply to `num_slices`."""
   dcn = {a: int(axes.get(f"dcn_{a}", -1 if a == "data" else 1)) for a in DCN_AXES}
   rest = [a for a, n in dcn.items() if n == -1]
   if len(rest) > 1 or any(n == 0 or n < -1 for n in dcn.values()):
@@ -123,8 +137,8 @@ def dcn_shape(axes: Mapping[str, int], num_slices: int) -> dict[str, int]:
     dcn[rest[0]] = num_slices // known
   if math.prod(dcn.values()) != num_slices:
     raise ValueError(
-        f"mesh: dcn_data x dcn_fsdp = {' x '.join(str(n) for n in dcn.values())} must equal "
-        f"mesh.num_slices={num_slices}: set them to multiply to it (or dcn_data=-1)"
+        f"mesh: dcn_data x dcn_stage x dcn_fsdp = {' x '.join(str(n) for n in dcn.values())} "
+        f"must equal mesh.num_slices={num_slices}: set them to multiply to it (or dcn_data=-1)"
     )
   return dcn
 
@@ -135,9 +149,9 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
   links), splitting a physical axis only where the sizes require it.
 
   With `num_slices` > 1 the devices form that many slices joined by the data-center network
-  (DCN): the axis sizes are per slice (ICI), `dcn_data` / `dcn_fsdp` say how many slices the
-  data and fsdp axes span, and each mesh axis is the product, laid out so that only those two
-  axes' collectives cross slices. TPU devices know their slice (`slice_index`: jax's hybrid
+  (DCN): the axis sizes are per slice (ICI), `dcn_data` / `dcn_stage` / `dcn_fsdp` say how many
+  slices the data, stage and fsdp axes span, and each mesh axis is the product, laid out so
+  that only those axes' collectives cross slices. TPU devices know their slice (`slice_index`: jax's hybrid
   mesh places them); others (simulated CPU devices) are taken as consecutive equal groups."""
   devices = jax.devices() if devices is None else list(devices)
   slices = int(axes.get("num_slices", 1))
@@ -147,8 +161,9 @@ def make_mesh(axes: Mapping[str, int], devices=None) -> Mesh:
     )
   if slices > 1:
     return _multislice_mesh(axes, devices, slices)
-  if int(axes.get("dcn_fsdp", 1)) != 1 or int(axes.get("dcn_data", -1)) not in (-1, 1):
-    field = "dcn_fsdp" if int(axes.get("dcn_fsdp", 1)) != 1 else "dcn_data"
+  spans = [f for f in ("dcn_fsdp", "dcn_stage") if int(axes.get(f, 1)) != 1]
+  if spans or int(axes.get("dcn_data", -1)) not in (-1, 1):
+    field = spans[0] if spans else "dcn_data"
     raise ValueError(
         f"mesh.{field}={axes[field]}: says how many slices an axis spans, and mesh.num_slices=1"
         f" (one slice): set --config.mesh.num_slices to the slices, or leave {field} at its "

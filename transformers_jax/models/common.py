@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformers_jax.modules import parametrization
 from transformers_jax.modules.common import dense, soft_cap
 from transformers_jax.modules.placement_base import LOGIT_GAIN
 from transformers_jax.modules.quantization import head_mode
@@ -84,10 +85,18 @@ def unembedding(cfg, module, name="lm_head"):
   return matrix.astype(jnp.dtype(cfg.dtype))
 
 
+def readout(cfg, logits):
+  """A readout's logits (vocabulary or classes) times the parametrisation's output multiplier
+  (μP's base width / d_model; 1 under sp)."""
+  multiplier = parametrization.of(cfg).output_multiplier(cfg)
+  return logits if multiplier == 1.0 else logits * jnp.asarray(multiplier, logits.dtype)
+
+
 def output_logits(cfg, logits, bias=None):
-  """What every vocabulary head returns: float32 logits (+ `bias`), kept split over the batch and
-  the vocabulary over `tensor`, the rows that only pad the vocabulary masked out."""
-  logits = logits.astype(jnp.float32)
+  """What every vocabulary head returns: float32 logits times the output multiplier (+ `bias`),
+  kept split over the batch and the vocabulary over `tensor`, the rows that only pad the
+  vocabulary masked out."""
+  logits = readout(cfg, logits.astype(jnp.float32))
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
   logits = soft_cap(logits, cfg.logit_softcap)  # Gemma 2's, before the padded ids are masked

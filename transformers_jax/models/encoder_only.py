@@ -14,6 +14,7 @@ from transformers_jax.models.common import (
     check_length,
     default_positions,
     lm_logits,
+    readout,
 )
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import check_context, context_size
@@ -71,9 +72,8 @@ class EncoderOnly(nn.Module):
       )
     if head == "classifier":
       pooled = nn.Dropout(c.dropout)(out["pooled"], deterministic=self.deterministic)
-      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")(
-          pooled
-      ).astype(jnp.float32)
+      classify = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")
+      out["logits"] = readout(c, classify(pooled).astype(jnp.float32))
     if head == "mlm":
       act = activation("gelu" if c.gated else c.activation)
       h = act(dense(c, c.d_model, -1, ("embed", "embed_out"), ("embed_out",), "mlm_transform")(x))

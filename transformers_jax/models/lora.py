@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.modules import moe_routing
-from transformers_jax.modules.lora import projections
+from transformers_jax.modules.lora import projections, trained_in_full
 
 ADAPTER_NAMES = ("lora_a", "lora_b")
 
@@ -25,15 +25,16 @@ def _is_tree(x) -> bool:
   return hasattr(x, "items")
 
 
-def _filter(tree, keep):
-  """The nested dict of `tree`'s leaves whose name `keep`s, empty branches dropped."""
+def _filter(tree, keep, path=()):
+  """The nested dict of `tree`'s leaves whose name `keep`s (or, for a `keep` of two
+  arguments, whose name and path from the root), empty branches dropped."""
   out = {}
   for name, value in tree.items():
     if _is_tree(value):
-      sub = _filter(value, keep)
+      sub = _filter(value, keep, (*path, name))
       if sub:
         out[name] = sub
-    elif keep(name):
+    elif keep(name) if keep.__code__.co_argcount == 1 else keep(name, (*path, name)):
       out[name] = value
   return out
 
@@ -44,14 +45,23 @@ def has_state(model_cfg) -> bool:
 
 
 def trainable(params, model_cfg) -> Any:
-  """What training differentiates and updates: with LoRA the adapters' leaves only (a nested
-  dict like `params` holding just them), else `params` itself, less any state (the routers'
-  bias, modules/moe_routing.py, which the update body sets)."""
+  """What training differentiates and updates: with LoRA the adapters' leaves and the modules
+  model.lora_modules_to_save trains in full (a nested dict like `params` holding just them),
+  else `params` itself; either less any state (the routers' bias, modules/moe_routing.py,
+  which the update body sets)."""
   if model_cfg.lora_rank:
-    return _filter(params, lambda name: name in ADAPTER_NAMES)
+    return _filter(params, lambda name, path: is_trained(model_cfg, path))
   if has_state(model_cfg):
     return _filter(params, lambda name: name != moe_routing.BIAS)
   return params
+
+
+def is_trained(model_cfg, path: tuple[str, ...]) -> bool:
+  """Whether training updates parameter `path`: an adapter or a module trained in full under
+  LoRA, every parameter but the routers' bias without it."""
+  if path[-1] == moe_routing.BIAS and has_state(model_cfg):
+    return False
+  return not model_cfg.lora_rank or path[-1] in ADAPTER_NAMES or trained_in_full(model_cfg, path)
 
 
 def base(params) -> Any:
@@ -95,7 +105,12 @@ def merged(params, model_cfg):
       )
     return out
 
-  return fold(params), model_cfg.replace(lora_rank=0)
+  return fold(params), without_lora(model_cfg)
+
+
+def without_lora(model_cfg):
+  """The same model without LoRA's fields: the plain model its adapters merge into."""
+  return model_cfg.replace(lora_rank=0, lora_modules_to_save="")
 
 
 def takes_adapters(source_cfg, model_cfg) -> bool:

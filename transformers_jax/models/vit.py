@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformers_jax.models.common import default_positions
+from transformers_jax.models.common import default_positions, readout
 from transformers_jax.modules.block import Stack
 from transformers_jax.modules.context import check_context, context_size
 from transformers_jax.modules.common import dense, dtype_of, zeros
@@ -62,7 +62,6 @@ class ViT(nn.Module):
       )
     out = {"hidden": x, "pooled": pooled}
     if c.head_kind == "classifier":
-      out["logits"] = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")(
-          pooled
-      ).astype(jnp.float32)
+      classify = dense(c, c.num_classes, -1, ("embed", "classes"), ("classes",), "classifier")
+      out["logits"] = readout(c, classify(pooled).astype(jnp.float32))
     return out

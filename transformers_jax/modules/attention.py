@@ -28,7 +28,9 @@ from transformers_jax.modules.common import (
 )
 from transformers_jax.modules.cache import attend_cache, cross_cached, write_cache
 from transformers_jax.modules.context import context_size, split_attention
+from transformers_jax.modules.layer_types import nope_only, temperature
 from transformers_jax.modules.masks import AttentionMask, as_dense, with_window
+from transformers_jax.modules import parametrization
 from transformers_jax.modules.norms import Norm, norm_over_heads
 from transformers_jax.modules.scores import max_attention_logit
 from transformers_jax.modules.placement_base import (
@@ -125,19 +127,28 @@ class Attention(nn.Module):
     on_sphere = (lambda q: sphere_query(self, c, q)) if sphere else (lambda q: q)
     if sphere:
       q = unit(q)
-    if c.qk_norm:  # normalise the queries and keys (model.qk_norm_kind says over what)
-      q = qk_norm(c, q, "query_norm")
+    # normalise the queries and keys (model.qk_norm_kind says over what; qk_norm_rope_only:
+    # on the blocks RoPE rotates, whose norm it keeps, so that before or after it is one)
+    normed_on = (lambda y, n: nope_only(layer, y, n)) if c.qk_norm_rope_only else (lambda y, n: n)
+    if c.qk_norm:
+      q = normed_on(q, qk_norm(c, q, "query_norm"))
+    if c.attention_temperature_floor and not is_cross:  # Llama 4's, on its NoPE blocks
+      at = positions if positions is not None else jnp.arange(x.shape[1])[None]
+      q = nope_only(layer, temperature(c, q, at), q)
     if QKV_NORM in self.features:
       q = norm_over_heads(c, q, "query_proj_norm")
     if not c.scale_scores:  # every path divides q.k by sqrt(K): T5 wants q.k as it is
       q = q * jnp.asarray(K**0.5, q.dtype)
     elif c.score_scale_width:  # q.k / sqrt(width) instead (Gemma 2 27B)
       q = q * jnp.asarray((K / c.score_scale_width) ** 0.5, q.dtype)
+    query_multiplier = parametrization.of(c).query_multiplier(c)  # μP's 1/d attention
+    if query_multiplier != 1.0:
+      q = q * jnp.asarray(query_multiplier, q.dtype)
 
     def normed(k, v):  # keys and values as attention reads them (and the caches hold them)
       k, v = checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
       if c.qk_norm:
-        k = qk_norm(c, k, "key_norm")
+        k = normed_on(k, qk_norm(c, k, "key_norm"))
       if sphere:
         k = unit(k)
       if QKV_NORM in self.features:

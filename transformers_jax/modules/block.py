@@ -13,7 +13,7 @@ from transformers_jax.modules.masks import AttentionMask, is_causal, with_patter
 from transformers_jax.modules.mla import MLA
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import Depth, Site
-from transformers_jax.modules import inits, layer_types, remat
+from transformers_jax.modules import inits, layer_types, parametrization, pipeline, remat
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.positions import position_scheme
 
@@ -72,12 +72,15 @@ class Block(nn.Module):
     x = placement.enter(c, x)
     first = True if first_values is None else depth.layer == 0
     carried = {}  # the V_1 the self-attention returns
-    site = Site(
-        self,
-        depth,
-        make_norm=lambda name: Norm(c, name=name),
-        dropout=lambda y: nn.Dropout(c.dropout, deterministic=self.deterministic)(y),
-    )
+    # every placement passes each residual branch through the site's dropout, which also
+    # applies the parametrisation's branch multiplier (CompleteP's L_base / L)
+    branch = parametrization.of(c).branch_multiplier(c, depth.num_layers)
+
+    def branch_out(y):
+      y = nn.Dropout(c.dropout, deterministic=self.deterministic)(y)
+      return y if branch == 1.0 else y * jnp.asarray(branch, y.dtype)
+
+    site = Site(self, depth, make_norm=lambda name: Norm(c, name=name), dropout=branch_out)
 
     def parts(sublayer):  # what the placement sets inside each sublayer
       rules = inits.projection_rules(c, depth, sublayer)  # model.init's, then the placement's
@@ -176,7 +179,9 @@ class Stack(nn.Module):
     if c.value_residual:  # (stream, V_1): the first block replaces these zeros with its values
       B, T = x.shape[:2]
       x = (x, jnp.zeros((B, T, c.kv_heads, c.head_width), dtype_of(c.dtype)))
-    if c.scan_layers:
+    if c.scan_layers and self.pipelined():  # one run of blocks (pipeline.config_problem)
+      x = self.pipeline(x, args, kw)
+    elif c.scan_layers:
       for start, length in scan_runs(c, self.num_layers):
         body = nn.scan(
             block,
@@ -202,6 +207,37 @@ class Stack(nn.Module):
     if c.value_residual:
       x, _ = x
     return placement.leave(c, x)
+
+  def pipelined(self) -> bool:
+    """Whether the scanned blocks run as a pipeline: under a mesh with `stage` > 1, in a forward
+    pass that is not the initialisation (which makes the ordinary scanned parameters) or a
+    KV-cache decode (which runs the scan over the stage-split parameters)."""
+    return pipeline.stage_count() > 1 and not self.decode and not self.is_initializing()
+
+  def pipeline(self, x, args, kw):
+    """The blocks as a pipeline over the mesh's stages (modules/pipeline.py), each block the
+    scanned stack's own (its parameters, its index, the remat policy); what they sow is put
+    where the scan puts it (`layers`, one value per block)."""
+    c = self.cfg
+    mask, positions, context, context_mask, bias = args
+    params = nn.unbox(self.variables["params"]["layers"])
+    sown = [col for col in pipeline.SOWN if self.is_mutable_collection(col)]
+    unit = Block(moe=c.is_moe_layer(0), scanned=True, **kw)
+    rng = jax.random.key(0) if self.deterministic else self.make_rng("dropout")
+
+    def layer(p, h, inputs, index, key):
+      rngs = {} if self.deterministic else {"dropout": key}
+      (h, _), state = unit.apply({"params": p}, h, *inputs, bias, index, rngs=rngs, mutable=sown)
+      return h, state
+
+    if c.remat != "none":
+      layer = jax.checkpoint(layer, policy=remat.policy(c), prevent_cse=False)
+    batch = jax.tree_util.tree_leaves(x)[0].shape[0]
+    per_row = (mask, positions, context, context_mask)
+    x, sows = pipeline.run(c, layer, params, x, per_row, batch, rng)
+    for collection, tree in sows.items():
+      self.put_variable(collection, "layers", tree)
+    return x
 
 
 def scan_runs(c, num_layers: int) -> list[tuple[int, int]]:

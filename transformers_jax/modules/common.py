@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules import inits, lora, quantization
+from transformers_jax.modules import inits, lora, parametrization, quantization
 
 # the activations' registry (modules/activations.py), which the modules also take from here
 from transformers_jax.modules.activations import ACTIVATIONS as ACTIVATIONS
@@ -60,8 +60,10 @@ def constant(value: float, names: tuple[str | None, ...]):
 def kernel_init(cfg, rule, names: tuple[str | None, ...], **axes):
   """A projection kernel's initialiser: `rule` (placement_base.Init; `axes` gives its fan
   axes) where the initialisation or the norm placement sets one for it, else the
-  initialisation's default (modules/inits.py; model.init=gpt2: normal(model.init_std))."""
+  initialisation's default (modules/inits.py; model.init=gpt2: normal(model.init_std)); then
+  rescaled for the tensor's role (read off `names`) by model.parametrization."""
   rule = inits.default_rule(cfg) if rule is None else rule
+  rule = parametrization.kernel_rule(cfg, names, rule)
   return nn.with_logical_partitioning(rule.initializer(**axes), names)
 
 

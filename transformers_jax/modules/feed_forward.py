@@ -136,9 +136,9 @@ class Experts(Dense):
       return "capacity_factor", str(c.capacity_factor), "must be positive"
     if c.moe_every < 1:
       return "moe_every", str(c.moe_every), "must be a positive integer"
-    if c.scan_layers and c.moe_every != 1:
-      fix = "scan_layers needs identical blocks: use moe_every=1 or scan_layers=False"
-      return "moe_every", str(c.moe_every), fix
+    if c.moe_scale_input and c.has_ffn_bias:
+      fix = "an expert's biases would not scale with its input: set ffn_bias=False"
+      return "moe_scale_input", "True", fix
     return None
 
 
@@ -261,9 +261,9 @@ class MoE(nn.Module):
       mid_norm = None
       if FFN_MID_NORM in self.features:
         mid_norm = Norm(c, axis="mlp", name="mid_norm")
-      out = dense_experts(
-          c, x.astype(dt), combine.astype(dt), dispatch.astype(dt), weights, mid_norm
-      )
+      # the weights on the way in (Llama 4) or on the way out
+      into, out_of = (combine, dispatch) if c.moe_scale_input else (dispatch, combine)
+      out = dense_experts(c, x.astype(dt), out_of.astype(dt), into.astype(dt), weights, mid_norm)
       kept_fraction = jnp.sum(dispatch) / (B * T * c.top_k)
     if c.num_shared_experts:  # every token's own experts besides the routed ones (DeepSeek)
       shared = FeedForward(c, self.init_rules, width=c.num_shared_experts * F, name="shared")
@@ -279,9 +279,9 @@ class MoE(nn.Module):
 
 
 def dense_experts(c, x, combine, dispatch, weights, mid_norm=None):
-  """The experts on capacity slots: x [B, T, D] dispatched to [B, E, C, D], each expert's FFN
-  (with `mid_norm` on its hidden activations, when given), combined back to [B, T, D] with the
-  routing weights."""
+  """The experts on capacity slots: x [B, T, D] dispatched to [B, E, C, D] by `dispatch`, each
+  expert's FFN (with `mid_norm` on its hidden activations, when given), combined back to
+  [B, T, D] by `combine`: the routing weights in one of the two, 0/1 in the other."""
   act = glu.ffn_activation(c)
   zero = 0.0
 

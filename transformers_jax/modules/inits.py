@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from transformers_jax.modules import parametrization
 from transformers_jax.modules.placement_base import Depth, Init
 from transformers_jax.modules.placements import PLACEMENTS
 
@@ -101,13 +102,16 @@ def default_rule(cfg) -> Init:
 
 def token_embedding_std(cfg) -> float:
   """The token table's standard deviation: the placement's (T-Fixup's) or the
-  initialisation's."""
-  placement_std = PLACEMENTS[cfg.norm_placement].token_embedding_std(cfg)
-  return placement_std or INITS[cfg.init].embedding_std(cfg)
+  initialisation's, at the base width under a width-scaled parametrisation."""
+
+  def std_of(c):
+    return PLACEMENTS[c.norm_placement].token_embedding_std(c) or INITS[c.init].embedding_std(c)
+
+  return parametrization.embedding_std(cfg, std_of)
 
 
 def embedding_std(cfg) -> float:
-  return INITS[cfg.init].embedding_std(cfg)
+  return parametrization.embedding_std(cfg, lambda c: INITS[c.init].embedding_std(c))
 
 
 def config_problem(cfg) -> tuple[str, str, str] | None:

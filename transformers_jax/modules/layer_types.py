@@ -12,7 +12,9 @@ layers over a period of 6). An entry says two things about its blocks:
     SmolLM3's every fourth layer, Llama 4's global layers).
 Without layer_types the blocks follow `model.sliding_window` and `model.sliding_every` (every
 sliding_every-th block from the first slides), which is the period `sliding` + (n - 1) x
-`full`.
+`full`. Two settings act on the NoPE blocks alone (Llama 4's): the attention temperature
+(`model.attention_temperature_floor`, `temperature`) and, with `model.qk_norm_rope_only`, the
+absence of the q/k norm (`nope_only` picks per block, traced under a scan).
 
 In a looped stack each block's window, chunk and frequencies are Python values, so the KV cache
 of a sliding or chunked block is a ring of that many slots (modules/cache.py). Under nn.scan the
@@ -116,6 +118,7 @@ class LayerAttention:
   window: object = None
   chunk: object = None
   inv_freq: object = None
+  rotates: object = True  # whether RoPE rotates this block (False: NoPE; traced under a scan)
 
 
 def layer_attention(c, index, causal: bool) -> LayerAttention:
@@ -135,7 +138,32 @@ def layer_attention(c, index, causal: bool) -> LayerAttention:
     else:
       table = jnp.asarray(np.stack([_inv_freq(c, r) for r in ropes]))
       inv_freq = table[index % len(ropes)]
-  return LayerAttention(window, chunk, inv_freq)
+  rotated = [r != "none" for r in ropes]
+  rotates = rotated[0]
+  if not all(r == rotates for r in rotated):
+    rotates = rotated[index % len(rotated)] if isinstance(index, int) else None
+    rotates = jnp.asarray(rotated)[index % len(rotated)] if rotates is None else rotates
+  return LayerAttention(window, chunk, inv_freq, c.positions == "rope" and rotates)
+
+
+def nope_only(layer, transformed, plain):
+  """`transformed` on a block RoPE does not rotate (NoPE), `plain` on the others (`layer`: its
+  LayerAttention, or None for the defaults: every block rotates)."""
+  rotates = True if layer is None else layer.rotates
+  if isinstance(rotates, bool):
+    return plain if rotates else transformed
+  return jnp.where(rotates, plain, transformed)
+
+
+def temperature(c, q, positions):
+  """Llama 4's attention temperature for long contexts (attn_temperature_tuning, after Nakanishi
+  2025, arXiv 2501.19399): queries q [B, T, N, K] at positions p [B, T] times
+  1 + attention_temperature_scale * log(1 + floor((p + 1) / attention_temperature_floor)), in
+  float32; 1 below the floor, so short contexts are untouched."""
+  p = positions.astype(jnp.float32)
+  scale = jnp.log1p(jnp.floor((p + 1.0) / c.attention_temperature_floor))
+  scale = scale * c.attention_temperature_scale + 1.0
+  return (q.astype(jnp.float32) * scale[:, :, None, None]).astype(q.dtype)
 
 
 def config_problem(c) -> tuple[str, str, str] | None:
@@ -176,6 +204,20 @@ def config_problem(c) -> tuple[str, str, str] | None:
   if ropes - {"global", "local"} and c.positions != "rope":
     fix = "NoPE layers leave out RoPE: they need model.positions=rope"
     return "layer_types", repr(c.layer_types), fix
+  if c.attention_temperature_floor < 0:
+    fix = "must be >= 0 (0: off; Llama 4: 8192)"
+    return "attention_temperature_floor", str(c.attention_temperature_floor), fix
+  nope = c.positions == "rope" and "none" in ropes
+  if c.attention_temperature_scale != 0.1 and not c.attention_temperature_floor:
+    fix = "only the temperature reads it: set attention_temperature_floor (Llama 4: 8192)"
+    return "attention_temperature_scale", str(c.attention_temperature_scale), fix
+  for field in ("attention_temperature_floor", "qk_norm_rope_only"):
+    if getattr(c, field) and not nope:
+      fix = "it concerns NoPE layers: add nope entries to model.layer_types (RoPE), or unset it"
+      return field, str(getattr(c, field)), fix
+  if c.qk_norm_rope_only and not (c.qk_norm and c.qk_norm_kind == "l2"):
+    fix = "only the parameter-free l2 norm can skip blocks: qk_norm=True, qk_norm_kind=l2"
+    return "qk_norm_rope_only", "True", fix
   if c.rope_local_theta and (c.positions != "rope" or "local" not in ropes):
     fix = "only the sliding layers of a RoPE model read it: add sliding entries, or set 0"
     return "rope_local_theta", str(c.rope_local_theta), fix

@@ -20,6 +20,30 @@ LORA_TARGETS = {
 }
 
 
+# model.lora_modules_to_save's names beyond LORA_TARGETS': the embeddings and the output head
+# (each a family's top-level parameters: the LM head, a classifier and its pooler, MLM's head)
+SAVED_MODULES = ("embed", "head")
+HEAD_PARAMS = ("lm_head", "classifier", "pooler", "mlm_bias", "mlm_norm", "mlm_transform")
+
+
+def saved_names(c) -> list[str]:
+  return [t.strip() for t in c.lora_modules_to_save.split(",") if t.strip()]
+
+
+def trained_in_full(c, path: tuple[str, ...]) -> bool:
+  """Whether parameter `path` (names from the tree's root) lies in a module that
+  model.lora_modules_to_save trains in full beside the adapters."""
+  if not c.lora_rank:
+    return False
+  saved = set(saved_names(c))
+  if "embed" in saved and path[0] == "embed":
+    return True
+  if "head" in saved and path[0] in HEAD_PARAMS:
+    return True
+  projections = {p for t in saved if t in LORA_TARGETS for p in LORA_TARGETS[t]}
+  return any(name in projections for name in path[:-1])
+
+
 def target_names(c) -> list[str]:
   return [t.strip() for t in c.lora_targets.split(",") if t.strip()]
 
@@ -45,6 +69,14 @@ def config_problem(c) -> tuple[str, str, str] | None:
   if not targets or any(t not in LORA_TARGETS for t in targets):
     fix = f"a comma-separated list of {', '.join(LORA_TARGETS)} (e.g. q,v)"
     return "lora_targets", repr(c.lora_targets), fix
+  saved = saved_names(c)
+  unknown = [s for s in saved if s not in SAVED_MODULES + tuple(LORA_TARGETS)]
+  if unknown:
+    fix = f"a comma-separated list of {', '.join(SAVED_MODULES + tuple(LORA_TARGETS))}"
+    return "lora_modules_to_save", repr(c.lora_modules_to_save), fix
+  if "head" in saved and c.family == "decoder" and c.tie_embeddings:
+    fix = "this model's output head is its token embedding (tie_embeddings): save embed"
+    return "lora_modules_to_save", repr(c.lora_modules_to_save), fix
   if c.feed_forward == "moe" and {"mlp_in", "mlp_out"} & set(targets):
     fix = "LoRA adapts dense projections, not MoE experts: adapt q, k, v, out only"
     return "lora_targets", repr(c.lora_targets), fix

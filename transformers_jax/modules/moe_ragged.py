@@ -60,8 +60,7 @@ def sort_choices(top_i, num_experts: int, capacity: int | None):
   n, k = top_i.shape
   ids = top_i.T.reshape(n * k)
   if capacity is None:
-    kept = jnp.ones(ids.shape, bool)
-    key = ids
+    kept, key = jnp.ones(ids.shape, bool), ids
   else:
     ranks = jnp.cumsum(jax.nn.one_hot(ids, num_experts, dtype=jnp.int32), axis=0)
     position = jnp.take_along_axis(ranks, ids[:, None], axis=1)[:, 0] - 1
@@ -89,8 +88,7 @@ def grouped_ffn_blocked(xs, group_sizes, weights, act, gated: bool, block: int |
   """The expert FFN of sorted rows xs [M, D] (group g: rows of expert g, rows past the groups
   zero), each group padded to whole blocks of `block` rows, each block multiplied by its own
   expert's weights (gathered per block): plain batched matmuls at the cost of the routed rows."""
-  m, d = xs.shape
-  e = group_sizes.shape[0]
+  (m, d), e = xs.shape, group_sizes.shape[0]
   b = block or block_rows(m, e)
   blocks = (m + e * (b - 1)) // b
   padded = -(-group_sizes // b) * b
@@ -286,6 +284,9 @@ def local_moe(
   capacity = capacity_of(n)
   order, group_sizes, kept = sort_choices(top_i.reshape(n, k), c.num_experts, capacity)
   xs = x.reshape(n, d)[order % n]
+  if c.moe_scale_input:  # Llama 4: each row times its weight on the way in, none on the way out
+    weight = top_p.reshape(n, k).T.reshape(-1, 1)[order]  # (choices are numbered rank-major)
+    xs, top_p = xs * weight.astype(xs.dtype), jnp.ones_like(top_p)
   # without expert parallelism, on TPU, an FSDP-split layer's experts are gathered one by one
   stream = platform == "tpu" and shards == 1 and bool(gather_axes)
 
@@ -315,10 +316,8 @@ def local_moe(
   return out, kept_rows
 
 
-def _axes(spec_entry) -> tuple[str, ...]:
-  if spec_entry is None:
-    return ()
-  return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+def _axes(entry) -> tuple[str, ...]:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def ragged_moe(c, x, top_p, top_i, weights, act, platform: str, dtype):

@@ -123,6 +123,7 @@ DEEPSEEK_DEFAULTS = dict(
     moe_groups=1,
     moe_top_groups=1,
     moe_routed_scale=1.0,
+    moe_scale_input=False,  # (Llama 4's)
 )
 
 

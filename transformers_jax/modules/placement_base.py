@@ -94,17 +94,46 @@ class Site:
 class Init:
   """An initialiser for a projection's kernel: Xavier (Glorot) `normal` or `uniform` over the
   kernel's fan-in and fan-out, times `gain` (PyTorch's xavier_normal_/xavier_uniform_ gain);
-  or `std`: a normal distribution whose standard deviation is `gain`, whatever the fans."""
+  or `std`: a normal distribution whose standard deviation is `gain`, whatever the fans.
+
+  `fan_divisors` (fan-in's, fan-out's) make Xavier's variance the one of a kernel whose fans
+  are the actual ones divided by them: μP keeps a fixed-by-wide tensor at its base width's
+  variance that way (modules/parametrization.py). `std` ignores them."""
 
   distribution: str  # normal | uniform | std
   gain: float = 1.0
+  fan_divisors: tuple[float, float] = (1.0, 1.0)
 
   def initializer(self, in_axis=-2, out_axis=-1, batch_axis=()):
     if self.distribution == "std":
       return jax.nn.initializers.normal(self.gain)
-    return jax.nn.initializers.variance_scaling(
-        self.gain**2, "fan_avg", self.distribution, in_axis, out_axis, batch_axis
-    )
+    if self.fan_divisors == (1.0, 1.0):
+      return jax.nn.initializers.variance_scaling(
+          self.gain**2, "fan_avg", self.distribution, in_axis, out_axis, batch_axis
+      )
+
+    def at_divided_fans(key, shape, dtype=jnp.float32):
+      fan_in, fan_out = kernel_fans(shape, in_axis, out_axis, batch_axis)
+      divided = fan_in / self.fan_divisors[0] + fan_out / self.fan_divisors[1]
+      scale = self.gain**2 * (fan_in + fan_out) / divided  # fan_avg's 2/(in+out) -> 2/divided
+      return jax.nn.initializers.variance_scaling(
+          scale, "fan_avg", self.distribution, in_axis, out_axis, batch_axis
+      )(key, shape, dtype)
+
+    return at_divided_fans
+
+
+def kernel_fans(shape, in_axis=-2, out_axis=-1, batch_axis=()) -> tuple[float, float]:
+  """(fan-in, fan-out) of a kernel of `shape` as jax.nn.initializers.variance_scaling reads
+  them: the in and out axes' sizes, each times the remaining (receptive field) axes'."""
+  ndim = len(shape)
+  axes = lambda a: {i % ndim for i in (a if isinstance(a, (tuple, list)) else (a,))}  # noqa: E731
+  ins, outs, batch = axes(in_axis), axes(out_axis), axes(batch_axis)
+  receptive = math.prod(shape[i] for i in range(ndim) if i not in ins | outs | batch)
+  return (
+      math.prod(shape[i] for i in ins) * receptive,
+      math.prod(shape[i] for i in outs) * receptive,
+  )
 
 
 Sublayer = tuple[str, Callable]  # (name: self_attn | cross_attn | ffn, branch function f(h))

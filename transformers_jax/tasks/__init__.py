@@ -18,6 +18,7 @@ from transformers_jax.tasks.mlm import MaskedLM
 from transformers_jax.tasks.mtp import MultiTokenPrediction
 from transformers_jax.tasks.prefix_lm import PrefixLM
 from transformers_jax.tasks.seq2seq import Translation
+from transformers_jax.tasks.sft import SupervisedFineTuning
 from transformers_jax.tasks.span_corruption import SpanCorruption
 
 # The registry: --config.task=NAME -> the objective. One line per objective.
@@ -33,6 +34,7 @@ TASKS = {
         Distillation(),
         PrefixLM(),
         MultiTokenPrediction(),
+        SupervisedFineTuning(),
     )
 }
 

@@ -89,19 +89,31 @@ class LanguageModeling(Task):
 
   def sample(self, data, model_cfg, params, config):
     """The config's prompt continued with the KV cache."""
-    from transformers_jax import decode
+    return self.continue_prompt(data, model_cfg, params, config)
 
+  def continue_prompt(self, data, model_cfg, params, config, **options) -> str:
+    """config.sample.prompt (cut to the model's length; an empty one starts a line) and its
+    continuation by generate_sample (`options` passed on), as text."""
     tok = data.tokenizer
     ids = tok.encode(config.sample.prompt)
-    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len :]  # an empty prompt starts a line
-    out = decode.generate(
-        model_cfg,
-        params,
-        [prompt],
-        config.sample.max_new_tokens,
-        temperature=config.sample.temperature,
-        top_k=config.sample.top_k,
-        seed=config.seed,
-    )
+    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len :]
+    out = generate_sample(model_cfg, params, config, prompt, **options)
     prefix = config.sample.prompt if prompt == ids else tok.decode(prompt)
     return prefix + tok.decode(out.ids()[0])
+
+
+def generate_sample(model_cfg, params, config, prompt: list[int], **options):
+  """`prompt` continued with the KV cache as config.sample says (max_new_tokens, temperature,
+  top_k; the run's seed); `options` go to decode.generate (stop tokens, a prefix prompt)."""
+  from transformers_jax import decode
+
+  return decode.generate(
+      model_cfg,
+      params,
+      [prompt],
+      config.sample.max_new_tokens,
+      temperature=config.sample.temperature,
+      top_k=config.sample.top_k,
+      seed=config.seed,
+      **options,
+  )

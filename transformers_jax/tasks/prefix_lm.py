@@ -92,20 +92,4 @@ class PrefixLM(LanguageModeling):
 
   def sample(self, data, model_cfg, params, config):
     """The config's prompt, as a prefix (attended both ways), continued with the KV cache."""
-    from transformers_jax import decode
-
-    tok = data.tokenizer
-    ids = tok.encode(config.sample.prompt)
-    prompt = (ids or tok.encode("\n"))[-model_cfg.max_len :]
-    out = decode.generate(
-        model_cfg,
-        params,
-        [prompt],
-        config.sample.max_new_tokens,
-        temperature=config.sample.temperature,
-        top_k=config.sample.top_k,
-        seed=config.seed,
-        prompt_is_prefix=True,
-    )
-    prefix = config.sample.prompt if prompt == ids else tok.decode(prompt)
-    return prefix + tok.decode(out.ids()[0])
+    return self.continue_prompt(data, model_cfg, params, config, prompt_is_prefix=True)

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from transformers_jax.machine import hardware
-from transformers_jax.models import counting
-from transformers_jax.modules import quantization
+from transformers_jax.models import counting, flops
+from transformers_jax.modules import parametrization, pipeline, quantization
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
@@ -222,6 +222,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       "devices": len(devices),
       "device_kind": kind,
       "params": counting.count(model_cfg),
+      "parametrization": parametrization.describe(model_cfg),
       "batch_size": config.batch_size,
       "tokens_per_step": tokens,
       "hbm_gib": chip.hbm_gib if chip else None,
@@ -295,12 +296,19 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   out.update(dot_counts(compiled.as_text()))
   out.update(bytes_accessed(compiled))
   out["quantization"] = model_cfg.quantization or None
+  stages = int(mesh.shape.get("stage", 1))
+  if stages > 1:  # every chip runs one stage's share of the same program: its figures are a stage's
+    out["pipeline"] = pipeline.schedule_report(setup.model_cfg, stages)
+    out["pipeline"]["per_stage_params_gib"] = out["per_device_params_gib"] * len(devices) / stages
+    out["pipeline"]["per_stage_chip_peak_gib"] = out.get(
+        "per_device_peak_xla_gib", out.get("per_device_peak_estimate_gib")
+    )
   if int(config.mesh.get("num_slices", 1) or 1) > 1:
     out["num_slices"] = int(config.mesh.num_slices)
     out["dcn_collectives"] = dcn_collectives(compiled)
   # every member's tokens for a population: its step does the arithmetic of all of them
   out["model_flops_per_step"] = (
-      counting.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
+      flops.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
   )
   out["model_flops_per_device_per_step"] = out["model_flops_per_step"] / len(devices)
   if chip:  # what 50% of the data-sheet peak would give: a yardstick, not a measurement

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from transformers_jax.train_config import config_value
+
 from transformers_jax.evaluate.harness import Settings
 from transformers_jax.modules import lora, quantization
 from transformers_jax.modules.norms import unread_norm_fields
@@ -56,6 +58,12 @@ def check_lora(model_cfg) -> None:
   adapters for them to place."""
   c = model_cfg
   default = next(f.default for f in dataclasses.fields(c) if f.name == "lora_targets")
+  if c.lora_modules_to_save and not c.lora_rank:
+    raise ValueError(
+        f"model.lora_modules_to_save={c.lora_modules_to_save!r}: trains modules in full beside "
+        "LoRA's adapters, and model.lora_rank is 0 (everything trains): set a rank or leave it "
+        "empty"
+    )
   if c.lora_rank or sorted(lora.target_names(c)) == sorted(default.split(",")):
     return
   raise ValueError(
@@ -89,6 +97,69 @@ def check_training(config, model_cfg, task, devices) -> None:
   quantization.platform_check(model_cfg, devices)
   check_tracking(config, model_cfg)
   check_host_offload(config, devices)
+
+
+def check_pipeline(config, model_cfg, data_shards: int | None = None) -> None:
+  """mesh.stage > 1 (modules/pipeline.py): a solo run of a scanned stack whose blocks split
+  evenly over the stages (times the circular schedule's repeats), microbatches that split the
+  batch (each over the `data_shards` batch devices); pipeline fields set without stages."""
+  from transformers_jax.modules.block import scan_runs
+  from transformers_jax.modules.pipeline import schedule_problem
+  from transformers_jax.train.members import enabled
+
+  for field, unset in (("microbatches", 0), ("repeats", 1)):
+    given = config.model.get(f"pipeline_{field}", unset)
+    if given != unset:
+      raise ValueError(
+          f"model.pipeline_{field}={given}: training sets it from pipeline.{field}: give "
+          f"--config.pipeline.{field}={given} instead"
+      )
+  stages = int(config.mesh.get("stage", 1)) * int(config.mesh.get("dcn_stage", 1))
+  pipe = config.get("pipeline") or {}
+  count, repeats = int(pipe.get("microbatches", 0)), int(pipe.get("repeats", 1))
+  if stages == 1:
+    for field, value, unset in (("microbatches", count, 0), ("repeats", repeats, 1)):
+      if value != unset:
+        raise ValueError(
+            f"pipeline.{field}={value}: schedules pipeline stages, and mesh.stage=1 (none): set "
+            f"--config.mesh.stage to 2 or more, or leave pipeline.{field} at {unset}"
+        )
+    return
+  where = f"mesh.stage={stages}"
+  if enabled(config):
+    raise ValueError(
+        f"{where}: a population's members are vmapped over one program, which is not "
+        "pipelined: train one member (no population settings) or set --config.mesh.stage=1"
+    )
+  if not model_cfg.scan_layers:
+    raise ValueError(
+        f"{where}: the stages hold a scanned stack's blocks (one `layers` axis to split): set "
+        "--config.model.scan_layers=true"
+    )
+  if model_cfg.family == "decoder" and len(scan_runs(model_cfg, model_cfg.num_layers)) > 1:
+    raise ValueError(
+        f"{where}: the stages split one scanned run of like blocks, and these blocks alternate "
+        "dense and MoE (model.moe_every, model.moe_first_dense): set --config.mesh.stage=1"
+    )
+  stacks = (model_cfg.encoder_layers, model_cfg.decoder_layers)
+  for depth in stacks if model_cfg.family == "encoder_decoder" else (model_cfg.num_layers,):
+    problem = schedule_problem(depth, stages, count, repeats)
+    if problem:
+      raise ValueError(f"{problem[0]}={config_value(config, problem[0])}: {problem[1]}")
+  if data_shards is None:  # the batch is checked once the mesh says how it splits
+    return
+  microbatches = count or stages
+  rows = config.batch_size // config.grad_accum_steps
+  per = microbatches * data_shards
+  if rows % per:
+    shards = f" x {data_shards} data-parallel shards" if data_shards > 1 else ""
+    raise ValueError(
+        f"pipeline.microbatches={microbatches}: the batch of {rows} examples"
+        + (" per accumulation step" if config.grad_accum_steps > 1 else "")
+        + f" does not split into {microbatches} microbatches{shards}: make batch_size"
+        + (" / grad_accum_steps" if config.grad_accum_steps > 1 else "")
+        + f" a multiple of {per}, or change pipeline.microbatches"
+    )
 
 
 def check_host_offload(config, devices) -> None:

@@ -9,7 +9,8 @@ import time
 import jax
 
 from transformers_jax.machine import parallel
-from transformers_jax.models import counting
+from transformers_jax.models import counting, flops
+from transformers_jax.modules import parametrization
 from transformers_jax.errors import UserError
 from transformers_jax.evaluate import harness as harness_lib
 from transformers_jax.run_folder.runs import Run
@@ -79,18 +80,24 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
   peak, peak_source = metrics_lib.device_peak(per_device_override=config.device_peak_flops)
   tokens_per_example = task.tokens_per_example(model_cfg, config)
   tokens_per_step = config.batch_size * tokens_per_example
-  flops_per_step = counting.flops_per_token(model_cfg, tokens_per_example) * tokens_per_step
+  flops_per_step = flops.flops_per_token(model_cfg, tokens_per_example) * tokens_per_step
   if is_main:
     trained = ""
     if model_cfg.lora_rank:  # models/lora.py: only the adapters train
       adapters = counting.lora_count(model_cfg)
       trained = (
           f" ({adapters:,} trained: LoRA rank {model_cfg.lora_rank} on "
-          f"{model_cfg.lora_targets}, the rest frozen)"
+          f"{model_cfg.lora_targets}"
+          + (
+              f" and {model_cfg.lora_modules_to_save} in full"
+              if model_cfg.lora_modules_to_save
+              else ""
+          )
+          + ", the rest frozen)"
       )
     print(
-        f"{model_cfg.family} model, {counting.count(model_cfg, setup.abstract.params):,} "
-        f"parameters{trained}; "
+        f"{model_cfg.family} model, {parametrization.describe(model_cfg)}, "
+        f"{counting.count(model_cfg, setup.abstract.params):,} parameters{trained}; "
         f"{data.summary}"
     )
     print(

@@ -1,14 +1,20 @@
 """AdamW with warmup and a schedule, global-norm clipping and a weight-decay mask (optax); the
-schedule is written once, for a solo run's Python numbers and a population member's traced ones."""
+schedule is written once, for a solo run's Python numbers and a population member's traced ones.
+Under μP or CompleteP (model.parametrization) the tensors fall into groups by role, each with its
+own AdamW (optax.multi_transform) at the group's rate, epsilon and decay multipliers."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import linen as nn
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models import lora
+from transformers_jax.models import initializer, lora
+from transformers_jax.modules import parametrization
 from transformers_jax.train_config import SCHEDULES
 
 # matmul weights: dense kernels, MoE expert weights, LoRA adapters
@@ -76,6 +82,21 @@ def decay_mask(params, decay_embeddings: bool = False):
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
+@functools.lru_cache(maxsize=16)
+def tensor_groups(model_cfg) -> dict[str, tuple[float, float, float]]:
+  """{parameter path (jax keystr): its (rate, epsilon, decay) multipliers} under the model's
+  parametrisation, each tensor's role read off its logical axis names
+  (modules/parametrization.py)."""
+  boxed = jax.eval_shape(initializer(model_cfg), jax.random.PRNGKey(0))
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+  pairs = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(boxed, is_leaf=is_box)[0]:
+    names = tuple(leaf.names) if isinstance(leaf, nn.Partitioned) else (None,) * leaf.ndim
+    leaf_name = jax.tree_util.keystr(path[-1:], simple=True)
+    pairs.append((jax.tree_util.keystr(path), leaf_name, names, tuple(nn.unbox(leaf).shape)))
+  return parametrization.optimizer_groups(model_cfg, tuple(pairs))
+
+
 def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
   """The config's optimizer, with `hparams` ({name: value} of HPARAMS; Python numbers or, for a
   population member, traced scalars) in place of the config's own values when given."""
@@ -83,18 +104,34 @@ def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
   parts = []
   if config.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(config.grad_clip))
-  parts.append(
-      optax.adamw(
-          schedule(config, h["learning_rate"], h["warmup_steps"]),
-          b1=config.adam_b1,
-          b2=config.adam_b2,
-          eps=config.adam_eps,
-          weight_decay=h["weight_decay"],
-          mask=lambda p: decay_mask(p, config.decay_embeddings),
-      )
-  )
-  tx = optax.chain(*parts)
   model_cfg = ModelConfig.from_dict(config.model)
+
+  def adamw(rate=1.0, eps=1.0, decay=1.0):  # the config's AdamW, scaled per tensor group
+    return optax.adamw(
+        schedule(config, h["learning_rate"] * rate, h["warmup_steps"]),
+        b1=config.adam_b1,
+        b2=config.adam_b2,
+        eps=config.adam_eps * eps,
+        weight_decay=h["weight_decay"] * decay,
+        mask=lambda p: decay_mask(p, config.decay_embeddings),
+    )
+
+  if model_cfg.parametrization == "sp":
+    parts.append(adamw())
+  else:  # μP / CompleteP: one AdamW per group of tensors that share their multipliers
+    groups = tensor_groups(model_cfg)
+    names = {
+        scales: f"rate{scales[0]:g}_eps{scales[1]:g}_decay{scales[2]:g}"
+        for scales in set(groups.values())
+    }
+    transforms = {name: adamw(*scales) for scales, name in names.items()}
+
+    def labels(params):
+      key = lambda path: jax.tree_util.keystr(path)  # noqa: E731
+      return jax.tree_util.tree_map_with_path(lambda p, _: names[groups[key(p)]], params)
+
+    parts.append(optax.multi_transform(transforms, labels))
+  tx = optax.chain(*parts)
   if not model_cfg.lora_rank and not lora.has_state(model_cfg):
     return tx
   # LoRA: the state covers the adapters only (the update body passes their gradients alone);

@@ -37,6 +37,16 @@ from transformers_jax.train import optim, resume, state as state_lib, step as st
 from transformers_jax.train_config import validate
 
 
+def with_schedule(model_cfg, config):
+  """The model config with the run's pipeline schedule (config.pipeline: what the stacks read
+  under a mesh with `stage` > 1, modules/pipeline.py)."""
+  pipe = config.get("pipeline") or {}
+  return model_cfg.replace(
+      pipeline_microbatches=int(pipe.get("microbatches", 0)),
+      pipeline_repeats=int(pipe.get("repeats", 1)),
+  )
+
+
 class Setup:
   """A run's model config, task, mesh, logical-axis rules, optimizer and state layout, from its
   config alone (nothing allocated). `members` is None for a solo run, else the population's
@@ -44,8 +54,9 @@ class Setup:
 
   def __init__(self, config, task=None, devices=None):
     self.config = config
-    self.model_cfg = ModelConfig.from_dict(config.model)
+    self.model_cfg = with_schedule(ModelConfig.from_dict(config.model), config)
     self.task = task or task_for(self.model_cfg, config)
+    field_checks.check_pipeline(config, self.model_cfg)
     self.mesh = parallel.make_mesh(config.mesh.to_dict(), devices)
     self.members = members_lib.members(config) if members_lib.enabled(config) else None
     count = len(self.members) if self.members else 1
@@ -55,6 +66,9 @@ class Setup:
     batch_axes = [a for a in parallel.BATCH_AXES if a != self.member_axis]
     validate(config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes), self.task)
     field_checks.check_training(config, self.model_cfg, self.task, self.mesh.devices.flat)
+    field_checks.check_pipeline(
+        config, self.model_cfg, math.prod(self.mesh.shape[a] for a in batch_axes)
+    )
     self.tx = optim.make_optimizer(config)
     abstract, shardings = state_lib.state_shardings(
         self.model_cfg, self.tx, self.mesh, self.rule_table, config.seed
@@ -264,6 +278,23 @@ class Setup:
         raise UserError(
             f"init_from={source}: none of its {len(jax.tree_util.tree_leaves(params))} tensors "
             "matches this model's names and shapes: give a run of the same model family"
+        )
+      frozen = [f for f in fresh if not lora.is_trained(self.model_cfg, tuple(f.split("/")))]
+      if frozen:  # random weights that LoRA would never train
+        widened = source_cfg.vocab_size != self.model_cfg.vocab_size
+        names = sorted({f.split("/")[0] for f in frozen})
+        saved = ",".join(n for n in ("embed", "head") if n in names or f"lm_{n}" in names)
+        raise UserError(
+            f"init_from={source}: {', '.join(names)} "
+            + (
+                f"(model.vocab_size {source_cfg.vocab_size} there, {self.model_cfg.vocab_size} "
+                "here) "
+                if widened
+                else ""
+            )
+            + "would start random and stay frozen, as LoRA trains only its adapters: add "
+            f"--config.model.lora_modules_to_save={saved or 'embed,head'} to train them in full beside "
+            "the adapters (or train without LoRA)"
         )
       member = self.config.get("init_member", -1)
       taken = f"step {src_step}"

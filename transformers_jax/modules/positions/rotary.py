@@ -22,7 +22,7 @@ def parse_rope_scaling(text: str) -> tuple[float, float, float, int] | None:
   if kind != "llama3" or len(parts) != 4:
     raise ValueError(text)
   factor, low, high, original = (float(p) for p in parts)
-  if not (factor >= 1 and 0 < low < high and original >= 1 and original == int(original)):
+  if not (factor >= 1 and 0 < low <= high and original >= 1 and original == int(original)):
     raise ValueError(text)
   return factor, low, high, int(original)
 
@@ -55,7 +55,10 @@ def rope_frequencies(head_dim: int, theta: float, scaling: str = "") -> np.ndarr
   if parsed is not None:
     factor, low, high, original = parsed
     wavelength = 2 * np.pi / inv_freq
-    blend = np.clip((original / wavelength - low) / (high - low), 0.0, 1.0)
+    if high > low:
+      blend = np.clip((original / wavelength - low) / (high - low), 0.0, 1.0)
+    else:  # LOW = HIGH (Llama 4 Scout: 1, 1): no band between kept and slowed ones
+      blend = (original / wavelength > low).astype(np.float64)
     scaled = (1 - blend) * inv_freq / factor + blend * inv_freq
     inv_freq = np.where(wavelength < original / high, inv_freq, scaled)
   return inv_freq.astype(np.float32)
