@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import linen as nn
 
-from conftest import run_python
+from conftest import load_script, run_python
 from transformers_jax import decode
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import build_model, initializer
@@ -75,6 +75,63 @@ def test_gradients_flow_through_every_quantized_kernel_and_track_float(params):
       continue
     cosine = g @ ref / (np.linalg.norm(g) * np.linalg.norm(ref) + 1e-30)
     assert np.abs(g).max() > 0 and cosine > 0.98, (jax.tree_util.keystr(path), cosine)
+
+
+tiny = load_script("norm_zoo_grid").tiny_config  # 2 blocks per stack, d_model 8
+loss_of = load_script("norm_zoo_grid").loss_of
+
+
+def every_family_config():
+  """The other families (the encoder with LoRA adapters beside its quantized base, the
+  encoder-decoder's stacks scanned) and DeepSeek's MoE experts (dense dispatch) beside latent
+  attention (MLA)."""
+  from conftest import ROOT
+  from transformers_jax.config import load_config_module
+  from transformers_jax.models import as_model_config
+
+  deepseek = load_config_module(str(ROOT / "experiments" / "deepseek.py")).get_config("tiny")
+  mla_moe = dataclasses.replace(
+      as_model_config(deepseek.model),
+      moe_impl="dense",
+      num_layers=2,
+      mtp_depth=0,
+  )
+  return {
+      "encoder_lora": tiny("encoder", "pre", lora_rank=2, lora_targets="q,v,out,mlp_in"),
+      "encoder_decoder": tiny("encoder_decoder", "post", scan=True),
+      "vit": tiny("vit", "pre"),
+      "decoder_mla_moe": mla_moe,
+  }
+
+
+@pytest.mark.parametrize("name", ["encoder_lora", "encoder_decoder", "vit", "decoder_mla_moe"])
+def test_every_family_trains_under_int8_close_to_float(name):
+  """One program per model: the loss and gradients in float and under int8 (quantization_head
+  too). The losses agree to 3%, every gradient points the float one's way, and under LoRA the
+  adapters get gradients through the quantized base (the base frozen by the optimizer, not
+  here)."""
+  cfg = every_family_config()[name]
+  params = nn.unbox(jax.jit(initializer(cfg))(jax.random.PRNGKey(1)))
+  int8 = dataclasses.replace(cfg, quantization="int8", quantization_head=True)
+
+  @jax.jit
+  def both(p):
+    return jax.value_and_grad(loss_of(cfg))(p), jax.value_and_grad(loss_of(int8))(p)
+
+  (loss, grads), (q_loss, q_grads) = both(params)
+  assert abs(float(q_loss) - float(loss)) < 0.03 * float(loss), (float(q_loss), float(loss))
+  paths = jax.tree_util.tree_flatten_with_path(grads)[0]
+  q_leaves = jax.tree_util.tree_leaves(q_grads)
+  assert len(paths) == len(q_leaves)
+  for (path, g), q in zip(paths, q_leaves):
+    g, q = np.asarray(g, np.float64).ravel(), np.asarray(q, np.float64).ravel()
+    if np.linalg.norm(g) < 1e-6 * max(1.0, np.sqrt(g.size)):  # (keys' biases: softmax cancels)
+      continue
+    cosine = g @ q / (np.linalg.norm(g) * np.linalg.norm(q) + 1e-30)
+    assert cosine > 0.9, (jax.tree_util.keystr(path), cosine)
+  if cfg.lora_rank:  # B starts at zero, so A's gradient does too; B's flows through the base
+    adapters = [q for (p, _), q in zip(paths, q_leaves) if "lora_b" in jax.tree_util.keystr(p)]
+    assert len(adapters) == 2 * 4 and all(np.abs(np.asarray(b)).max() > 0 for b in adapters)
 
 
 def test_scanned_equals_looped_under_int8(params):
