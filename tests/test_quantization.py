@@ -240,3 +240,35 @@ def test_bad_quantization_settings_are_refused_with_one_line():
   )  # fmt: skip
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and lines[-1].startswith("error: model.quantization='int4'"), lines
+
+
+def test_a_float_run_resumes_under_int8_and_generate_decodes_it_in_int8(experiment, tmp_path):
+  """Quantization is how a step computes, not which model: a float run resumes under int8 (the
+  change recorded in the run's history, the checkpoint's tensors as they were), and
+  `generate --quantization=int8 --kv_cache_dtype=int8` prints what the library's int8 decoding
+  of the checkpoint gives."""
+  from transformers_jax.generate import decoding_config
+  from transformers_jax.run_folder.runs import Run, load_run
+  from transformers_jax.train.entry import train
+
+  config = experiment("gpt2", "tiny")
+  config.update_from_flattened_dict(
+      {"steps": 2, "batch_size": 2, "seq_len": 32, "log_every": 1, "eval_every": 100}
+      | {"checkpoint_every": 1, "sample.max_new_tokens": 0, "eval_batches": 1}
+      | {"device_peak_flops": 1e12, "model.num_layers": 1}
+  )
+  train(config, tmp_path)
+  config.steps, config.model.quantization = 3, "int8"
+  train(config, tmp_path)
+  (entry,) = Run(tmp_path).history()
+  assert entry["changes"]["model.quantization"] == ["", "int8"]
+  cfg, params, _, step = load_run(tmp_path)
+  assert step == 3  # (cfg: config.json's, as the run was made: float matmuls)
+  out = run_python(
+      ["-m", "transformers_jax.generate", "--workdir", str(tmp_path), "--prompt_ids", "5,6,7",
+       "--print_ids", "--temperature", "0", "--max_new_tokens", "12", "--quantization", "int8",
+       "--kv_cache_dtype", "int8"]
+  )  # fmt: skip
+  assert out.returncode == 0, out.stderr[-2000:]
+  want = decode.generate(decoding_config(cfg, "int8", "int8"), params, [[5, 6, 7]], 12).ids()[0]
+  assert out.stdout.strip() == ",".join(map(str, want))
