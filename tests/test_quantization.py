@@ -242,7 +242,9 @@ def test_bad_quantization_settings_are_refused_with_one_line():
   assert out.returncode == 2 and lines[-1].startswith("error: model.quantization='int4'"), lines
 
 
-def test_a_float_run_resumes_under_int8_and_generate_decodes_it_in_int8(experiment, tmp_path):
+def test_a_float_run_resumes_under_int8_and_generate_decodes_it_in_int8(
+    experiment, tmp_path, capsys
+):
   """Quantization is how a step computes, not which model: a float run resumes under int8 (the
   change recorded in the run's history, the checkpoint's tensors as they were), and
   `generate --quantization=int8 --kv_cache_dtype=int8` prints what the library's int8 decoding
@@ -260,6 +262,9 @@ def test_a_float_run_resumes_under_int8_and_generate_decodes_it_in_int8(experime
   train(config, tmp_path)
   config.steps, config.model.quantization = 3, "int8"
   train(config, tmp_path)
+  assert (
+      "decoder model, parametrization sp, int8 matmuls (head in float), " in capsys.readouterr().out
+  )
   (entry,) = Run(tmp_path).history()
   assert entry["changes"]["model.quantization"] == ["", "int8"]
   cfg, params, _, step = load_run(tmp_path)

@@ -101,6 +101,8 @@ def decoding_config(cfg, quantization: str, kv_cache_dtype: str):
   if quantization == "int8":
     changes["quantization"] = "int8_weights"
   return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
 def _chat_template(tok):
   """The run's chat template when --chat is given (None without --chat); --chat with
   --prompt or --prompt_ids, or a run without a tokenizer or template, is refused."""

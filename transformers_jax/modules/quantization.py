@@ -140,6 +140,15 @@ def kv_dequantize(values, scales, dtype):
   return qwix.dequantize(qwix.QArray(values, scales, None, jnp.int8)).astype(dtype)
 
 
+def describe(c) -> str:
+  """The matmuls' mode for a run's first line ('' for float): ", int8 matmuls (head in float)"."""
+  if not c.quantization:
+    return ""
+  return (
+      f", {c.quantization} matmuls (head {c.quantization if c.quantization_head else 'in float'})"
+  )
+
+
 def head_mode(c) -> str:
   """The mode the output head's matmul runs in: float unless model.quantization_head."""
   return c.quantization if c.quantization_head else ""
