@@ -13,9 +13,19 @@ accessed); rows already in compile.json are kept unless --redo.
 
 from __future__ import annotations
 
-import argparse
+from absl import flags
 
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
 from transformers_jax.scripting.bench_report import compile_only, compile_table
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_string("out", "experiments/results/quantization", "Output folder.", flag_values=FLAGS)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
+flags.DEFINE_multi_string("only", [], "Compile only rows whose name has this.", flag_values=FLAGS)
+flags.DEFINE_bool("redo", False, "Compile rows already in compile.json again.", flag_values=FLAGS)
+flags.DEFINE_float("timeout", 1200, "Seconds one compile may take.", flag_values=FLAGS)
 
 COMMON = [
     "--config.model.dtype=bfloat16",
@@ -79,13 +89,10 @@ def markdown(rows) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--out", default="experiments/results/quantization")
-  parser.add_argument("--only", action="append", default=[])
-  parser.add_argument("--redo", action="store_true")
-  parser.add_argument("--timeout", type=float, default=1200)
-  a = parser.parse_args()
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise UserError("unexpected arguments: pass options as --flag=value")
+  a = FLAGS
 
   def compile_row(r):
     return {"name": r["name"], **compile_only(r["args"], a.timeout)}
@@ -98,4 +105,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

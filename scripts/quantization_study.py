@@ -15,7 +15,6 @@ mean over its seeds, its band shaded, one panel per placement) and prints a mark
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,6 +22,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from absl import flags
+
+from transformers_jax import cli
+from transformers_jax.errors import UserError
+from transformers_jax.scripting import output_paths
+
+FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_string("placements", "pre", "Comma-separated norm placements.", flag_values=FLAGS)
+flags.DEFINE_string(
+    "modes", ",int8,fp8", "Comma-separated quantization modes ('' = float32).", flag_values=FLAGS
+)
+flags.DEFINE_integer("steps", 300, "Training steps of every population.", flag_values=FLAGS)
+flags.DEFINE_integer("seeds", 3, "Members (seeds) per population.", flag_values=FLAGS)
+flags.DEFINE_string("out", "experiments/results/quantization", "Output folder.", flag_values=FLAGS)
+output_paths.declare(FLAGS, out=output_paths.FOLDER)  # checked before any work
+flags.DEFINE_string("name", "modes", "Stem of the JSON and PNG written.", flag_values=FLAGS)
+flags.DEFINE_bool(
+    "plot_only", False, "Redraw NAME.png and the table from NAME.json.", flag_values=FLAGS
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,16 +121,10 @@ def table(rows) -> None:
     )
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--placements", default="pre")
-  parser.add_argument("--modes", default=",int8,fp8", help="'' = float32")
-  parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--seeds", type=int, default=3)
-  parser.add_argument("--out", default="experiments/results/quantization")
-  parser.add_argument("--name", default="modes")
-  parser.add_argument("--plot_only", action="store_true")
-  a = parser.parse_args()
+def main(argv=None):
+  if cli.parse_script_flags(FLAGS, argv):
+    raise UserError("unexpected arguments: pass options as --flag=value")
+  a = FLAGS
   if a.plot_only:
     rows = json.loads((Path(a.out) / f"{a.name}.json").read_text())
     plot(rows, Path(a.out) / f"{a.name}.png")
@@ -146,4 +159,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_script(main)

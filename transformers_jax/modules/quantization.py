@@ -166,7 +166,7 @@ def platform_problem(c, devices) -> str | None:
     if capability < FP8_GPU_MIN_CAPABILITY:
       return f"{kind} (compute capability {capability}) has no float8 matrix units"
   if device.platform == "tpu" and not any(v in kind for v in ("v7", "7x", "ironwood")):
-    return f"a TPU {kind} has no float8 matrix units (int8 it has)"
+    return f"{device.device_kind} has no float8 matrix units (int8 it has)"
   return None
 
 
