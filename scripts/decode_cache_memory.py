@@ -11,6 +11,13 @@ qk_nope_head_dim (DeepSeek-V2's yardstick: the latent cache holds kv_lora_rank +
 qk_rope_head_dim values per token and layer, 576 for V3, against 2 H d_h):
 
     python scripts/decode_cache_memory.py --preset experiments/deepseek.py:v3 --length 4096
+
+It also gives the cache with `--kv_cache_dtype=int8` (int8 keys and values, a float32 scale per
+token and kv head) and the weights' bytes as stored in the compute dtype and with generate's
+`--quantization=int8` (the Block's matmul weights in int8 with a float32 scale per output
+channel; embeddings, norms, biases, the router and the head in the compute dtype):
+
+    python scripts/decode_cache_memory.py --preset experiments/llama.py:3.1-8b --length 8192
 """
 
 import json
@@ -58,6 +65,41 @@ def cache_bytes(c, length: int, batch: int) -> dict:
   }
 
 
+# The Block's matmul weights that generate --quantization=int8 stores in int8: projection
+# kernels (the router's excepted) and MoE experts' stacked weights; "out" contracts 2 axes
+# (heads and head width), an expert's weights their second (the first is the expert).
+EXPERT_WEIGHTS = ("wi", "wi_0", "wi_1", "wo")
+
+
+def weight_bytes(c) -> dict:
+  """The parameters' bytes in the compute dtype, and with the Block's matmul weights in int8
+  plus a float32 scale per output channel (per-channel, as qwix quantizes them)."""
+  import jax
+
+  from flax import linen as nn
+
+  from transformers_jax.models import initializer
+
+  shapes = nn.unbox(jax.eval_shape(initializer(c), jax.random.PRNGKey(0)))
+  itemsize = jax.numpy.dtype(c.dtype).itemsize
+  plain = int8 = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+    names = [str(getattr(k, "key", k)) for k in path]
+    size = math.prod(leaf.shape)
+    plain += size * itemsize
+    lead = 1 if "layers" in names else 0  # a scanned stack's layer axis
+    in_block = names[0] in ("decoder", "encoder") and "router" not in names
+    if in_block and names[-1] == "kernel":
+      contracted = math.prod(leaf.shape[lead : lead + (2 if names[-2] == "out" else 1)])
+    elif in_block and names[-1] in EXPERT_WEIGHTS and len(leaf.shape) - lead == 3:
+      contracted = leaf.shape[lead + 1]
+    else:
+      int8 += size * itemsize
+      continue
+    int8 += size + 4 * size // contracted
+  return {"weight_bytes": plain, "weight_bytes_int8": int8}
+
+
 def latent_comparison(c, latent_bytes: int) -> dict:
   """Multi-head latent attention's cache against plain multi-head attention's (H heads of
   qk_nope_head_dim, every other field as it is), per token and in all."""
@@ -99,6 +141,8 @@ def main(argv=None):
   if c.family != "decoder":
     raise UserError(f"{FLAGS.preset} is a {c.family} model: give a decoder preset")
   ring = cache_bytes(c, FLAGS.length, FLAGS.batch)
+  int8_cache = cache_bytes(c.replace(kv_cache_dtype="int8"), FLAGS.length, FLAGS.batch)
+  weights = weight_bytes(c)
   full = cache_bytes(c.replace(sliding_window=0), FLAGS.length, FLAGS.batch)
   extra = latent_comparison(c, ring["bytes"]) if c.mla else {}
   print(
@@ -117,6 +161,11 @@ def main(argv=None):
               "key_shapes": ring["key_shapes"],
               "one_slot_per_position_bytes": full["bytes"],
               "one_slot_per_position_gib": round(full["bytes"] / 2**30, 3),
+              "int8_cache_bytes": int8_cache["bytes"],
+              "int8_cache_gib": round(int8_cache["bytes"] / 2**30, 3),
+              **weights,
+              "weight_gib": round(weights["weight_bytes"] / 2**30, 3),
+              "weight_int8_gib": round(weights["weight_bytes_int8"] / 2**30, 3),
           },
           indent=1,
       )

@@ -51,7 +51,7 @@ def all_commands() -> list[str]:
 def test_named_presets_exist():
   named = set()
   for command in all_commands():
-    named |= set(re.findall(r"experiments/(\w+)\.py:([\w.]+)", command))
+    named |= set(re.findall(r"experiments/(\w+)\.py:([\w.\-]+)", command))
   assert ("bert", "classify") in named and ("gpt2", "cpu") in named
   for file, preset in sorted(named):
     module = load_config_module(str(ROOT / "experiments" / f"{file}.py"))

@@ -64,6 +64,20 @@ flags.DEFINE_integer(
     "A population's run: the member to generate from (0-based, as `member` in its "
     "metrics.jsonl); required for a population, refused for a single run.",
 )
+flags.DEFINE_enum(
+    "quantization",
+    "",
+    ["", "int8"],
+    "int8: the Block's weights quantized to int8 per channel for the matmuls (qwix; "
+    "docs/quantization.md); '' = as the run trained.",
+)
+flags.DEFINE_enum(
+    "kv_cache_dtype",
+    "",
+    ["", "int8"],
+    "int8: the key/value cache stored in int8 with a scale per token and head; '' = the "
+    "compute dtype.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -76,6 +90,17 @@ def _input_ids(tok, text_flag: str, ids_flag: str) -> list[int]:
   if tok is None:
     raise UserError(f"the run has no tokenizer.json: pass --{ids_flag}")
   return tok.encode(text)
+
+
+def decoding_config(cfg, quantization: str, kv_cache_dtype: str):
+  """The run's model config with generate's --quantization (int8: weights only, the activations
+  in the compute dtype) and --kv_cache_dtype; the parameters are the same either way."""
+  import dataclasses
+
+  changes = {"kv_cache_dtype": kv_cache_dtype} if kv_cache_dtype else {}
+  if quantization == "int8":
+    changes["quantization"] = "int8_weights"
+  return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def _chat_template(tok):
@@ -105,6 +130,7 @@ def main(argv):
   from transformers_jax import decode
 
   cfg, params, tok, step = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
+  cfg = decoding_config(cfg, FLAGS.quantization, FLAGS.kv_cache_dtype)
   if FLAGS.member is not None:  # say which model answers (stderr: stdout is the text alone)
     from transformers_jax.train.members import chosen
 

@@ -8,7 +8,7 @@ import math
 import numbers
 
 from transformers_jax.modules import feed_forward, glu, inits, layer_types, lora, mla
-from transformers_jax.modules import moe_routing, parametrization, remat, scores
+from transformers_jax.modules import moe_routing, parametrization, quantization, remat, scores
 from transformers_jax.modules.activations import ACTIVATIONS
 from transformers_jax.modules.norms import NORM_KINDS
 from transformers_jax.modules.placement_base import config_problem
@@ -222,6 +222,7 @@ def validate(c) -> None:
       scores.config_problem,
       layer_types.config_problem,
       mla.config_problem,
+      quantization.config_problem,
   )
   for problem in (check(c) for check in checks):
     if problem:

@@ -208,6 +208,11 @@ class ModelConfig:
   lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
   lora_dropout: float = 0.0  # dropout on the adapters' input while training
   lora_targets: str = "q,v"  # comma-separated: q, k, v, out (attention), mlp_in, mlp_out
+  # the Block's matmuls through qwix, per channel, straight-through gradients: '' (float) | int8
+  # | fp8 (e4m3 forward, e5m2 gradients) | int8_weights (weights only); docs/quantization.md
+  quantization: str = ""
+  quantization_head: bool = False  # the output head's matmul quantized too (else float)
+  kv_cache_dtype: str = ""  # decoding: '' = the compute dtype | int8 (per-token, per-head scales)
   # LoRA: modules trained in full beside the adapters (PEFT's modules_to_save), comma-separated:
   # embed, head, or a block projection as lora_targets names them; "" = the adapters alone
   lora_modules_to_save: str = ""

@@ -10,6 +10,7 @@ from flax import linen as nn
 from transformers_jax.modules import parametrization
 from transformers_jax.modules.common import dense, soft_cap
 from transformers_jax.modules.placement_base import LOGIT_GAIN
+from transformers_jax.modules.quantization import head_mode
 from transformers_jax.modules.placements import PLACEMENTS
 from transformers_jax.modules.placements.ngpt import LOGIT_SCALE, logit_scale, scaled_gain
 
@@ -59,9 +60,9 @@ def lm_logits(cfg, embedder, x, name="lm_head", bias=None):
   if cfg.tie_embeddings:
     logits = embedder.attend(x)
   else:
-    logits = dense(cfg, cfg.padded_vocab, -1, ("embed", "vocab"), ("vocab",), name, use_bias=False)(
-        x
-    )
+    names = ("embed", "vocab"), ("vocab",)
+    head = dense(cfg, cfg.padded_vocab, -1, *names, name, False, quantized=head_mode(cfg))
+    logits = head(x)
   if has_logit_gain(cfg):
     logits = LogitGain(cfg, name="logit_gain")(logits)
   return output_logits(cfg, logits, bias)

@@ -30,6 +30,7 @@ from transformers_jax.modules.embed import Embedder
 from transformers_jax.modules.masks import token_mask
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import DecodeCounter
+from transformers_jax.modules.quantization import head_mode
 
 
 class EncoderDecoder(nn.Module):
@@ -58,9 +59,8 @@ class EncoderDecoder(nn.Module):
       self.encoder_norm = Norm(c)
       self.decoder_norm = Norm(c)
     if not c.tie_embeddings:
-      self.lm_head = dense(
-          c, c.padded_vocab, -1, ("embed", "vocab"), ("vocab",), None, use_bias=False
-      )
+      names = ("embed", "vocab"), ("vocab",)
+      self.lm_head = dense(c, c.padded_vocab, -1, *names, None, False, quantized=head_mode(c))
     if has_logit_gain(c):
       self.logit_gain = LogitGain(c)
     if self.decode:

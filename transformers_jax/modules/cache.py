@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from transformers_jax.modules import quantization
 from transformers_jax.modules.common import soft_cap
 from transformers_jax.modules.positions import index_positions
 from transformers_jax.modules.sinks import grouped, softmax_with_sink
@@ -113,8 +114,16 @@ def write_cache(
   initialised = module.has_variable("cache", "cached_key")
   empty = initialised and not module.has_variable("cache", "cache_index")  # static
   shape = (B, G, min(T, span) if ring else T, K)  # init: as many positions as the input
-  ck = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-  cv = ck if shared else module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+  # int8 (model.kv_cache_dtype): the keys and values in int8 beside float32 scales [B, G, S, 1]
+  # (one per token and kv head), dequantized as they are read
+  int8 = module.cfg.kv_cache_dtype == "int8"
+  stored = jnp.int8 if int8 else k.dtype
+  ck = module.variable("cache", "cached_key", jnp.zeros, shape, stored)
+  cv = ck if shared else module.variable("cache", "cached_value", jnp.zeros, shape, stored)
+  scales = []
+  if int8:
+    for name in ("cached_key_scale",) if shared else ("cached_key_scale", "cached_value_scale"):
+      scales.append(module.variable("cache", name, jnp.ones, (*shape[:3], 1), jnp.float32))
   ci = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
   if not initialised:
     return None
@@ -125,22 +134,30 @@ def write_cache(
         "cache with a longer input"
     )
   start = ci.value
-  old_k, old_v = ck.value, cv.value
-  k, v = (x.astype(old_k.dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
+  dtype = k.dtype if int8 else ck.value.dtype
+  k, v = (x.astype(dtype).transpose(0, 2, 1, 3) for x in (k, v))  # [B, G, T, K]
+  caches = [ck] if shared else [ck, cv]
+  news = [k] if shared else [k, v]
+  if int8:  # each cache as the attention reads it, then this call's entries as it stores them
+    olds = [quantization.kv_dequantize(c.value, s.value, dtype) for c, s in zip(caches, scales)]
+    pairs = [quantization.kv_quantize(x) for x in news]
+    caches = [*caches, *scales]
+    news = [p[0] for p in pairs] + [p[1] for p in pairs]
+  else:
+    olds = [c.value for c in caches]
+  old_k, old_v = olds[0], olds[-1]
   if ring:  # the last min(T, S) of this call's positions, each in its slot
     kept = min(T, S)
     slots = jnp.mod(start + T - kept + jnp.arange(kept), S)
-    ck.value = old_k.at[:, :, slots].set(k[:, :, T - kept :])
-    if not shared:
-      cv.value = old_v.at[:, :, slots].set(v[:, :, T - kept :])
+    for c, x in zip(caches, news):
+      c.value = c.value.at[:, :, slots].set(x[:, :, T - kept :])
     # the position each slot held before this call: the latest p < start with p mod S = slot
     slot = jnp.arange(S, dtype=jnp.int32)
     key_positions = (start - 1 - jnp.mod(start - 1 - slot, S))[None]  # [1, S]; < 0: unwritten
     old_mask = (key_positions >= 0)[:, None, None, :]
   else:
-    ck.value = jax.lax.dynamic_update_slice(old_k, k, (0, 0, start, 0))
-    if not shared:
-      cv.value = jax.lax.dynamic_update_slice(old_v, v, (0, 0, start, 0))
+    for c, x in zip(caches, news):
+      c.value = jax.lax.dynamic_update_slice(c.value, x, (0, 0, start, 0))
     key_positions = index_positions(S)
     old_mask = (key_positions < start)[:, None, None, :]  # [1, 1, 1, S]
   ci.value = start + T

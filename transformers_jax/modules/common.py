@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules import inits, lora, parametrization
+from transformers_jax.modules import inits, lora, parametrization, quantization
 
 # the activations' registry (modules/activations.py), which the modules also take from here
 from transformers_jax.modules.activations import ACTIVATIONS as ACTIVATIONS
@@ -67,9 +67,11 @@ def kernel_init(cfg, rule, names: tuple[str | None, ...], **axes):
   return nn.with_logical_partitioning(rule.initializer(**axes), names)
 
 
-def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, rule=None):
+def dense(
+    cfg, features, axis, kernel_names, bias_names, name, use_bias=None, rule=None, quantized=""
+):
   """nn.DenseGeneral with the config's dtypes, initialiser (or `rule`, see kernel_init) and
-  logical axis names."""
+  logical axis names; its matmul in the `quantized` mode (modules/quantization.py, '' = float)."""
   return nn.DenseGeneral(
       features=features,
       axis=axis,
@@ -79,17 +81,21 @@ def dense(cfg, features, axis, kernel_names, bias_names, name, use_bias=None, ru
       kernel_init=kernel_init(cfg, rule, kernel_names),
       bias_init=zeros(bias_names),
       name=name,
+      dot_general=quantization.dot_general(quantized),
   )
 
 
 class Projection(NamedTuple):
   """A projection's weights in the compute dtype: `kernel` [*in, *out], `bias` [*out] or None,
   and `adapter`: None, or LoRA's (A [*in, r], B [r, *out]) with B already scaled by alpha / r,
-  whose product is added to the kernel's (`apply_projection`, `fused_dense`)."""
+  whose product is added to the kernel's (`apply_projection`, `fused_dense`); `quantization`:
+  the mode (modules/quantization.py) the kernel's matmul runs in ('' = float; the adapters
+  always run in float)."""
 
   kernel: jax.Array
   bias: jax.Array | None
   adapter: tuple[jax.Array, jax.Array] | None = None
+  quantization: str = ""
 
 
 class DenseWeights(nn.Module):
@@ -147,7 +153,7 @@ class DenseWeights(nn.Module):
       )
       scale = c.lora_alpha / c.lora_rank
       adapter = (a.astype(dtype_of(c.dtype)), (b * scale).astype(dtype_of(c.dtype)))
-    return Projection(kernel.astype(dtype_of(c.dtype)), bias, adapter)
+    return Projection(kernel.astype(dtype_of(c.dtype)), bias, adapter, c.quantization)
 
 
 def adapter_dropout(cfg, deterministic: bool):
@@ -162,8 +168,8 @@ def apply_projection(x, weights: Projection, contract: int = 1, adapter_input=No
   """x [..., *in] (its last `contract` axes) through one projection: x W (+ b) (+ the LoRA
   adapter's (x' A) B, x' = `adapter_input`, by default x: dropout on the adapter's input is
   the caller's)."""
-  kernel, bias, adapter = weights
-  y = jnp.tensordot(x.astype(kernel.dtype), kernel, contract)
+  kernel, bias, adapter, mode = weights
+  y = quantization.tensordot(x.astype(kernel.dtype), kernel, contract, mode)
   if bias is not None:
     y = y + bias
   if adapter is not None:
@@ -179,9 +185,10 @@ def fused_dense(cfg, x, weights, adapter_input=None):
   (a wider matmul runs faster, and the backward pass has one input-gradient product instead of
   n). Returns the n outputs [..., *features], each what its own `apply_projection` would give
   (LoRA adapters, where a projection has one, added to its own output; `adapter_input` as
-  there)."""
+  there). The stacked matmul is quantized as one (per-channel scales over the n * features
+  output channels, so each projection's channels keep their own)."""
   kernels = jnp.stack([w.kernel for w in weights], axis=1)  # [D, n, *features]
-  y = jnp.tensordot(x.astype(kernels.dtype), kernels, 1)  # [..., n, *features]
+  y = quantization.tensordot(x.astype(kernels.dtype), kernels, 1, weights[0].quantization)
   if weights[0].bias is not None:
     y = y + jnp.stack([w.bias for w in weights], axis=0)
   axis = y.ndim - kernels.ndim + 1  # the stacking axis in y

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformers_jax.modules import inits
+from transformers_jax.modules import inits, quantization
 from transformers_jax.modules.common import constant, dtype_of, normal
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.positions import position_scheme
@@ -61,4 +61,9 @@ class Embedder(nn.Module):
     return self.dropout(x, deterministic=self.deterministic)
 
   def attend(self, x):
-    return self.token_embed.attend(x)
+    """x [..., D] -> x E^T, quantized when model.quantization_head says (else as nn.Embed's)."""
+    mode = quantization.head_mode(self.cfg)
+    if not mode:
+      return self.token_embed.attend(x)
+    table = self.token_embed.embedding.astype(dtype_of(self.cfg.dtype))
+    return quantization.tensordot(x.astype(table.dtype), table.T, 1, mode)

@@ -19,7 +19,7 @@ from transformers_jax.modules.common import (
     kernel_init,
     zeros,
 )
-from transformers_jax.modules import glu, moe_routing
+from transformers_jax.modules import glu, moe_routing, quantization
 from transformers_jax.modules.norms import Norm
 from transformers_jax.modules.placement_base import FFN_MID_NORM, FFN_SCALES
 from transformers_jax.modules.placements.ngpt import FFN_SCALE, scaled_gain
@@ -284,16 +284,20 @@ def dense_experts(c, x, combine, dispatch, weights, mid_norm=None):
   [B, T, D] by `combine`: the routing weights in one of the two, 0/1 in the other."""
   act = glu.ffn_activation(c)
   zero = 0.0
+
+  def expert_matmul(spec, x, weight):  # quantized where model.quantization says
+    return quantization.einsum(spec, x, weight, c.quantization)
+
   xe = checkpoint_name(jnp.einsum("btd,btec->becd", x, dispatch), "moe_dispatch")  # [B, E, C, D]
-  h = jnp.einsum("becd,edf->becf", xe, weights["wi"]) + weights.get("bi", zero)
+  h = expert_matmul("becd,edf->becf", xe, weights["wi"]) + weights.get("bi", zero)
   if c.gated:
-    h1 = jnp.einsum("becd,edf->becf", xe, weights["wi_1"]) + weights.get("bi_1", zero)
+    h1 = expert_matmul("becd,edf->becf", xe, weights["wi_1"]) + weights.get("bi_1", zero)
     h = glu.combine(act, checkpoint_name(h, "mlpwi_0"), checkpoint_name(h1, "mlpwi_1"))
   else:
     h = act(checkpoint_name(h, "mlpwi"))
   if mid_norm is not None:
     h = mid_norm(h)
   out = checkpoint_name(
-      jnp.einsum("becf,efd->becd", h, weights["wo"]) + weights.get("bo", zero), "mlpwo"
+      expert_matmul("becf,efd->becd", h, weights["wo"]) + weights.get("bo", zero), "mlpwo"
   )
   return checkpoint_name(jnp.einsum("becd,btec->btd", out, combine), "moe_combine")

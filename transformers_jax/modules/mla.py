@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
-from transformers_jax.modules import lora
+from transformers_jax.modules import lora, quantization
 from transformers_jax.modules.attention import attend
 from transformers_jax.modules.cache import attend_cache, write_cache
 from transformers_jax.modules.common import DenseWeights, apply_projection, dtype_of, ones
@@ -79,9 +79,10 @@ def score_factor(c) -> float:
 
 def joint_projection(c, x, weights):
   """x [..., D] through projections of x with different widths as one matmul (their kernels
-  and biases concatenated on the output axis): the list of their outputs."""
+  and biases concatenated on the output axis), quantized as model.quantization says (per output
+  channel, so each projection keeps its own scales): the list of their outputs."""
   kernel = jnp.concatenate([w.kernel for w in weights], axis=-1)
-  y = jnp.tensordot(x.astype(kernel.dtype), kernel, 1)
+  y = quantization.tensordot(x.astype(kernel.dtype), kernel, 1, weights[0].quantization)
   if weights[0].bias is not None:
     y = y + jnp.concatenate([w.bias for w in weights], axis=-1)
   edges = [w.kernel.shape[-1] for w in weights]

@@ -355,6 +355,9 @@ IMPLEMENTATION_FIELDS = tuple(
         "context_strategy",
         "scan_layers",
         "dtype",
+        "quantization",
+        "quantization_head",
+        "kv_cache_dtype",
     )
 )
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from transformers_jax.machine import hardware
 from transformers_jax.models import counting, flops
-from transformers_jax.modules import parametrization, pipeline
+from transformers_jax.modules import parametrization, pipeline, quantization
 from transformers_jax.train import field_checks
 from transformers_jax.config import ModelConfig
 from transformers_jax.tasks import task_for
@@ -158,6 +158,42 @@ def dcn_collectives(compiled) -> dict:
   return out
 
 
+# An instruction of XLA's HLO text: `%name = type[dims]{layout} opcode(operands...), ...`
+# (`ROOT ` before the name where it ends its computation).
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[[^=]*?\s([\w\-]+)\((.*?)\)")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_EIGHT_BIT = ("s8", "u8", "f8e")  # int8, uint8 and every float8 (f8e4m3fn, f8e5m2, ...)
+
+
+def dot_counts(text: str) -> dict:
+  """The matrix products in a compiled program's HLO `text`: `dots`, the dot instructions (and
+  convolutions, into which the TPU compiler turns some dots), and `quantized_dots`, those whose
+  operands are all 8-bit (int8 or float8: the products an int8/fp8 matrix unit runs). Counted
+  in the program's text, so a loop's body (a scanned stack's layer) counts once, as XLA's cost
+  analysis counts it: which products are quantized, not how many run per step."""
+  dtypes, products = {}, []
+  for line in text.splitlines():
+    found = _INSTRUCTION.match(line)
+    if found:
+      name, dtype, opcode, operands = found.groups()
+      dtypes[name] = dtype
+      if opcode in ("dot", "convolution"):
+        products.append(_OPERAND.findall(operands)[:2])
+  quantized = sum(
+      all(dtypes.get(n, "").startswith(_EIGHT_BIT) for n in names) for names in products
+  )
+  return {"dots": len(products), "quantized_dots": quantized}
+
+
+def bytes_accessed(compiled) -> dict:
+  """XLA's bytes accessed per device by the compiled step (its cost analysis, which counts a
+  loop's body once, as for `xla_flops`)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  moved = float((cost or {}).get("bytes accessed", 0.0))
+  return {"xla_bytes_accessed_per_device_gib": moved / GIB} if moved else {}
+
+
 # A while loop in XLA's HLO text: `name = (types) while(operands), condition=..., body=...`.
 _WHILE = re.compile(r"\bwhile\(")
 
@@ -176,6 +212,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
   chip = hardware.chip_for_topology(topology) if topology else hardware.chip_for_kind(kind)
   model_cfg = ModelConfig.from_dict(config.model)
   field_checks.check_attention_platform(model_cfg, devices)  # (before counting traces it)
+  quantization.platform_check(model_cfg, devices)
   task = task or task_for(model_cfg, config)
   per_example = task.tokens_per_example(model_cfg, config)
   tokens = config.batch_size * per_example
@@ -256,6 +293,9 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       out["headroom_fits_by_gib"] = chip.hbm_gib - figure
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
   out.update(xla_flops(compiled))
+  out.update(dot_counts(compiled.as_text()))
+  out.update(bytes_accessed(compiled))
+  out["quantization"] = model_cfg.quantization or None
   stages = int(mesh.shape.get("stage", 1))
   if stages > 1:  # every chip runs one stage's share of the same program: its figures are a stage's
     out["pipeline"] = pipeline.schedule_report(setup.model_cfg, stages)

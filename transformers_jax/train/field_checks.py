@@ -10,7 +10,7 @@ import dataclasses
 from transformers_jax.train_config import config_value
 
 from transformers_jax.evaluate.harness import Settings
-from transformers_jax.modules import lora
+from transformers_jax.modules import lora, quantization
 from transformers_jax.modules.norms import unread_norm_fields
 from transformers_jax.train import trackers
 
@@ -94,6 +94,7 @@ def check_training(config, model_cfg, task, devices) -> None:
         "--config.mesh.context to 2 or more, or leave context_strategy at all_gather"
     )
   check_attention_platform(model_cfg, devices)
+  quantization.platform_check(model_cfg, devices)
   check_tracking(config, model_cfg)
   check_host_offload(config, devices)
 

@@ -10,7 +10,7 @@ import jax
 
 from transformers_jax.machine import parallel
 from transformers_jax.models import counting, flops
-from transformers_jax.modules import parametrization
+from transformers_jax.modules import parametrization, quantization
 from transformers_jax.errors import UserError
 from transformers_jax.evaluate import harness as harness_lib
 from transformers_jax.run_folder.runs import Run
@@ -96,7 +96,8 @@ def train_solo(setup: Setup, run: Run, allow_data_change: bool) -> dict:
           + ", the rest frozen)"
       )
     print(
-        f"{model_cfg.family} model, {parametrization.describe(model_cfg)}, "
+        f"{model_cfg.family} model, {parametrization.describe(model_cfg)}"
+        f"{quantization.describe(model_cfg)}, "
         f"{counting.count(model_cfg, setup.abstract.params):,} parameters{trained}; "
         f"{data.summary}"
     )

@@ -20,7 +20,7 @@ import numpy as np
 
 from transformers_jax.evaluate import harness as harness_lib
 from transformers_jax.machine import parallel
-from transformers_jax.modules import parametrization
+from transformers_jax.modules import parametrization, quantization
 from transformers_jax.run_folder.runs import Run
 from transformers_jax.train import evaluation
 from transformers_jax.train.events import Pace, StepProfiler, run_steps
@@ -85,7 +85,8 @@ def train_population(setup, run: Run, allow_data_change: bool = False) -> dict:
   if is_main:
     print(
         f"population of {count} {setup.model_cfg.family} models, "
-        f"{parametrization.describe(setup.model_cfg)} ({len(datas)} seeds x "
+        f"{parametrization.describe(setup.model_cfg)}{quantization.describe(setup.model_cfg)}"
+        f" ({len(datas)} seeds x "
         + " x ".join(f"{len(list_values(config, n))} {LISTS[n]}" for n in LISTS)
         + f"), split over {split} device(s)"
         + (f", each member over mesh axes {layout}" if layout else "")
