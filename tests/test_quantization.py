@@ -249,7 +249,6 @@ def test_a_float_run_resumes_under_int8_and_generate_decodes_it_in_int8(
   change recorded in the run's history, the checkpoint's tensors as they were), and
   `generate --quantization=int8 --kv_cache_dtype=int8` prints what the library's int8 decoding
   of the checkpoint gives."""
-  from transformers_jax.generate import decoding_config
   from transformers_jax.run_folder.runs import Run, load_run
   from transformers_jax.train.entry import train
 
@@ -275,5 +274,7 @@ def test_a_float_run_resumes_under_int8_and_generate_decodes_it_in_int8(
        "--kv_cache_dtype", "int8"]
   )  # fmt: skip
   assert out.returncode == 0, out.stderr[-2000:]
-  want = decode.generate(decoding_config(cfg, "int8", "int8"), params, [[5, 6, 7]], 12).ids()[0]
+  want = decode.generate(
+      quantization.decoding_config(cfg, "int8", "int8"), params, [[5, 6, 7]], 12
+  ).ids()[0]
   assert out.stdout.strip() == ",".join(map(str, want))

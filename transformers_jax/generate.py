@@ -92,17 +92,6 @@ def _input_ids(tok, text_flag: str, ids_flag: str) -> list[int]:
   return tok.encode(text)
 
 
-def decoding_config(cfg, quantization: str, kv_cache_dtype: str):
-  """The run's model config with generate's --quantization (int8: weights only, the activations
-  in the compute dtype) and --kv_cache_dtype; the parameters are the same either way."""
-  import dataclasses
-
-  changes = {"kv_cache_dtype": kv_cache_dtype} if kv_cache_dtype else {}
-  if quantization == "int8":
-    changes["quantization"] = "int8_weights"
-  return dataclasses.replace(cfg, **changes) if changes else cfg
-
-
 def _chat_template(tok):
   """The run's chat template when --chat is given (None without --chat); --chat with
   --prompt or --prompt_ids, or a run without a tokenizer or template, is refused."""
@@ -128,9 +117,10 @@ def main(argv):
   if not FLAGS.workdir:
     raise UserError("--workdir is required: the directory of a training run")
   from transformers_jax import decode
+  from transformers_jax.modules import quantization
 
   cfg, params, tok, step = load_run(FLAGS.workdir, FLAGS.step, FLAGS.member)
-  cfg = decoding_config(cfg, FLAGS.quantization, FLAGS.kv_cache_dtype)
+  cfg = quantization.decoding_config(cfg, FLAGS.quantization, FLAGS.kv_cache_dtype)
   if FLAGS.member is not None:  # say which model answers (stderr: stdout is the text alone)
     from transformers_jax.train.members import chosen
 

@@ -149,6 +149,19 @@ def describe(c) -> str:
   )
 
 
+def decoding_config(cfg, mode: str, kv_cache_dtype: str):
+  """The run's model config with generate's --quantization `mode` (int8: weights only, the
+  activations in the compute dtype) and --kv_cache_dtype; the parameters are the same either
+  way. (Here, not in generate.py, so that the library and tests need not import a command
+  line's flags.)"""
+  import dataclasses
+
+  changes = {"kv_cache_dtype": kv_cache_dtype} if kv_cache_dtype else {}
+  if mode == "int8":
+    changes["quantization"] = "int8_weights"
+  return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
 def head_mode(c) -> str:
   """The mode the output head's matmul runs in: float unless model.quantization_head."""
   return c.quantization if c.quantization_head else ""
