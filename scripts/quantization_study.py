@@ -1,11 +1,13 @@
-"""Quantized training against float on the same batches: `gpt2.py:tiny` for 300 steps as one
-population of 3 seeds per (norm placement, quantization mode), so member i of every population
+"""Quantized training against float on the same batches: a preset (`--preset`, by default
+`gpt2.py:tiny`) for 300 steps as one population of 3 seeds per (norm placement, quantization mode), so member i of every population
 trains on seed i's batches; the final held-out loss per member and each population's mean with
 its seed band (min to max), and the train-loss curves.
 
     python scripts/quantization_study.py --out experiments/results/quantization
     python scripts/quantization_study.py --placements pre,post,sandwich,deepnorm \\
         --modes ,int8 --out experiments/results/quantization --name placements
+    python scripts/quantization_study.py --preset bert.py:tiny --name bert \
+        --out experiments/results/quantization   # likewise transformer.py:tiny, vit.py:tiny
 
 Writes OUT/NAME.json (every member's final held-out loss and logged train losses, each
 population's command and seconds), OUT/NAME.png (train loss against step: each population's
@@ -30,6 +32,9 @@ from transformers_jax.errors import UserError
 from transformers_jax.scripting import output_paths
 
 FLAGS = cli.ScriptFlags(__doc__)
+flags.DEFINE_string(
+    "preset", "gpt2.py:tiny", "The experiments/ preset every population trains.", flag_values=FLAGS
+)
 flags.DEFINE_string("placements", "pre", "Comma-separated norm placements.", flag_values=FLAGS)
 flags.DEFINE_string(
     "modes", ",int8,fp8", "Comma-separated quantization modes ('' = float32).", flag_values=FLAGS
@@ -49,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def train(workdir: Path, placement: str, mode: str, steps: int, seeds: int) -> tuple[list, float]:
   """One population; (its command's arguments, seconds)."""
   args = [
-      "--config=experiments/gpt2.py:tiny",
+      f"--config=experiments/{FLAGS.preset}",
       f"--workdir={workdir}",
       f"--config.steps={steps}",
       f"--config.population.seeds={seeds}",
@@ -146,7 +151,8 @@ def main(argv=None):
                 band=[min(losses), max(losses)],
                 curves={str(m): members[m]["curve"] for m in sorted(members)},
                 seconds=round(seconds, 1),
-                command="python -m transformers_jax.train --config=experiments/gpt2.py:tiny "
+                preset=FLAGS.preset,
+                command=f"python -m transformers_jax.train --config=experiments/{FLAGS.preset} "
                 + " ".join(x for x in args if not x.startswith("--workdir")),
             )
         )
