@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from transformers_jax.modules.attention import Attention
@@ -310,8 +311,17 @@ def loop_to_scan(tree):
         runs.append([i, i + 1])
     for start, end in runs:
       parts = (tree[layer_keys[i]] for i in range(start, end))
-      out[run_name(start)] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *parts)
+      out[run_name(start)] = jax.tree_util.tree_map(_stack, *parts)
   return out
+
+
+def _stack(*blocks):
+  """One tensor of every block, stacked on a new leading axis: on the host (numpy) where all are
+  host arrays, as a checkpoint or Hugging Face file reads them (no device copy, no compile),
+  else on the device."""
+  if all(isinstance(x, np.ndarray) for x in blocks):
+    return np.stack(blocks)
+  return jnp.stack(blocks)
 
 
 def _names(path) -> tuple[str, ...]:
