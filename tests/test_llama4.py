@@ -219,12 +219,10 @@ def test_an_export_llama_4_cannot_hold_is_refused_naming_the_field(experiment, t
 def test_a_llama_4_population_member_trains_as_its_solo_run(experiment, tmp_path):
   """Two members (seeds) of llama4.py:tiny vmapped in one step, scanned in runs with remat:
   member 0's losses are its solo run's (the ragged input-scaled experts, chunks of 8 and the
-  NoPE block's temperature over 32 tokens under the population's vmap); its --compile_only
-  report counts both members' FLOPs."""
+  NoPE block's temperature over 32 tokens under the population's vmap). (That a population's
+  --compile_only report counts every member's FLOPs, whatever the model, is test_population's.)"""
   import json
 
-  from transformers_jax.models import as_model_config, flops
-  from transformers_jax.train import compile as compile_step
   from transformers_jax.train.entry import train
 
   def config(**fields):
@@ -244,8 +242,3 @@ def test_a_llama_4_population_member_trains_as_its_solo_run(experiment, tmp_path
   train(config(), tmp_path / "solo")
   np.testing.assert_allclose(losses(tmp_path / "population", 0), losses(tmp_path / "solo"), 1e-5)
   assert losses(tmp_path / "population", 1) != losses(tmp_path / "solo")
-  report = compile_step.report(config(**{"population.seeds": 2}), verbose=False)
-  assert report["population_members"] == 2
-  # both members' 2 x 32 tokens, each at one model's FLOPs per token
-  one_model = flops.flops_per_token(as_model_config(config().model), 32) * 2 * 32
-  assert report["model_flops_per_step"] == 2 * one_model
