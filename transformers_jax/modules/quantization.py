@@ -83,12 +83,10 @@ def qt_config(mode: str, weight_is_rhs: bool = True):
 def tensordot(x, kernel, contract: int, mode: str):
   """jnp.tensordot(x, kernel, contract) (x's last `contract` axes against kernel's first), through
   qwix's quantized dot_general when `mode` is set."""
-  config = qt_config(mode)
-  if config is None:
+  if not MODES[mode][0]:
     return jnp.tensordot(x, kernel, contract)
-  dot_general_qt = qwix_dot_general_qt()
   dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
-  return dot_general_qt.dot_general_qt(x, kernel, dims, config).astype(x.dtype)
+  return dot_general(mode)(x, kernel, dims)
 
 
 def einsum(spec: str, x, weight, mode: str):

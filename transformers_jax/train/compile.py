@@ -111,14 +111,21 @@ def _argument_bytes(args) -> float:
   return total
 
 
-def xla_flops(compiled) -> dict:
+def _cost_analysis(compiled) -> dict:
+  """XLA's cost analysis of a compiled program, as one dict (some versions give a list of one)."""
+  cost = compiled.cost_analysis()
+  return (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+
+
+def xla_flops(compiled, text: str) -> dict:
   """XLA's FLOP count of the compiled step, where it is one: its cost analysis counts the body
   of a loop once, whatever the trip count (a scanned stack of L layers reads as one layer, and
   so do gradient-accumulation and blockwise-attention loops). For a step without loops that is
   the whole step (`xla_flops_per_device_per_step`); for one with loops the figure is left out
   and `xla_flops_omitted` says why: multiplying by trip counts would be this project's count,
-  not the compiler's."""
-  loops = len(_WHILE.findall(compiled.as_text()))
+  not the compiler's. `text`: the compiled program's HLO (compiled.as_text(), read once by the
+  report)."""
+  loops = len(_WHILE.findall(text))
   if loops:
     return {
         "xla_flops_omitted": (
@@ -127,8 +134,7 @@ def xla_flops(compiled) -> dict:
             "model_flops_per_device_per_step"
         )
     }
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = _cost_analysis(compiled)
   return {"xla_flops_per_device_per_step": float(cost.get("flops", 0.0))} if cost else {}
 
 
@@ -141,14 +147,14 @@ _DCN_SEND = re.compile(
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f64": 8, "s8": 1, "u8": 1, "pred": 1}
 
 
-def dcn_collectives(compiled) -> dict:
+def dcn_collectives(text: str) -> dict:
   """{kind: {"count", "mib_in_text"}} of the collectives that cross slices (the data-center
-  network) in a compiled multi-slice TPU step: XLA runs them as host transfers tagged with their
+  network) in a compiled multi-slice TPU step's HLO `text`: XLA runs them as host transfers tagged with their
   kind (ALL_REDUCE, ALL_GATHER, ...). `count` is the distinct collectives in the program text
   and `mib_in_text` the bytes per chip they send, a loop's body (a scanned stack's layer)
   counted once, as in XLA's cost analysis: what crosses, not how much per step."""
   seen, out = set(), {}
-  for dtype, dims, rendezvous, kind in _DCN_SEND.findall(compiled.as_text()):
+  for dtype, dims, rendezvous, kind in _DCN_SEND.findall(text):
     size = _BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
     entry = out.setdefault(kind, {"count": 0, "mib_in_text": 0.0})
     if rendezvous not in seen:
@@ -188,9 +194,7 @@ def dot_counts(text: str) -> dict:
 def bytes_accessed(compiled) -> dict:
   """XLA's bytes accessed per device by the compiled step (its cost analysis, which counts a
   loop's body once, as for `xla_flops`)."""
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  moved = float((cost or {}).get("bytes accessed", 0.0))
+  moved = float(_cost_analysis(compiled).get("bytes accessed", 0.0))
   return {"xla_bytes_accessed_per_device_gib": moved / GIB} if moved else {}
 
 
@@ -292,8 +296,9 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
       out["fits"] = figure <= chip.hbm_gib
       out["headroom_fits_by_gib"] = chip.hbm_gib - figure
       out["headroom_gib"] = chip.hbm_gib - out["per_device_peak_estimate_gib"]
-  out.update(xla_flops(compiled))
-  out.update(dot_counts(compiled.as_text()))
+  text = compiled.as_text()  # (megabytes for a large step: read once, for every count below)
+  out.update(xla_flops(compiled, text))
+  out.update(dot_counts(text))
   out.update(bytes_accessed(compiled))
   out["quantization"] = model_cfg.quantization or None
   stages = int(mesh.shape.get("stage", 1))
@@ -305,7 +310,7 @@ def report(config, devices=None, verbose: bool = True, task=None) -> dict:
     )
   if int(config.mesh.get("num_slices", 1) or 1) > 1:
     out["num_slices"] = int(config.mesh.num_slices)
-    out["dcn_collectives"] = dcn_collectives(compiled)
+    out["dcn_collectives"] = dcn_collectives(text)
   # every member's tokens for a population: its step does the arithmetic of all of them
   out["model_flops_per_step"] = (
       flops.flops_per_token(model_cfg, per_example) * out["tokens_per_step"]
